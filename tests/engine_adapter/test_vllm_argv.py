@@ -1,0 +1,150 @@
+"""Argv and environment built from a VLLMConfig: every knob, platform rules, validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from engine_adapter.errors import InputError
+from engine_adapter.platform import Platform
+from engine_adapter.vllm_server import (
+    CPU_DEFAULT_KV_CACHE_GIB,
+    SERVER_MODULE,
+    VLLMConfig,
+    build_command,
+    check_log,
+)
+
+MODEL = Path("/models/my model")
+
+
+def argv_of(platform: Platform = Platform.CUDA, **fields) -> list[str]:
+    argv, _ = build_command(VLLMConfig(model=MODEL, **fields), platform, port=1234, python="py")
+    return argv
+
+
+def value_after(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, argv
+    return argv[argv.index(flag) + 1]
+
+
+def test_default_config_is_vllm_defaults_on_gpu():
+    argv = argv_of()
+    assert argv == ["py", "-m", SERVER_MODULE, "--model", str(MODEL), "--host", "127.0.0.1",
+                    "--port", "1234", "--served-model-name", "my model"]
+
+
+def test_cpu_gets_an_explicit_kv_cache_size_by_default():
+    argv = argv_of(Platform.CPU)
+    assert value_after(argv, "--kv-cache-memory-bytes") == str(int(CPU_DEFAULT_KV_CACHE_GIB * 2**30))
+
+
+def test_cpu_default_kv_cache_yields_to_memory_fraction():
+    argv = argv_of(Platform.CPU, gpu_memory_utilization=0.5)
+    assert "--kv-cache-memory-bytes" not in argv
+    assert value_after(argv, "--gpu-memory-utilization") == "0.5"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag", "expected"),
+    [
+        ("served_model_name", "svc", "--served-model-name", "svc"),
+        ("dtype", "bfloat16", "--dtype", "bfloat16"),
+        ("quantization", "fp8", "--quantization", "fp8"),
+        ("max_num_seqs", 48, "--max-num-seqs", "48"),
+        ("max_num_batched_tokens", 4096, "--max-num-batched-tokens", "4096"),
+        ("kv_cache_dtype", "fp8", "--kv-cache-dtype", "fp8"),
+        ("max_model_len", 2048, "--max-model-len", "2048"),
+        ("gpu_memory_utilization", 0.85, "--gpu-memory-utilization", "0.85"),
+        ("kv_cache_space_gib", 1.5, "--kv-cache-memory-bytes", str(int(1.5 * 2**30))),
+        ("attention_backend", "FLASH_ATTN", "--attention-backend", "FLASH_ATTN"),
+        ("load_format", "dummy", "--load-format", "dummy"),
+    ],
+)
+def test_valued_knobs(field, value, flag, expected):
+    assert value_after(argv_of(**{field: value}), flag) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "on", "off"),
+    [
+        ("enable_prefix_caching", "--enable-prefix-caching", "--no-enable-prefix-caching"),
+        ("enable_chunked_prefill", "--enable-chunked-prefill", "--no-enable-chunked-prefill"),
+    ],
+)
+def test_tri_state_toggles(field, on, off):
+    assert on in argv_of(**{field: True}) and off not in argv_of(**{field: True})
+    assert off in argv_of(**{field: False}) and on not in argv_of(**{field: False})
+    unset = argv_of()
+    assert on not in unset and off not in unset
+
+
+def test_enforce_eager():
+    assert "--enforce-eager" in argv_of(enforce_eager=True)
+    assert "--enforce-eager" not in argv_of(enforce_eager=False)
+
+
+def test_speculative_ngram_json():
+    argv = argv_of(speculative={"method": "ngram", "num_speculative_tokens": 5,
+                                "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    assert json.loads(value_after(argv, "--speculative-config")) == {
+        "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def test_speculative_draft_model_json():
+    argv = argv_of(speculative={"method": "draft_model", "num_speculative_tokens": 2, "draft_model": "/m/draft"})
+    assert json.loads(value_after(argv, "--speculative-config")) == {
+        "method": "draft_model", "num_speculative_tokens": 2, "model": "/m/draft"}
+
+
+def test_speculative_off_passes_nothing():
+    assert "--speculative-config" not in argv_of(speculative={"method": "none", "num_speculative_tokens": 7})
+
+
+def test_extra_args_come_last_verbatim():
+    argv = argv_of(max_num_seqs=4, extra_args=["--seed", "7", "--max-logprobs=50"])
+    assert argv[-3:] == ["--seed", "7", "--max-logprobs=50"]
+
+
+def test_environment():
+    _, env = build_command(VLLMConfig(model=MODEL, env={"FOO": "bar"}), Platform.CUDA)
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1" and env["FOO"] == "bar"
+
+
+def test_attention_backend_refused_on_cpu():
+    with pytest.raises(InputError, match="attention_backend is a GPU setting"):
+        argv_of(Platform.CPU, attention_backend="FLASH_ATTN")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_num_seqs": 0}, "greater than 0"),
+        ({"gpu_memory_utilization": 1.5}, "less than or equal to 1"),
+        ({"kv_cache_dtype": "int3"}, "Input should be"),
+        ({"speculative": {"method": "draft_model"}}, "needs draft_model"),
+        ({"speculative": {"method": "ngram", "draft_model": "/d"}}, "only used with method='draft_model'"),
+        ({"speculative": {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}},
+         "prompt_lookup_min <= prompt_lookup_max"),
+        ({"speculative": {"method": "ngram", "num_speculative_tokens": 0}}, "greater than or equal to 1"),
+        ({"max_num_batched_tokens": 512, "max_model_len": 2048, "enable_chunked_prefill": False},
+         "max_num_batched_tokens >= max_model_len"),
+        ({"max_batch": 4}, "Extra inputs are not permitted"),
+    ],
+)
+def test_config_validation(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        VLLMConfig(model=MODEL, **fields)
+
+
+def test_check_log_finds_silent_no_op_quantization():
+    problems = check_log("INFO ... Quantizing 0 layers\nINFO CPU KV cache size: 9 tokens", Platform.CPU)
+    assert len(problems) == 1 and "quantized 0 layers" in problems[0]
+
+
+def test_check_log_finds_platform_mismatch():
+    assert check_log("INFO GPU KV cache size: 1,000 tokens", Platform.CPU)
+    assert check_log("INFO CPU KV cache size: 1,000 tokens", Platform.CPU) == []

