@@ -1,0 +1,99 @@
+"""ServerProcess lifecycle on a stand-in server: healthy, early exit, never healthy, stubborn,
+and a parent killed with SIGKILL. The same guarantees are checked on real vLLM in
+tests/integration."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from engine_adapter.errors import EngineStartError, EngineTimeoutError
+from engine_adapter.process import ServerProcess, free_port, group_alive
+
+FAKE = str(Path(__file__).parent / "fake_server.py")
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def make(tmp_path, mode):
+    port = free_port()
+    return ServerProcess([sys.executable, FAKE, str(port), mode], env=dict(os.environ),
+                         log_path=tmp_path / "server.log", health_url=f"http://127.0.0.1:{port}/health")
+
+
+def wait_gone(pgid, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not group_alive(pgid)
+
+
+def test_start_healthy_stop_leaves_no_process(tmp_path):
+    proc = make(tmp_path, "healthy")
+    proc.start()
+    proc.wait_healthy(20, poll_s=0.05)
+    pgid = proc.pid
+    assert group_alive(pgid)
+    proc.stop()
+    assert not group_alive(pgid)  # the grandchild `sleep` went too
+    assert proc.stop() is not None  # idempotent
+
+
+def test_exit_before_healthy_carries_code_and_log(tmp_path):
+    proc = make(tmp_path, "exit3")
+    proc.start()
+    with pytest.raises(EngineStartError) as info:
+        proc.wait_healthy(20, poll_s=0.05)
+    assert info.value.engine_exit_code == 3
+    assert "boom: bad flag --frobnicate" in info.value.log_tail
+    assert not group_alive(proc.pid)
+
+
+def test_never_healthy_times_out_and_is_stopped(tmp_path):
+    proc = make(tmp_path, "never")
+    proc.start()
+    with pytest.raises(EngineTimeoutError, match="did not become healthy within 1s"):
+        proc.wait_healthy(1.0, poll_s=0.05)
+    assert "fake server starting" in str(proc.log_tail())
+    assert not group_alive(proc.pid)
+
+
+def test_server_ignoring_sigterm_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACETUNE_ENGINE_STOP_GRACE_S", "1")
+    proc = make(tmp_path, "stubborn")
+    proc.env = dict(os.environ)
+    proc.start()
+    proc.wait_healthy(20, poll_s=0.05)
+    t0 = time.monotonic()
+    proc.stop(grace_s=2.0)
+    assert not group_alive(proc.pid)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_group_dies_with_its_parent(tmp_path, sig):
+    parent_code = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        sys.path.insert(0, {ROOT!r})
+        from engine_adapter.process import ServerProcess, free_port
+        port = free_port()
+        p = ServerProcess([sys.executable, {FAKE!r}, str(port), "healthy"], env=dict(os.environ),
+                          log_path=Path({str(tmp_path)!r}) / "s.log", health_url=f"http://127.0.0.1:{{port}}/health")
+        p.start()
+        p.wait_healthy(20, poll_s=0.05)
+        print(p.pid, flush=True)
+        time.sleep(300)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    pgid = int(parent.stdout.readline())
+    assert group_alive(pgid)
+    parent.send_signal(sig)
+    parent.wait(timeout=20)
+    assert wait_gone(pgid), "server process group outlived its parent"

