@@ -26,6 +26,10 @@ class ModelError(TuneError):
     """A model could not be fetched, converted or found."""
 
 
+class ModelDirError(InputError, ModelError):
+    """A model directory the user named is missing or incomplete. Exit code 2."""
+
+
 class EngineError(TuneError):
     """An engine failed to start, crashed or misbehaved.
 

