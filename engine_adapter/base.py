@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
+import aiohttp
 import httpx
 
 from engine_adapter.errors import EngineError
@@ -38,7 +39,7 @@ class Engine(Protocol):
     def wait_healthy(self, timeout_s: float) -> float:
         """Block until the engine serves; return seconds waited. Raises EngineError."""
 
-    async def stream(self, client: httpx.AsyncClient, **request: Any) -> StreamedCompletion:
+    async def stream(self, session: aiohttp.ClientSession, **request: Any) -> StreamedCompletion:
         """One streamed completion (see `openai_client.stream_completion` for arguments)."""
 
     def metrics(self) -> EngineMetrics:
@@ -64,11 +65,11 @@ class HTTPEngine:
             raise EngineError(f"{self.name} engine is not started; call start() first")
         return self.endpoint
 
-    async def stream(self, client: httpx.AsyncClient, **request: Any) -> StreamedCompletion:
+    async def stream(self, session: aiohttp.ClientSession, **request: Any) -> StreamedCompletion:
         ep = self._require_endpoint()
         request.setdefault("model", ep.model)
         headers = {**ep.headers, **(request.pop("headers", None) or {})}
-        return await stream_completion(client, ep.base_url, headers=headers or None, **request)
+        return await stream_completion(session, ep.base_url, headers=headers or None, **request)
 
     def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
         ep = self._require_endpoint()

@@ -51,8 +51,9 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_options(check)
-    check.add_argument("--prompt", default="Write three short tips for running a small language model on a laptop.",
-                       help="user message sent through the chat template")
+    check.add_argument("--prompt", default=None,
+                       help="user message sent through the chat template (default: ~300 tokens of real "
+                            "text and a question, long enough for the prefix cache to hit on a repeat)")
     check.add_argument("--max-tokens", type=int, default=64, metavar="N")
     check.add_argument("--repeat", type=int, default=1, metavar="N",
                        help="send the same request N times (shows prefix-cache hits when caching is on)")

@@ -11,6 +11,7 @@ import statistics
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -52,17 +53,30 @@ def engine_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_check_prompt() -> str:
+    from replay.synth import load_corpus_text
+
+    # Real text (the first ShareGPT prompts of the bundled corpus), cut at a paragraph break.
+    text = load_corpus_text()[:1400].rsplit("\n", 1)[0]
+    return f"{text}\n\nIn two sentences, what are the requests above about?"
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
 
 
 def engine_check(args: argparse.Namespace) -> int:
-    import httpx
-
     from engine_adapter.errors import EngineError
+    from engine_adapter.openai_client import new_session
     from engine_adapter.vllm_server import VLLMServer
 
     config = _config_from(args)
+    prompt = args.prompt or _default_check_prompt()
     server = VLLMServer(args.run_dir)
     console.print(f"platform: [bold]{server.platform.value}[/]   model: [bold]{config.model}[/]")
     results = []
@@ -84,11 +98,11 @@ def engine_check(args: argparse.Namespace) -> int:
         before = server.metrics()
 
         async def run_all():
-            async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+            async with new_session(timeout_s=600.0) as client:
                 for i in range(args.repeat):
-                    console.print(f"\n[bold]request {i + 1}/{args.repeat}[/] > {args.prompt}")
+                    console.print(f"\n[bold]request {i + 1}/{args.repeat}[/] > {escape(_shorten(prompt))}")
                     out = await server.stream(
-                        client, messages=[{"role": "user", "content": args.prompt}],
+                        client, messages=[{"role": "user", "content": prompt}],
                         max_tokens=args.max_tokens,
                         on_text=lambda piece: console.print(piece, end="", highlight=False, markup=False),
                     )

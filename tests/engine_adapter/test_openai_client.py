@@ -1,14 +1,15 @@
-"""Timing maths of the streaming client, with a scripted clock and an in-process transport."""
+"""Timing maths and error handling of the streaming client, against an in-process aiohttp
+server that plays back scripted SSE events, with a scripted clock."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-import httpx
 import pytest
+from aiohttp import web
 
-from engine_adapter.openai_client import stream_completion
+from engine_adapter.openai_client import new_session, stream_completion
 
 
 def sse(*events, done=True) -> bytes:
@@ -19,8 +20,6 @@ def sse(*events, done=True) -> bytes:
 
 
 class ScriptedClock:
-    """Returns the given readings in order, one per call."""
-
     def __init__(self, readings):
         self.readings = list(readings)
 
@@ -28,27 +27,45 @@ class ScriptedClock:
         return self.readings.pop(0)
 
 
-def run(transport, **kwargs):
+def run(handler, **kwargs):
+    """Serve `handler` on a free local port and send one request to it."""
     async def go():
-        async with httpx.AsyncClient(transport=transport) as client:
-            return await stream_completion(client, "http://engine", model="m", **kwargs)
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with new_session() as session:
+                return await stream_completion(session, f"http://127.0.0.1:{port}", model="m", **kwargs)
+        finally:
+            await runner.cleanup()
     return asyncio.run(go())
 
 
-def completion_events():
-    return (
-        {"choices": [{"text": "Hel"}]},
-        {"choices": [{"text": "lo"}]},
-        {"choices": [{"text": " world", "finish_reason": "length"}]},
-        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}},
-    )
+def replay(body: bytes, status: int = 200, seen: list | None = None):
+    async def handler(request):
+        if seen is not None:
+            seen.append((request.path, await request.json()))
+        return web.Response(body=body, status=status, content_type="text/event-stream")
+    return handler
+
+
+COMPLETION = sse(
+    {"choices": [{"text": "Hel"}]},
+    {"choices": [{"text": "lo"}]},
+    {"choices": [{"text": " world", "finish_reason": "length"}]},
+    {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}},
+)
 
 
 def test_timing_identity_e2e_minus_ttft_is_sum_of_itl():
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=sse(*completion_events())))
     # send, 3 text events, usage event, end
     clock = ScriptedClock([100.0, 100.25, 100.30, 100.42, 100.43, 100.5])
-    out = run(transport, prompt="hi", max_tokens=4, clock=clock)
+    out = run(replay(COMPLETION), prompt="hi", max_tokens=4, clock=clock)
     assert out.success and out.text == "Hello world"
     assert out.ttft_s == pytest.approx(0.25)
     assert out.itl_s == pytest.approx([0.05, 0.12])
@@ -60,38 +77,36 @@ def test_timing_identity_e2e_minus_ttft_is_sum_of_itl():
 
 def test_request_body_for_completions_and_chat():
     seen = []
-
-    def handler(request):
-        seen.append((request.url.path, json.loads(request.content)))
-        return httpx.Response(200, content=sse(*completion_events()))
-
-    run(httpx.MockTransport(handler), prompt="p", max_tokens=7, ignore_eos=True)
+    run(replay(COMPLETION, seen=seen), prompt="p", max_tokens=7, ignore_eos=True)
     path, body = seen[-1]
     assert path == "/v1/completions" and body["prompt"] == "p" and body["max_tokens"] == 7
     assert body["ignore_eos"] is True and body["stream"] is True and body["stream_options"] == {"include_usage": True}
-
-    def chat_handler(request):
-        seen.append((request.url.path, json.loads(request.content)))
-        return httpx.Response(200, content=sse({"choices": [{"delta": {"content": "ok"}}]}))
-
-    out = run(httpx.MockTransport(chat_handler), messages=[{"role": "user", "content": "q"}])
+    out = run(replay(sse({"choices": [{"delta": {"content": "ok"}}]}), seen=seen),
+              messages=[{"role": "user", "content": "q"}])
     assert seen[-1][0] == "/v1/chat/completions" and out.text == "ok"
 
 
 def test_http_error_is_data_not_an_exception():
-    transport = httpx.MockTransport(lambda request: httpx.Response(400, text='{"error": "max_tokens too large"}'))
-    out = run(transport, prompt="p")
+    out = run(replay(b'{"error": "max_tokens too large"}', status=400), prompt="p")
     assert not out.success and "HTTP 400" in out.error and "max_tokens too large" in out.error
 
 
-def test_connection_error_is_data():
-    def handler(request):
-        raise httpx.ConnectError("refused")
+def test_connection_refused_is_data():
+    async def go():
+        async with new_session() as session:
+            return await stream_completion(session, "http://127.0.0.1:9", model="m", prompt="p")
+    out = asyncio.run(go())
+    assert not out.success and "ClientConnector" in out.error
 
-    out = run(httpx.MockTransport(handler), prompt="p")
-    assert not out.success and "ConnectError" in out.error
+
+def test_timeout_is_data():
+    async def slow(request):
+        await asyncio.sleep(5)
+        return web.Response(body=COMPLETION)
+    out = run(slow, prompt="p", timeout_s=0.2)
+    assert not out.success and out.error == "timed out after 0.2s"
 
 
 def test_exactly_one_of_prompt_or_messages():
     with pytest.raises(ValueError):
-        run(httpx.MockTransport(lambda r: httpx.Response(200)), prompt="a", messages=[])
+        run(replay(COMPLETION), prompt="a", messages=[])

@@ -16,11 +16,11 @@ import textwrap
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from engine_adapter import get_engine
 from engine_adapter.errors import EngineStartError
+from engine_adapter.openai_client import new_session
 from engine_adapter.openai_endpoint import OpenAIEndpointConfig
 from engine_adapter.process import group_alive
 from engine_adapter.vllm_server import VLLMConfig, VLLMServer
@@ -80,7 +80,7 @@ def engine(request, shared_server):
 
 def send(engine, n=1, **request):
     async def go():
-        async with httpx.AsyncClient(timeout=300) as client:
+        async with new_session(timeout_s=300) as client:
             return [await engine.stream(client, **request) for _ in range(n)]
     return asyncio.run(go())
 

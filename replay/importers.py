@@ -1,0 +1,282 @@
+"""Convert public trace formats to the native format (`tune trace convert`).
+
+Formats: mooncake (JSONL, ms timestamps, hash_ids of 512-token blocks), azure (Azure LLM
+inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens), burstgpt (BurstGPT CSV:
+Timestamp, Model, Request tokens, Response tokens, Total tokens, Log Type), sharegpt (JSON list of
+conversations; no timing, so arrivals are drawn from a seeded Poisson process at `rate`).
+
+Length-only formats get prompts synthesised to exact token counts (`replay.synth`). Requests
+longer than the model's context follow an explicit policy, and the report says what it did.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from engine_adapter.errors import InputError
+from replay.synth import PromptSynthesizer, implied_reuse_ratio, prefix_reuse_ratio
+from replay.trace import Message, TraceRecord
+
+FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
+MOONCAKE_BLOCK_TOKENS = 512
+Overlong = Literal["truncate", "drop", "scale", "error"]
+
+
+@dataclasses.dataclass
+class RawRequest:
+    """A request as read from a source trace, before synthesis and length policy."""
+
+    line: int
+    timestamp_s: float
+    input_length: int | None
+    output_length: int
+    hash_ids: list[int] | None = None
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+
+
+@dataclasses.dataclass
+class ConvertOptions:
+    max_input_tokens: int
+    overlong: Overlong = "truncate"
+    limit: int | None = None
+    length_scale: float = 1.0
+    max_output_tokens: int | None = None
+    rate: float = 1.0  # sharegpt arrivals per second
+    output_length: int = 128  # sharegpt, when no reply is recorded
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class ConvertReport:
+    source: str
+    format: str
+    read: int = 0
+    written: int = 0
+    dropped_overlong: int = 0
+    truncated: int = 0
+    skipped: int = 0
+    skipped_reason: str = ""
+    length_scale: float = 1.0
+    block_tokens: int | None = None
+    implied_reuse: float | None = None
+    reproduced_reuse: float | None = None
+    duration_s: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def lines(self) -> list[str]:
+        out = [f"{self.source} ({self.format}): read {self.read}, wrote {self.written} requests over "
+               f"{self.duration_s:.1f}s ({self.input_tokens} input / {self.output_tokens} output tokens)"]
+        if self.length_scale != 1.0:
+            out.append(f"lengths scaled by {self.length_scale:.4g} (block size {self.block_tokens} tokens)")
+        if self.truncated:
+            out.append(f"{self.truncated} over-long inputs truncated to the context limit")
+        if self.dropped_overlong:
+            out.append(f"{self.dropped_overlong} over-long requests dropped")
+        if self.skipped:
+            out.append(f"{self.skipped} rows skipped: {self.skipped_reason}")
+        if self.implied_reuse is not None:
+            out.append(f"prefix reuse (infinite cache, {self.block_tokens}-token blocks): trace implies "
+                       f"{self.implied_reuse:.1%}, synthesised prompts reproduce {self.reproduced_reuse:.1%}")
+        return out
+
+
+def _bad(path: Path, line: int, field: str, message: str) -> InputError:
+    return InputError(f"{path}:{line}: field '{field}': {message}")
+
+
+def _int_field(path: Path, line: int, row: dict[str, Any], field: str, *, minimum: int = 0) -> int:
+    value = row.get(field)
+    try:
+        number = int(value) if not isinstance(value, bool) and float(value) == int(float(value)) else None
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is None:
+        raise _bad(path, line, field, f"expected an integer, got {value!r}")
+    if number < minimum:
+        raise _bad(path, line, field, f"must be >= {minimum}, got {number}")
+    return number
+
+
+def _float_field(path: Path, line: int, row: dict[str, Any], field: str) -> float:
+    value = row.get(field)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _bad(path, line, field, f"expected a number, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise _bad(path, line, field, f"must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def read_mooncake(path: Path) -> Iterator[RawRequest]:
+    with open(path, encoding="utf-8") as f:
+        for line, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{line}: not valid JSON ({exc})") from None
+            for field in ("timestamp", "input_length", "output_length"):
+                if field not in row:
+                    raise _bad(path, line, field, "missing")
+            hash_ids = row.get("hash_ids") or []
+            if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
+                raise _bad(path, line, "hash_ids", "expected a list of integers")
+            yield RawRequest(line, _float_field(path, line, row, "timestamp") / 1000.0,
+                             _int_field(path, line, row, "input_length", minimum=1),
+                             _int_field(path, line, row, "output_length", minimum=0), hash_ids=hash_ids)
+
+
+def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise InputError(f"{path}:1: header lacks column(s) {missing}; found {header}")
+        reader.fieldnames = header
+        for row in reader:
+            yield reader.line_num, {k: (v.strip() if isinstance(v, str) else v) for k, v in row.items()}
+
+
+def read_azure(path: Path) -> Iterator[RawRequest]:
+    for line, row in _csv_rows(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
+        stamp = row["TIMESTAMP"]
+        try:
+            # 7 fractional digits ("18:15:46.6805900"): keep microseconds, drop the 7th digit.
+            head, _, frac = stamp.partition(".")
+            when = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
+            seconds = when.timestamp() + (float("0." + frac) if frac else 0.0)
+        except ValueError:
+            raise _bad(path, line, "TIMESTAMP", f"expected 'YYYY-MM-DD HH:MM:SS.fffffff', got {stamp!r}") from None
+        yield RawRequest(line, seconds, _int_field(path, line, row, "ContextTokens", minimum=1),
+                         _int_field(path, line, row, "GeneratedTokens", minimum=0))
+
+
+def read_burstgpt(path: Path) -> Iterator[RawRequest]:
+    for line, row in _csv_rows(path, ("Timestamp", "Request tokens", "Response tokens")):
+        yield RawRequest(line, _float_field(path, line, row, "Timestamp"),
+                         _int_field(path, line, row, "Request tokens", minimum=1),
+                         _int_field(path, line, row, "Response tokens", minimum=0))
+
+
+def read_sharegpt(path: Path, options: ConvertOptions, tokenizer: Any) -> Iterator[RawRequest]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, list):
+        raise InputError(f"{path}:1: expected a JSON list of conversations")
+    rng = random.Random(options.seed)
+    t = 0.0
+    for index, conv in enumerate(data):
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not turns or not isinstance(turns, list) or not isinstance(turns[0], dict) or "value" not in turns[0]:
+            raise InputError(f"{path}: conversation #{index}: field 'conversations[0].value': missing")
+        prompt = str(turns[0]["value"])
+        reply = turns[1].get("value") if len(turns) > 1 and isinstance(turns[1], dict) else None
+        out_len = len(tokenizer.encode(reply, add_special_tokens=False)) if reply else options.output_length
+        yield RawRequest(index + 1, t, None, out_len, messages=[{"role": "user", "content": prompt}])
+        t += rng.expovariate(options.rate)
+
+
+def _read(fmt: str, path: Path, options: ConvertOptions, tokenizer: Any) -> Iterator[RawRequest]:
+    if fmt == "mooncake":
+        return read_mooncake(path)
+    if fmt == "azure":
+        return read_azure(path)
+    if fmt == "burstgpt":
+        return read_burstgpt(path)
+    if fmt == "sharegpt":
+        return read_sharegpt(path, options, tokenizer)
+    raise InputError(f"unknown trace format {fmt!r}; use one of {list(FORMATS)}")
+
+
+def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
+            synthesizer: PromptSynthesizer | None = None) -> tuple[list[TraceRecord], ConvertReport]:
+    """Read `path` in format `fmt` and return native records plus a report of what was done."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    report = ConvertReport(source=str(path), format=fmt)
+    raw: list[RawRequest] = []
+    for request in _read(fmt, path, options, tokenizer):
+        report.read += 1
+        if request.output_length == 0:
+            report.skipped += 1
+            report.skipped_reason = "no output tokens recorded (failed or cancelled requests)"
+            continue
+        raw.append(request)
+        if options.limit is not None and len(raw) >= options.limit:
+            break
+    if not raw:
+        raise InputError(f"{path}: no usable requests")
+    raw.sort(key=lambda r: (r.timestamp_s, r.line))
+    t0 = raw[0].timestamp_s
+
+    scale = options.length_scale
+    longest = max(r.input_length or 0 for r in raw)
+    if options.overlong == "scale" and longest * scale > options.max_input_tokens:
+        scale = options.max_input_tokens / longest
+    report.length_scale = scale
+    block = max(1, round(MOONCAKE_BLOCK_TOKENS * scale)) if fmt == "mooncake" else None
+    report.block_tokens = block
+
+    if synthesizer is None and any(r.input_length is not None for r in raw):
+        synthesizer = PromptSynthesizer(tokenizer, block_tokens=block or MOONCAKE_BLOCK_TOKENS, seed=options.seed)
+    elif synthesizer is not None and block is not None:
+        synthesizer.block_tokens = block
+
+    records: list[TraceRecord] = []
+    kept_for_reuse: list[tuple[int, list[int]]] = []
+    prompts_for_reuse: list[str] = []
+    for r in raw:
+        out_len = r.output_length
+        if options.max_output_tokens is not None:
+            out_len = min(out_len, options.max_output_tokens)
+        fields: dict[str, Any] = {"timestamp": round(r.timestamp_s - t0, 6), "output_length": out_len,
+                                  "id": f"{path.stem}:{r.line}"}
+        if r.input_length is not None:
+            length = max(1, round(r.input_length * scale))
+            hash_ids = r.hash_ids
+            if length > options.max_input_tokens:
+                if options.overlong in ("drop",):
+                    report.dropped_overlong += 1
+                    continue
+                if options.overlong == "error":
+                    raise InputError(
+                        f"{path}:{r.line}: field 'input_length': {length} tokens exceed the model's limit "
+                        f"{options.max_input_tokens}; choose --overlong truncate, drop or scale")
+                length = options.max_input_tokens
+                report.truncated += 1
+                if hash_ids and block:
+                    hash_ids = hash_ids[: math.ceil(length / block)]
+            fields["prompt"] = synthesizer.prompt(length, hash_ids=hash_ids, unique_key=(path.stem, r.line))
+            if hash_ids:
+                fields["hash_ids"] = hash_ids
+                kept_for_reuse.append((length, hash_ids))
+                prompts_for_reuse.append(fields["prompt"])
+            report.input_tokens += length
+        else:
+            fields["messages"] = [Message(**m) for m in r.messages or []]
+        report.output_tokens += out_len
+        records.append(TraceRecord(**fields))
+    if not records:
+        raise InputError(f"{path}: every request was dropped by --overlong {options.overlong}")
+    if kept_for_reuse and block:
+        report.implied_reuse = implied_reuse_ratio(kept_for_reuse, block)
+        token_lists = [tokenizer.encode(p, add_special_tokens=True) for p in prompts_for_reuse]
+        report.reproduced_reuse = prefix_reuse_ratio(token_lists, block)
+    report.written = len(records)
+    report.duration_s = records[-1].timestamp
+    return records, report

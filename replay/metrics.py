@@ -1,0 +1,193 @@
+"""Summary statistics of a replay: latency percentiles, throughput, goodput under SLOs, errors,
+95% bootstrap confidence intervals, and the engine's own counters.
+
+Definitions (per request, successful requests only unless said otherwise):
+- TTFT: send to first output event. E2E: send to last byte.
+- TPOT: (E2E - TTFT) / (output tokens - 1), output tokens from the server's usage.
+- ITL: every gap between consecutive output events, pooled over requests.
+- Throughput: successful requests (or their output tokens) per second of measured replay
+  (first send to last completion).
+- Goodput: requests per second that met *every* per-request SLO threshold (per-request
+  attainment); `slo_met` separately says whether each percentile target held on the aggregate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from engine_adapter.errors import InputError
+from replay.runner import ReplayResult, RequestRecord
+
+METRICS = ("ttft", "tpot", "itl", "e2e")
+STATS = ("mean", "p50", "p90", "p99")
+_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
+_SLO_ITEM = re.compile(r"^\s*(ttft|tpot|itl|e2e)\s*:\s*(mean|p\d{1,2}(?:\.\d+)?)\s*<\s*([0-9]*\.?[0-9]+)\s*(ms|s|us)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SLO:
+    metric: str  # ttft | tpot | itl | e2e
+    stat: str  # mean | pNN
+    threshold_s: float
+
+    def __str__(self) -> str:
+        return f"{self.metric}:{self.stat}<{self.threshold_s * 1000:g}ms"
+
+
+def parse_slos(spec: str | None, flag: str = "--slo") -> list[SLO]:
+    """Parse `ttft:p99<500ms,tpot:p50<50ms` into SLOs; errors name the flag and the item."""
+    if not spec:
+        return []
+    slos = []
+    for item in spec.split(","):
+        m = _SLO_ITEM.match(item)
+        if not m:
+            raise InputError(
+                f"{flag}: cannot read {item.strip()!r}; write METRIC:STAT<VALUE UNIT, e.g. "
+                f"'ttft:p99<500ms,tpot:p50<50ms' (METRIC: ttft, tpot, itl, e2e; STAT: mean or pNN; UNIT: ms, s, us)")
+        metric, stat, value, unit = m.groups()
+        if stat != "mean" and not 0 < float(stat[1:]) < 100:
+            raise InputError(f"{flag}: percentile in {item.strip()!r} must be between 0 and 100")
+        slos.append(SLO(metric, stat, float(value) * _UNITS[unit]))
+    return slos
+
+
+def _stat(values: np.ndarray, stat: str, axis: int | None = None) -> Any:
+    if stat == "mean":
+        return np.mean(values, axis=axis)
+    return np.percentile(values, float(stat[1:]), axis=axis)
+
+
+@dataclasses.dataclass
+class Estimate:
+    value: float
+    low: float
+    high: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"value": self.value, "ci_low": self.low, "ci_high": self.high}
+
+
+def bootstrap_ci(values: Sequence[float], stat: str, *, n_resamples: int = 1000, seed: int = 0) -> Estimate:
+    """`stat` of `values` with a 95% percentile-bootstrap interval (scipy). NaN when empty."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return Estimate(math.nan, math.nan, math.nan)
+    value = float(_stat(data, stat))
+    if data.size < 2 or np.all(data == data[0]):
+        return Estimate(value, value, value)
+    from scipy import stats
+
+    res = stats.bootstrap((data,), lambda x, axis: _stat(x, stat, axis=axis), n_resamples=n_resamples,
+                          confidence_level=0.95, method="percentile", vectorized=True,
+                          random_state=np.random.default_rng(seed))
+    return Estimate(value, float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def per_request_values(records: Iterable[RequestRecord], metric: str) -> list[float]:
+    ok = [r for r in records if r.success]
+    if metric == "ttft":
+        return [r.ttft_s for r in ok if r.ttft_s is not None]
+    if metric == "tpot":
+        return [r.tpot_s for r in ok if r.tpot_s is not None]
+    if metric == "e2e":
+        return [r.e2e_s for r in ok]
+    if metric == "itl":
+        return [gap for r in ok for gap in r.itl_s]
+    raise ValueError(metric)
+
+
+def _meets(record: RequestRecord, slo: SLO) -> bool:
+    """Per-request attainment: this request's own value is under the threshold."""
+    if not record.success:
+        return False
+    if slo.metric == "ttft":
+        value = record.ttft_s
+    elif slo.metric == "tpot":
+        value = record.tpot_s if record.tpot_s is not None else 0.0
+    elif slo.metric == "e2e":
+        value = record.e2e_s
+    else:  # itl: the request's worst gap at the SLO's percentile
+        value = float(_stat(np.asarray(record.itl_s), slo.stat)) if record.itl_s else 0.0
+    return value is not None and value < slo.threshold_s
+
+
+@dataclasses.dataclass
+class Summary:
+    requests: int
+    succeeded: int
+    errors: int
+    error_rate: float
+    duration_s: float
+    request_throughput_rps: Estimate
+    output_throughput_tps: Estimate
+    latency: dict[str, dict[str, Estimate]]
+    schedule_lag: dict[str, float]
+    goodput_rps: Estimate | None = None
+    slo_attainment: float | None = None
+    slo_met: dict[str, bool] = dataclasses.field(default_factory=dict)
+    engine: dict[str, float] | None = None
+    error_examples: list[str] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "requests": self.requests, "succeeded": self.succeeded, "errors": self.errors,
+            "error_rate": self.error_rate, "duration_s": self.duration_s,
+            "request_throughput_rps": self.request_throughput_rps.as_dict(),
+            "output_throughput_tps": self.output_throughput_tps.as_dict(),
+            "latency_s": {m: {s: e.as_dict() for s, e in stats.items()} for m, stats in self.latency.items()},
+            "schedule_lag_s": self.schedule_lag,
+            "slo_met": self.slo_met, "engine": self.engine, "error_examples": self.error_examples,
+        }
+        if self.goodput_rps is not None:
+            out["goodput_rps"] = self.goodput_rps.as_dict()
+            out["slo_attainment"] = self.slo_attainment
+        return out
+
+
+def _rate_ci(per_request: np.ndarray, duration_s: float, seed: int) -> Estimate:
+    """Sum(per_request)/duration with a bootstrap interval over requests (duration held fixed)."""
+    if per_request.size == 0 or duration_s <= 0:
+        return Estimate(0.0, 0.0, 0.0)
+    est = bootstrap_ci(per_request, "mean", seed=seed)
+    n = per_request.size / duration_s
+    return Estimate(est.value * n, est.low * n, est.high * n)
+
+
+def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) -> Summary:
+    records = result.records
+    n = len(records)
+    ok = [r for r in records if r.success]
+    duration = result.duration_s
+    latency = {m: {s: bootstrap_ci(per_request_values(records, m), s, seed=seed) for s in STATS} for m in METRICS}
+    lags = np.asarray([r.lag_s for r in records], dtype=float)
+    lag = {"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99)), "max": float(lags.max())} \
+        if lags.size else {}
+    ones = np.ones(len(ok))
+    tokens = np.asarray([r.output_tokens or 0 for r in ok], dtype=float)
+    # Requests that failed count as zero toward throughput but are part of the sample.
+    pad = np.zeros(n - len(ok))
+    summary = Summary(
+        requests=n, succeeded=len(ok), errors=n - len(ok), error_rate=(n - len(ok)) / n if n else 0.0,
+        duration_s=duration,
+        request_throughput_rps=_rate_ci(np.concatenate([ones, pad]), duration, seed),
+        output_throughput_tps=_rate_ci(np.concatenate([tokens, pad]), duration, seed),
+        latency=latency, schedule_lag=lag,
+        error_examples=sorted({r.error for r in records if not r.success})[:5],
+    )
+    if slos:
+        good = np.asarray([all(_meets(r, s) for s in slos) for r in records], dtype=float)
+        summary.goodput_rps = _rate_ci(good, duration, seed)
+        summary.slo_attainment = float(good.mean()) if n else 0.0
+        for s in slos:
+            values = per_request_values(records, s.metric)
+            value = float(_stat(np.asarray(values), s.stat)) if values else math.nan
+            summary.slo_met[str(s)] = bool(value < s.threshold_s)
+    if result.engine_delta is not None:
+        summary.engine = result.engine_delta.as_dict()
+    return summary

@@ -1,0 +1,171 @@
+"""The native trace format: JSONL, one request per line, validated with pydantic.
+
+    {"timestamp": 0.0,  "prompt": "Summarise ...", "output_length": 128}
+    {"timestamp": 0.8,  "messages": [{"role": "user", "content": "Hi"}], "output_length": 40, "session_id": "s1"}
+    {"timestamp": 1.25, "input_length": 2048, "output_length": 300, "hash_ids": [17, 18, 91, 92]}
+
+`timestamp` is in seconds, relative to the trace start or absolute (epoch seconds): absolute
+timestamps are shifted so the first request is at 0. Timestamps must not decrease.
+Exactly one of `prompt`, `messages` or `input_length` says what is sent. Records with only
+`input_length` get prompts synthesised from real text (see `replay.synth`).
+Errors name the file, the line and the field, and are `InputError`s (exit code 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine_adapter.errors import InputError
+
+MAX_LINE_BYTES = 64 * 2**20
+
+
+class TraceError(InputError):
+    """A trace file that cannot be used, with file, line and field."""
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class Sampling(BaseModel):
+    """Per-request sampling parameters, sent as the OpenAI fields of the same names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = None
+    stop: list[str] | None = None
+
+
+class TraceRecord(BaseModel):
+    """One recorded request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timestamp: float = Field(ge=0, allow_inf_nan=False, description="Arrival time in seconds.")
+    prompt: str | None = Field(None, description="Completion prompt text.")
+    messages: list[Message] | None = Field(None, min_length=1, description="Chat messages.")
+    input_length: int | None = Field(None, gt=0, description="Prompt length in tokens (length-only traces).")
+    output_length: int = Field(gt=0, description="Tokens to generate.")
+    hash_ids: list[int] | None = Field(None, description="Prefix block ids; equal ids = identical prompt blocks.")
+    prefix_id: str | None = None
+    session_id: str | None = None
+    id: str | None = None
+    response: str | None = Field(None, description="The recorded output text.")
+    expected: str | None = Field(None, description="A label to score accuracy against.")
+    sampling: Sampling | None = None
+
+    @field_validator("timestamp", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number of seconds, not a boolean")
+        return value
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TraceRecord:
+        given = [name for name in ("prompt", "messages", "input_length") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of prompt, messages or input_length"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "chat" if self.messages is not None else "completion"
+
+
+class Trace(BaseModel):
+    """A loaded trace: records with timestamps relative to the first request."""
+
+    source: str
+    records: list[TraceRecord]
+
+    @property
+    def duration_s(self) -> float:
+        return self.records[-1].timestamp - self.records[0].timestamp if self.records else 0.0
+
+
+def _field_of(error: dict[str, Any]) -> str:
+    loc = [str(p) for p in error["loc"]]
+    return ".".join(loc) if loc else "(record)"
+
+
+def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
+    """Validate JSONL lines; raise TraceError at the first bad one."""
+    records: list[TraceRecord] = []
+    previous = -math.inf
+    for lineno, raw in enumerate(lines, 1):
+        where = f"{source}:{lineno}"
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(f"{where}: line is {len(raw)} bytes, over the {MAX_LINE_BYTES} byte limit")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{where}: not valid UTF-8 (byte {exc.start}); save the trace as UTF-8") from None
+        if not text.strip():
+            continue
+        try:
+            data = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+        except ValueError as exc:
+            raise TraceError(f"{where}: not valid JSON ({exc}); each line must be one JSON object") from None
+        if not isinstance(data, dict):
+            raise TraceError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        try:
+            record = TraceRecord.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+            raise TraceError(f"{where}: field '{_field_of(err)}': {err['msg']}{more}") from None
+        if record.timestamp < previous:
+            raise TraceError(
+                f"{where}: field 'timestamp': {record.timestamp} is earlier than the previous line's "
+                f"{previous}; timestamps must not decrease (sort the file by timestamp)"
+            )
+        previous = record.timestamp
+        records.append(record)
+    if not records:
+        raise TraceError(f"{source}: the trace has no requests")
+    start = records[0].timestamp
+    if start > 0:  # absolute (epoch) or offset timestamps: the replay starts with the first request
+        records = [r.model_copy(update={"timestamp": r.timestamp - start}) for r in records]
+    return Trace(source=source, records=records)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Load and validate a native JSONL trace file."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            return parse_lines(f, str(path))
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, not a trace file") from None
+
+
+def write_trace(records: Iterable[TraceRecord], path: str | Path) -> int:
+    """Write records as JSONL (unset fields left out); return how many were written."""
+    n = 0
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(record.model_dump_json(exclude_none=True) + "\n")
+            n += 1
+    tmp.replace(path)
+    return n
