@@ -72,30 +72,35 @@ class PromptSynthesizer:
         return text
 
     def _fit_tail(self, head: str, tail_key: int, want: int) -> str:
-        """head + a tail window sized so the whole text has exactly `want` tokens."""
-        n = max(want - self.count(head), 1)
-        for _ in range(12):
-            span = len(self.stream) - n
-            start = _stable_int(self.seed, tail_key) % max(span, 1)
-            text = head + self.tokenizer.decode(self.stream[start:start + n])
-            got = self.count(text)
-            if got == want:
-                return text
-            n += want - got
-            if n < 1:
-                break
-        # Seams keep shifting the count: fall back to trimming one token at a time.
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        body = want - self.special
-        while body > 0:
-            text = self.tokenizer.decode(ids[:body])
-            if not text.startswith(head):
-                break
-            got = self.count(text)
-            if got == want:
-                return text
-            body += want - got if got < want and body < len(ids) else -1
-        raise InputError(f"could not synthesise a prompt of exactly {want} tokens")
+        """head + a tail window sized so the whole text has exactly `want` tokens.
+
+        BPE merges across the seam can shift the count by a token or two, so the tail length is
+        corrected a few times, then nearby lengths and other tail windows are tried (bounded).
+        """
+        base = max(want - self.count(head), 1)
+        for attempt in range(8):
+            key = _stable_int(tail_key, attempt)
+            n = base
+            tried: set[int] = set()
+            for _ in range(6):
+                if n < 1 or n in tried:
+                    break
+                tried.add(n)
+                text = head + self._tail(key, n)
+                got = self.count(text)
+                if got == want:
+                    return text
+                n += want - got
+            for n in range(max(base - 4, 1), base + 5):
+                if n not in tried:
+                    text = head + self._tail(key, n)
+                    if self.count(text) == want:
+                        return text
+        raise InputError(f"could not synthesise a prompt of exactly {want} tokens from the corpus")
+
+    def _tail(self, key: int, n: int) -> str:
+        start = key % max(len(self.stream) - n, 1)
+        return self.tokenizer.decode(self.stream[start:start + n])
 
     def prompt(self, input_length: int, *, hash_ids: Sequence[int] | None = None, unique_key: Any = None) -> str:
         """A prompt of exactly `input_length` tokens.

@@ -19,6 +19,8 @@ examples:
   tune engine check --eager --speculative ngram --num-speculative-tokens 4 --repeat 3
   tune engine check --model ~/models/my-llama --max-num-seqs 64 --prefix-caching
   tune engine command --kv-cache-dtype fp8 # print the vLLM command a config runs, start nothing
+  tune trace convert --from mooncake ../shared/traces/mooncake_conversation.jsonl m.jsonl --limit 100 --length-scale 0.1
+  tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching --slo "ttft:p99<2s"
 """
 
 
@@ -61,6 +63,10 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="where engine logs go (default runs/engine-check)")
     check.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
 
+    from replay.cli import add_parsers as add_replay_parsers
+
+    add_replay_parsers(sub)
+
     command = engine_sub.add_parser(
         "command", help="print the vLLM server command and environment a config runs (starts nothing)",
         epilog="example:\n  tune engine command --max-num-seqs 32 --kv-cache-dtype fp8",
@@ -85,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "engine" and args.engine_command == "check":
             from tuner.commands import engine_check
             return engine_check(args)
+        if args.command == "replay":
+            from replay.cli import replay_command
+            from tuner.commands import console
+            return replay_command(args, console)
+        if args.command == "trace" and args.trace_command == "convert":
+            from replay.cli import convert_command
+            from tuner.commands import console
+            return convert_command(args, console)
         if args.command == "engine" and args.engine_command == "command":
             from tuner.commands import engine_command
             return engine_command(args)

@@ -1,0 +1,244 @@
+"""`tune replay` and `tune trace convert`: argument definitions (light) and their commands."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+REPLAY_EPILOG = """\
+examples:
+  tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching
+  tune replay --trace t.jsonl --endpoint http://127.0.0.1:8000 --rate-scale 2 --slo "ttft:p99<500ms,tpot:p50<50ms"
+  tune replay --trace t.jsonl --engine vllm --mode closed --concurrency 16 --max-requests 200
+"""
+
+CONVERT_EPILOG = """\
+examples:
+  tune trace convert --from mooncake ../shared/traces/mooncake_conversation.jsonl mooncake.jsonl --limit 200 --length-scale 0.1
+  tune trace convert --from azure ../shared/traces/azure2023_conv.csv azure.jsonl --limit 500
+  tune trace convert --from sharegpt ../shared/traces/sharegpt_v3_filtered_500.json sharegpt.jsonl --rate 2
+"""
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from engine_adapter.cli_options import add_engine_options
+
+    rp = sub.add_parser("replay", help="replay a trace against an engine and measure latency/throughput/goodput",
+                        epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("--trace", required=True, type=Path, metavar="FILE", help="native JSONL trace")
+    target = rp.add_mutually_exclusive_group()
+    target.add_argument("--endpoint", metavar="URL", help="an already running OpenAI-compatible server")
+    target.add_argument("--engine", choices=["vllm"], default=None, help="start this engine (default: vllm)")
+    rp.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
+    rp.add_argument("--served-model", metavar="NAME", help="model name to request from --endpoint (default: first listed)")
+    rp.add_argument("--tokenizer", metavar="DIR", help="tokenizer for length-only traces with --endpoint")
+    rp.add_argument("--time-scale", type=float, default=None, metavar="F",
+                    help="multiply inter-arrival times by F (0.5 = twice the recorded rate)")
+    rp.add_argument("--rate-scale", type=float, default=None, metavar="R", help="multiply the request rate by R")
+    rp.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests")
+    rp.add_argument("--max-duration", type=float, metavar="S", help="only requests scheduled in the first S seconds")
+    rp.add_argument("--warmup", type=int, default=2, metavar="N",
+                    help="send the first N requests before measuring (default 2; a cold engine's first request is slow)")
+    rp.add_argument("--mode", choices=["open", "closed"], default="open")
+    rp.add_argument("--concurrency", type=int, default=1, metavar="N", help="closed-loop workers")
+    rp.add_argument("--max-output-tokens", type=int, metavar="N", help="cap each request's output length")
+    rp.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then differ from the trace)")
+    rp.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
+    rp.add_argument("--slo", metavar="SPEC", help="e.g. 'ttft:p99<500ms,tpot:p50<50ms' (goodput counts requests meeting all)")
+    rp.add_argument("--out", type=Path, metavar="DIR", help="results directory (default runs/replay-TIMESTAMP)")
+    rp.add_argument("--keep-text", action="store_true", help="store each response's text in requests.jsonl")
+    add_engine_options(rp)
+
+    tp = sub.add_parser("trace", help="trace utilities")
+    tsub = tp.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    cv = tsub.add_parser("convert", help="convert a public trace to the native format",
+                         epilog=CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cv.add_argument("--from", dest="fmt", required=True, choices=["mooncake", "azure", "burstgpt", "sharegpt"])
+    cv.add_argument("input", type=Path)
+    cv.add_argument("output", type=Path)
+    cv.add_argument("--model", metavar="DIR", help="model whose tokenizer counts tokens (default: bundled)")
+    cv.add_argument("--limit", type=int, metavar="N", help="first N requests only")
+    cv.add_argument("--length-scale", type=float, default=1.0, metavar="F",
+                    help="multiply input lengths (and Mooncake block size) by F, e.g. to fit a small model")
+    cv.add_argument("--max-input-tokens", type=int, metavar="N",
+                    help="context limit for inputs (default: model context minus --max-output-tokens or 1024)")
+    cv.add_argument("--overlong", choices=["truncate", "drop", "scale", "error"], default="truncate",
+                    help="what to do with inputs over the limit (scale: shrink all lengths so the longest fits)")
+    cv.add_argument("--max-output-tokens", type=int, metavar="N", help="cap output lengths")
+    cv.add_argument("--rate", type=float, default=1.0, help="sharegpt: Poisson arrival rate, requests/s")
+    cv.add_argument("--output-length", type=int, default=128, help="sharegpt: output tokens when no reply is recorded")
+    cv.add_argument("--seed", type=int, default=0)
+
+
+def _tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _context_length(model_dir: Path) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return 4096
+
+
+def convert_command(args: argparse.Namespace, console) -> int:
+    from engine_adapter.errors import InputError
+    from engine_adapter.models import resolve_model
+    from replay.importers import ConvertOptions, convert
+    from replay.trace import write_trace
+
+    model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
+    limit = args.max_input_tokens or _context_length(model_dir) - (args.max_output_tokens or 1024)
+    if limit < 1:
+        raise InputError(f"--max-input-tokens must be >= 1, got {limit}")
+    if not args.length_scale > 0:
+        raise InputError(f"--length-scale must be > 0, got {args.length_scale}")
+    options = ConvertOptions(max_input_tokens=limit, overlong=args.overlong, limit=args.limit,
+                             length_scale=args.length_scale, max_output_tokens=args.max_output_tokens,
+                             rate=args.rate, output_length=args.output_length, seed=args.seed)
+    with console.status(f"converting {args.input} ({args.fmt})…"):
+        records, report = convert(args.fmt, args.input, _tokenizer(model_dir), options)
+        write_trace(records, args.output)
+    for line in report.lines():
+        console.print(line, highlight=False)
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def _fmt_ms(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x * 1000:.1f}"
+
+
+def print_summary(summary, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"replay: {summary.succeeded}/{summary.requests} ok in {summary.duration_s:.1f}s")
+    table.add_column("ms")
+    for stat in ("mean", "p50", "p90", "p99"):
+        table.add_column(stat, justify="right")
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        row = [metric.upper()]
+        for stat in ("mean", "p50", "p90", "p99"):
+            e = summary.latency[metric][stat]
+            row.append(f"{_fmt_ms(e.value)} [dim][{_fmt_ms(e.low)}, {_fmt_ms(e.high)}][/]")
+        table.add_row(*row)
+    console.print(table)
+    r, o = summary.request_throughput_rps, summary.output_throughput_tps
+    console.print(f"throughput {r.value:.3f} req/s [{r.low:.3f}, {r.high:.3f}] · output {o.value:.1f} tok/s "
+                  f"[{o.low:.1f}, {o.high:.1f}] · errors {summary.errors} ({summary.error_rate:.1%})", highlight=False)
+    if summary.goodput_rps is not None:
+        g = summary.goodput_rps
+        met = ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in summary.slo_met.items())
+        console.print(f"goodput {g.value:.3f} req/s [{g.low:.3f}, {g.high:.3f}] "
+                      f"({summary.slo_attainment:.1%} of requests meet every SLO) · {met}", highlight=False)
+    lag = summary.schedule_lag
+    if lag:
+        console.print(f"schedule lag p50 {lag['p50'] * 1000:.2f} ms · p99 {lag['p99'] * 1000:.2f} ms · "
+                      f"max {lag['max'] * 1000:.2f} ms", highlight=False)
+    if summary.engine:
+        e = summary.engine
+        hit = e["prefix_cache_hit_rate"]
+        acc = e["spec_decode_acceptance_rate"]
+        console.print(
+            f"engine: prefix-cache hit rate {'-' if math.isnan(hit) else f'{hit:.1%}'} "
+            f"({e['prefix_cache_hits']:.0f}/{e['prefix_cache_queries']:.0f} tokens) · speculative acceptance "
+            f"{'-' if math.isnan(acc) else f'{acc:.1%}'} · preemptions {e['preemptions']:.0f}", highlight=False)
+    for example in summary.error_examples:
+        console.print(f"[red]error example:[/] {example}", highlight=False, markup=True)
+
+
+def replay_command(args: argparse.Namespace, console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine_adapter.errors import InputError
+    from replay.metrics import parse_slos, summarize
+    from replay.runner import ReplayOptions, prepare, replay
+    from replay.trace import load_trace
+
+    slos = parse_slos(args.slo)
+    if args.time_scale is not None and args.rate_scale is not None:
+        raise InputError("give --time-scale or --rate-scale, not both")
+    if args.rate_scale is not None and not args.rate_scale > 0:
+        raise InputError(f"--rate-scale must be > 0, got {args.rate_scale}")
+    time_scale = args.time_scale if args.time_scale is not None else 1.0 / (args.rate_scale or 1.0)
+    options = ReplayOptions(time_scale=time_scale, max_requests=args.max_requests, max_duration_s=args.max_duration,
+                            warmup_requests=args.warmup, mode=args.mode, concurrency=args.concurrency,
+                            ignore_eos=not args.no_ignore_eos, max_output_tokens=args.max_output_tokens,
+                            request_timeout_s=args.request_timeout, keep_text=args.keep_text)
+    trace = load_trace(args.trace)
+    out_dir = args.out or Path("runs") / f"replay-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    needs_tokens = any(r.input_length is not None for r in trace.records)
+
+    engine = None
+    try:
+        if args.endpoint:
+            from engine_adapter.openai_endpoint import OpenAIEndpoint, OpenAIEndpointConfig
+
+            engine = OpenAIEndpoint()
+            engine.start(OpenAIEndpointConfig(base_url=args.endpoint, model=args.served_model,
+                                              api_key_env=args.api_key_env))
+            engine.wait_healthy(60)
+            tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None
+            if needs_tokens and tokenizer_dir is None:
+                raise InputError(f"{args.trace} has length-only requests: pass --tokenizer DIR (the served model's "
+                                 f"tokenizer) so prompts of the right token counts can be made")
+            engine_info: dict[str, Any] = {"endpoint": args.endpoint}
+        else:
+            from tuner.commands import _config_from
+            from engine_adapter.vllm_server import VLLMServer
+
+            config = _config_from(args)
+            tokenizer_dir = Path(config.model)
+            engine = VLLMServer(out_dir)
+            with console.status("starting vLLM…") as status:
+                t0 = time.perf_counter()
+                engine.launch(config, args.start_timeout,
+                              on_tick=lambda s: status.update(f"starting vLLM… {s:.0f}s (log: {engine.log_path})"))
+            console.print(f"vLLM healthy after {time.perf_counter() - t0:.1f}s (log: {engine.log_path})")
+            engine_info = {"engine": "vllm", "config": json.loads(config.model_dump_json()),
+                           "platform": engine.platform.value}
+
+        synthesizer = None
+        if needs_tokens:
+            from replay.synth import PromptSynthesizer
+
+            with console.status("synthesising prompts for length-only requests…"):
+                synthesizer = PromptSynthesizer(_tokenizer(tokenizer_dir))
+        requests = prepare(trace, options, synthesizer)
+        measured = max(len(requests) - options.warmup_requests, 0)
+
+        with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                      TimeElapsedColumn(), console=console, transient=False) as progress:
+            task = progress.add_task("replay", total=measured, info="warming up")
+
+            def on_progress(done: int, total: int, in_flight: int) -> None:
+                progress.update(task, completed=done, info=f"in flight {in_flight}")
+
+            metrics_engine = engine if hasattr(engine, "metrics") else None
+            try:
+                metrics_engine.metrics()
+            except Exception:  # an endpoint without /metrics: replay without engine counters
+                metrics_engine = None
+            result = replay(engine.endpoint.base_url, engine.endpoint.model, requests, options,
+                            engine=metrics_engine, headers=engine.endpoint.headers or None, on_progress=on_progress)
+    finally:
+        if engine is not None:
+            engine.stop()
+
+    summary = summarize(result, slos)
+    result.write_records(out_dir / "requests.jsonl")
+    payload = {"trace": str(args.trace), "options": vars(options) | {"slo": args.slo}, **engine_info,
+               "summary": summary.as_dict()}
+    (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, default=str))
+    print_summary(summary, console)
+    console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'requests.jsonl'}")
+    return 0

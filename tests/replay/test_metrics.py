@@ -1,0 +1,75 @@
+"""Summary maths on hand-made records (no network)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine_adapter.errors import InputError
+from engine_adapter.metrics import EngineMetrics
+from replay.metrics import SLO, bootstrap_ci, parse_slos, summarize
+from replay.runner import ReplayOptions, ReplayResult, RequestRecord
+
+
+def rec(i, ttft, e2e, out, itl=None, ok=True, lag=0.0):
+    return RequestRecord(index=i, id=None, scheduled_s=float(i), send_s=float(i) + lag, lag_s=lag, success=ok,
+                         error="" if ok else "HTTP 500: boom", ttft_s=ttft if ok else None, e2e_s=e2e,
+                         itl_s=itl if itl is not None else [(e2e - ttft) / max(out - 1, 1)] * max(out - 1, 0),
+                         prompt_tokens=10, output_tokens=out if ok else None, requested_tokens=out,
+                         finish_reason="length")
+
+
+def test_parse_slos():
+    assert parse_slos("ttft:p99<500ms, tpot:p50<50ms,e2e:mean<2s") == [
+        SLO("ttft", "p99", 0.5), SLO("tpot", "p50", 0.05), SLO("e2e", "mean", 2.0)]
+    assert parse_slos(None) == [] and parse_slos("") == []
+
+
+@pytest.mark.parametrize("bad", ["ttft<500ms", "ttft:p99<500", "latency:p50<1s", "ttft:p100<1s", "ttft:p99>5ms"])
+def test_bad_slos_name_the_flag(bad):
+    with pytest.raises(InputError, match="--slo"):
+        parse_slos(bad)
+
+
+def test_tpot_definition():
+    r = rec(0, ttft=0.1, e2e=1.0, out=10)
+    assert r.tpot_s == pytest.approx(0.1)
+    assert rec(0, 0.1, 0.1, 1).tpot_s is None
+
+
+def test_summary_values_throughput_goodput_errors():
+    records = [rec(i, ttft=0.1 * (i + 1), e2e=1.0 + 0.1 * i, out=11) for i in range(9)]
+    records.append(rec(9, 0.0, 0.3, 11, ok=False))
+    result = ReplayResult(records=records, duration_s=10.0, options=ReplayOptions(),
+                          engine_delta=EngineMetrics(prefix_cache_queries=100, prefix_cache_hits=25))
+    s = summarize(result, parse_slos("ttft:p50<450ms"))
+    assert (s.requests, s.succeeded, s.errors, s.error_rate) == (10, 9, 1, 0.1)
+    assert s.latency["ttft"]["p50"].value == pytest.approx(0.5)
+    assert s.latency["ttft"]["mean"].value == pytest.approx(0.5)
+    assert s.request_throughput_rps.value == pytest.approx(0.9)
+    assert s.output_throughput_tps.value == pytest.approx(9 * 11 / 10.0)
+    # Requests with TTFT 0.1..0.4 meet the per-request threshold: 4 of 10.
+    assert s.goodput_rps.value == pytest.approx(0.4) and s.slo_attainment == pytest.approx(0.4)
+    assert s.slo_met == {"ttft:p50<450ms": False}
+    assert s.engine["prefix_cache_hit_rate"] == 0.25
+    assert s.error_examples == ["HTTP 500: boom"]
+    for est in (s.latency["ttft"]["p50"], s.request_throughput_rps, s.goodput_rps):
+        assert est.low <= est.value <= est.high
+
+
+def test_itl_is_pooled_over_requests():
+    records = [rec(0, 0.1, 0.4, 4, itl=[0.1, 0.1, 0.1]), rec(1, 0.1, 1.0, 2, itl=[0.9])]
+    s = summarize(ReplayResult(records=records, duration_s=2.0, options=ReplayOptions()))
+    assert s.latency["itl"]["mean"].value == pytest.approx(0.3)
+    assert s.latency["itl"]["p50"].value == pytest.approx(0.1)
+
+
+def test_bootstrap_interval_narrows_with_more_data():
+    rng = np.random.default_rng(1)
+    small = bootstrap_ci(rng.exponential(1.0, 30), "p50")
+    large = bootstrap_ci(rng.exponential(1.0, 3000), "p50")
+    assert small.low <= small.value <= small.high
+    assert (large.high - large.low) < (small.high - small.low)
+    assert math.isnan(bootstrap_ci([], "mean").value)
