@@ -8,6 +8,7 @@ empty config *is* "vLLM defaults".
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import json
@@ -123,6 +124,20 @@ def platform_problems(config: VLLMConfig, platform: Platform) -> list[str]:
     return problems
 
 
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
 _TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
     "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
@@ -146,9 +161,14 @@ def cpu_preload_libs() -> list[str]:
 
 def build_command(
     config: VLLMConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
-    python: str = sys.executable,
+    python: str = sys.executable, cpu_bf16: bool | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The server's argv and the environment variables it needs (on top of the parent's)."""
+    """The server's argv and the environment variables it needs (on top of the parent's).
+
+    Platform defaults (documented, overridable): on CPU an explicit KV-cache size, and on a CPU
+    without native bf16 (`cpu_bf16`, detected when None) `--dtype float32`: measured on an AVX2
+    EPYC, bf16 prefill of a 394-token prompt took 9.0 s against 1.5 s in float32.
+    """
     problems = platform_problems(config, platform)
     if problems:
         raise InputError(f"This engine config cannot run on {platform.value}: " + "; ".join(problems) + ".")
@@ -165,7 +185,10 @@ def build_command(
         elif value is False:
             argv.append(f"--no-{name}")
 
-    flag("--dtype", config.dtype)
+    dtype = config.dtype
+    if dtype is None and platform is Platform.CPU and not (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16):
+        dtype = "float32"
+    flag("--dtype", dtype)
     flag("--quantization", config.quantization)
     flag("--max-num-seqs", config.max_num_seqs)
     flag("--max-num-batched-tokens", config.max_num_batched_tokens)

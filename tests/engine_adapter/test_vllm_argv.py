@@ -21,8 +21,8 @@ from engine_adapter.vllm_server import (
 MODEL = Path("/models/my model")
 
 
-def argv_of(platform: Platform = Platform.CUDA, **fields) -> list[str]:
-    argv, _ = build_command(VLLMConfig(model=MODEL, **fields), platform, port=1234, python="py")
+def argv_of(platform: Platform = Platform.CUDA, cpu_bf16: bool = True, **fields) -> list[str]:
+    argv, _ = build_command(VLLMConfig(model=MODEL, **fields), platform, port=1234, python="py", cpu_bf16=cpu_bf16)
     return argv
 
 
@@ -40,6 +40,13 @@ def test_default_config_is_vllm_defaults_on_gpu():
 def test_cpu_gets_an_explicit_kv_cache_size_by_default():
     argv = argv_of(Platform.CPU)
     assert value_after(argv, "--kv-cache-memory-bytes") == str(int(CPU_DEFAULT_KV_CACHE_GIB * 2**30))
+
+
+def test_cpu_without_native_bf16_defaults_to_float32():
+    assert value_after(argv_of(Platform.CPU, cpu_bf16=False), "--dtype") == "float32"
+    assert "--dtype" not in argv_of(Platform.CPU, cpu_bf16=True)
+    assert value_after(argv_of(Platform.CPU, cpu_bf16=False, dtype="bfloat16"), "--dtype") == "bfloat16"
+    assert "--dtype" not in argv_of(Platform.CUDA, cpu_bf16=False)
 
 
 def test_cpu_default_kv_cache_yields_to_memory_fraction():
