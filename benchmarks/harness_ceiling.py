@@ -36,7 +36,7 @@ def start_server(tokens: int, tmp: Path) -> tuple[subprocess.Popen, int, Path]:
     port = free_port()
     arrivals = tmp / f"arrivals-{port}.txt"
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "zero_latency_server.py"), str(port),
-                             str(arrivals), str(tokens)])
+                             str(arrivals), str(tokens)], stdout=subprocess.DEVNULL)
     import httpx
     for _ in range(200):
         try:

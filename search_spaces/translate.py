@@ -1,0 +1,115 @@
+"""From sampled search-space values to an engine config, per platform, with the reasons a
+combination cannot run given before any engine starts.
+
+Weight bits map to a method per platform:
+
+| bits | cuda | cpu |
+|---|---|---|
+| 16 | the model as is | the model as is |
+| 8 | `--quantization fp8` (online) | compressed-tensors W8A8 INT8 checkpoint made from the model |
+| 4 | compressed-tensors W4A16 checkpoint made from the model | the same |
+
+A space's `quantized_checkpoints` overrides the made checkpoint for a bit width.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from engine_adapter.platform import Platform
+from engine_adapter.vllm_server import VLLMConfig, platform_problems
+
+# (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
+BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {
+    (Platform.CUDA, 8): ("online", "fp8"),
+    (Platform.CUDA, 4): ("checkpoint", "W4A16"),
+    (Platform.CPU, 8): ("checkpoint", "W8A8"),
+    (Platform.CPU, 4): ("checkpoint", "W4A16"),
+}
+
+CheckpointMaker = Callable[[str], Path]
+
+
+class Rejected(Exception):
+    """A combination that cannot run on this platform; `reasons` says why."""
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
+
+
+def to_engine_config(
+    values: dict[str, Any],
+    *,
+    fixed: dict[str, Any],
+    platform: Platform,
+    model_dir: Path,
+    quantized_checkpoints: dict[int, Path] | None = None,
+    make_checkpoint: CheckpointMaker | None = None,
+    base: dict[str, Any] | None = None,
+) -> VLLMConfig:
+    """Build the VLLMConfig for one trial; raise Rejected with every reason it cannot run."""
+    settings: dict[str, Any] = {**(base or {}), **fixed, **values}
+    reasons: list[str] = []
+    model = Path(model_dir)
+    quantization = settings.pop("quantization", None)
+
+    bits = settings.pop("weight_bits", 16)
+    if bits not in (16, 8, 4):
+        reasons.append(f"weight_bits={bits} is not supported (use 16, 8 or 4)")
+    elif bits != 16:
+        if quantized_checkpoints and bits in quantized_checkpoints:
+            model = Path(quantized_checkpoints[bits])
+        else:
+            kind, method = BITS_METHOD[(platform, bits)]
+            if kind == "online":
+                quantization = method
+            elif make_checkpoint is None:
+                reasons.append(f"weight_bits={bits} on {platform.value} needs a {method} checkpoint and none can be "
+                               f"made here; list one under quantized_checkpoints in the search space")
+            else:
+                model = make_checkpoint(method)
+
+    spec_method = settings.pop("speculative", "none")
+    spec: dict[str, Any] = {"method": spec_method}
+    for key in ("num_speculative_tokens", "prompt_lookup_max", "draft_model"):
+        if key in settings:
+            value = settings.pop(key)
+            if spec_method != "none":
+                spec[key] = value
+    if spec_method == "draft_model" and "draft_model" not in spec:
+        reasons.append("speculative=draft_model needs a draft_model directory in the space's fixed settings")
+    if spec.get("prompt_lookup_max") is not None:
+        spec.setdefault("prompt_lookup_min", 1)
+
+    config_fields = {**settings, "model": model, "speculative": spec}
+    if quantization is not None:
+        config_fields["quantization"] = quantization
+    if reasons:
+        raise Rejected(reasons)
+    try:
+        config = VLLMConfig(**config_fields)
+    except Exception as exc:  # pydantic ValidationError: the combination itself is invalid
+        raise Rejected([str(exc).splitlines()[0] + ": " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in getattr(exc, "errors", lambda: [])())]) from None
+    problems = platform_problems(config, platform)
+    if config.max_num_batched_tokens is not None and config.enable_chunked_prefill is False:
+        # Without chunked prefill a prompt must fit in one step.
+        limit = config.max_model_len
+        if limit is None:
+            problems.append(
+                f"max_num_batched_tokens={config.max_num_batched_tokens} without chunked prefill needs "
+                f"max_model_len <= {config.max_num_batched_tokens} (set max_model_len in fixed)")
+    if problems:
+        raise Rejected(problems)
+    return config
+
+
+def reference_config(*, fixed: dict[str, Any], model_dir: Path, base: dict[str, Any] | None = None) -> VLLMConfig:
+    """The quality reference: unquantized weights, auto KV cache, no speculation."""
+    settings = {**(base or {}), **fixed}
+    for key in ("weight_bits", "kv_cache_dtype", "speculative", "num_speculative_tokens", "prompt_lookup_max",
+                "draft_model", "quantization"):
+        settings.pop(key, None)
+    return VLLMConfig(model=model_dir, **settings)

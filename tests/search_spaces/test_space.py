@@ -1,0 +1,131 @@
+"""Search-space files: validation with file/line/field errors, conditional sampling, grid, and
+translation to engine configs per platform."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_adapter.platform import Platform
+from search_spaces.space import DEFAULT_SPACE, SearchSpace, SpaceError, load_space
+from search_spaces.translate import Rejected, reference_config, to_engine_config
+
+MODEL = Path("/models/m")
+
+
+def write(tmp_path, text):
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_default_space_loads_and_covers_the_knobs():
+    space = load_space(DEFAULT_SPACE)
+    assert {"weight_bits", "max_num_seqs", "kv_cache_dtype", "speculative", "num_speculative_tokens",
+            "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"} <= set(space.parameters)
+    assert space.parameters["weight_bits"].choices == [16, 8, 4]
+    assert space.parameters["num_speculative_tokens"].when == {"speculative": ["ngram"]}
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("parameters:\n  max_num_seqs:\n    low: 8\n    high: 4\n", ":2: field 'parameters.max_num_seqs': Value error, `low <= high` must hold, but got (low=8, high=4)"),
+        ("parameters:\n  max_batch:\n    choices: [1, 2]\n", ":2: field 'parameters.max_batch': Value error, parameter 'max_batch' is not a tunable knob"),
+        ("parameters:\n  max_num_seqs:\n    choices: [1, 2]\n    colour: red\n", ":4: field 'parameters.max_num_seqs.colour': Extra inputs are not permitted"),
+        ("parameters:\n  num_speculative_tokens:\n    low: 1\n    high: 4\n    when: {speculative: [ngram]}\n", ":2: field 'parameters.num_speculative_tokens': Value error, num_speculative_tokens.when refers to 'speculative', which must be a parameter defined above it"),
+        ("parameters:\n  speculative: {choices: [none]}\n  num_speculative_tokens:\n    low: 1\n    high: 4\n    when: {speculative: [eagle]}\n", ":3: field 'parameters.num_speculative_tokens'"),
+        ("parameters: {}\n", "field 'parameters'"),
+        ("parameters:\n  max_num_seqs: {low: 0, high: 8, log: true}\n", "log-scaled parameter needs low > 0"),
+        ("parameters:\n  max_num_seqs: {choices: [4, 4]}\n", "choices must not repeat"),
+        ("parameters: [\n", "not valid YAML"),
+        ("- 1\n- 2\n", "must be a mapping"),
+    ],
+)
+def test_bad_space_files_name_line_and_field(tmp_path, text, where):
+    with pytest.raises(SpaceError) as info:
+        load_space(write(tmp_path, text))
+    assert str(info.value).startswith(str(tmp_path / "space.yaml") + ":")
+    assert where in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_missing_and_non_utf8_files(tmp_path):
+    with pytest.raises(SpaceError, match="no such search-space file"):
+        load_space(tmp_path / "nope.yaml")
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"parameters:\n  max_num_seqs: {choices: [\xff]}\n")
+    with pytest.raises(SpaceError, match="not valid UTF-8"):
+        load_space(path)
+
+
+class FakeTrial:
+    """Scripted Optuna trial: returns the first choice / the low end (unit-level)."""
+
+    def __init__(self, picks=None):
+        self.picks = picks or {}
+        self.asked = []
+
+    def suggest_categorical(self, name, choices):
+        self.asked.append(name)
+        return self.picks.get(name, choices[0])
+
+    def suggest_int(self, name, low, high, log=False, step=1):
+        self.asked.append(name)
+        return self.picks.get(name, low)
+
+    def suggest_float(self, name, low, high, log=False, step=None):
+        self.asked.append(name)
+        return self.picks.get(name, low)
+
+
+def test_conditional_parameters_are_only_sampled_when_active():
+    space = load_space(DEFAULT_SPACE)
+    off = FakeTrial({"speculative": "none"})
+    assert "num_speculative_tokens" not in space.sample(off) and "num_speculative_tokens" not in off.asked
+    on = FakeTrial({"speculative": "ngram", "num_speculative_tokens": 5})
+    assert space.sample(on)["num_speculative_tokens"] == 5
+
+
+def test_grid_respects_conditions():
+    space = SearchSpace.model_validate({"parameters": {
+        "speculative": {"choices": ["none", "ngram"]},
+        "num_speculative_tokens": {"low": 1, "high": 3, "step": 1, "when": {"speculative": ["ngram"]}},
+        "enable_prefix_caching": {"choices": [True, False]},
+    }})
+    grid = space.grid()
+    assert len(grid) == (1 + 3) * 2
+    assert {"speculative": "none", "enable_prefix_caching": True} in grid
+
+
+def test_translation_per_platform():
+    values = {"weight_bits": 8, "max_num_seqs": 16, "kv_cache_dtype": "fp8", "speculative": "ngram",
+              "num_speculative_tokens": 4, "enable_prefix_caching": True}
+    gpu = to_engine_config(values, fixed={}, platform=Platform.CUDA, model_dir=MODEL)
+    assert gpu.quantization == "fp8" and gpu.model == MODEL and gpu.speculative.num_speculative_tokens == 4
+    made = []
+    cpu = to_engine_config(values, fixed={"enforce_eager": True}, platform=Platform.CPU, model_dir=MODEL,
+                           make_checkpoint=lambda scheme: made.append(scheme) or Path(f"/cache/{scheme}"))
+    assert made == ["W8A8"] and cpu.model == Path("/cache/W8A8") and cpu.quantization is None and cpu.enforce_eager
+    own = to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL,
+                           quantized_checkpoints={4: Path("/mine/w4")})
+    assert own.model == Path("/mine/w4")
+
+
+def test_rejections_before_any_engine_starts():
+    with pytest.raises(Rejected, match="needs a W4A16 checkpoint"):
+        to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL)
+    with pytest.raises(Rejected, match="attention_backend is a GPU setting"):
+        to_engine_config({"attention_backend": "FLASH_ATTN"}, fixed={}, platform=Platform.CPU, model_dir=MODEL)
+    with pytest.raises(Rejected, match="needs a draft_model"):
+        to_engine_config({"speculative": "draft_model"}, fixed={}, platform=Platform.CUDA, model_dir=MODEL)
+    with pytest.raises(Rejected, match="without chunked prefill"):
+        to_engine_config({"max_num_batched_tokens": 512, "enable_chunked_prefill": False}, fixed={},
+                         platform=Platform.CUDA, model_dir=MODEL)
+
+
+def test_reference_config_is_unquantized_auto_kv_no_speculation():
+    ref = reference_config(fixed={"enforce_eager": True, "kv_cache_dtype": "fp8"}, model_dir=MODEL)
+    assert ref.quantization is None and ref.kv_cache_dtype is None and ref.speculative.method == "none"
+    assert ref.enforce_eager
