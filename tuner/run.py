@@ -1,0 +1,229 @@
+"""`tune --trace FILE ...`: the main job. Builds the study from flags, shows progress, prints the
+Pareto front and writes best.json / pareto.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+TUNE_EPILOG = """\
+examples:
+  tune --trace examples/traffic.jsonl --trials 6
+  tune --trace traffic.jsonl --space my_space.yaml --slo "ttft:p99<500ms,tpot:p50<50ms" --max-quality-loss 0.05
+  tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40
+  tune --trace traffic.jsonl --study nightly          # run again: resumes the study, does not start over
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine_adapter.cli_options import add_engine_options
+
+    p = argparse.ArgumentParser(
+        prog="tune", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TUNE_EPILOG,
+        description="Search engine configurations for a recorded trace: Pareto front of latency, throughput "
+                    "and quality. Subcommands: tune {model,engine,replay,trace,record} --help.")
+    p.add_argument("--trace", required=True, type=Path, metavar="FILE", help="native JSONL trace")
+    p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
+    p.add_argument("--trials", type=int, default=6, metavar="N", help="total trials in the study (default 6)")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop starting new trials after S seconds")
+    p.add_argument("--study", metavar="NAME", help="study name (default: derived from the trace file name)")
+    p.add_argument("--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite in the run directory)")
+    p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
+    p.add_argument("--slo", metavar="SPEC", help="constraints, e.g. 'ttft:p99<500ms,tpot:p50<50ms'")
+    p.add_argument("--max-quality-loss", type=float, metavar="NATS",
+                   help="quality gate: max mean NLL increase per token vs the reference")
+    p.add_argument("--objectives", metavar="LIST", help="default: ttft_p99,output_tps (goodput with --slo),quality_loss")
+    p.add_argument("--sampler", choices=["nsga2", "tpe", "gp", "random"], default="nsga2")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", dest="engine_type", choices=["vllm", "openai"], default="vllm",
+                   help="vllm (tracetune starts each config) or openai (a running endpoint: cannot be tuned)")
+    p.add_argument("--probe-prompts", type=int, default=8, metavar="N", help="quality probe size (default 8)")
+    p.add_argument("--probe-tokens", type=int, default=24, metavar="N", help="tokens per probe continuation")
+    p.add_argument("--time-scale", type=float, default=1.0, metavar="F", help="multiply inter-arrival times by F")
+    p.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests per trial")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured warm-up requests per trial")
+    add_engine_options(p)
+    return p
+
+
+def _default_study_name(trace: Path) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", trace.stem) or "study"
+
+
+def _fmt(name: str, value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if name.endswith(("_p50", "_p90", "_p99", "_mean")):
+        return f"{value * 1000:.0f} ms"
+    if name == "quality_loss":
+        return f"{value:+.4f}"
+    return f"{value:.2f}"
+
+
+def main(argv: list[str], console) -> int:
+    from engine_adapter.errors import InputError
+
+    args = build_parser().parse_args(argv)
+    if args.engine_type == "openai":
+        raise InputError("--engine openai is an endpoint tracetune cannot reconfigure, so there is nothing to "
+                         "search; measure it with `tune replay --trace FILE --endpoint URL`")
+    if args.trials < 1:
+        raise InputError(f"--trials must be >= 1, got {args.trials}")
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from engine_adapter.cli_options import engine_config_from_args
+    from engine_adapter.models import resolve_model
+    from engine_adapter.platform import detect_platform
+    from replay.metrics import parse_slos
+    from replay.runner import ReplayOptions
+    from replay.trace import load_trace
+    from search_spaces.space import DEFAULT_SPACE, load_space
+    from tuner.study import StudySettings, Tuner, config_diff, pareto_trials, parse_objectives
+
+    slos = parse_slos(args.slo)
+    objectives = parse_objectives(args.objectives, has_slo=bool(slos))
+    trace = load_trace(args.trace)
+    space = load_space(args.space or DEFAULT_SPACE)
+    study_name = args.study or _default_study_name(args.trace)
+    run_dir = args.run_dir or Path("runs") / study_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    storage = args.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
+    platform = detect_platform()
+    model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
+    # Engine flags given on the command line are the base every trial starts from.
+    base_config = engine_config_from_args(args, model_dir)
+    base = {k: v for k, v in base_config.model_dump(exclude_defaults=True).items()
+            if k not in ("model", "speculative")}
+    replay_options = ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests,
+                                   warmup_requests=args.warmup)
+    settings = StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
+                             slos=slos, max_quality_loss=args.max_quality_loss, sampler=args.sampler,
+                             seed=args.seed, replay=replay_options, probe_prompts=args.probe_prompts,
+                             probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout,
+                             timeout_s=args.timeout)
+    synthesizer = None
+    if any(r.input_length is not None for r in trace.records):
+        from transformers import AutoTokenizer
+
+        from replay.synth import PromptSynthesizer
+        synthesizer = PromptSynthesizer(AutoTokenizer.from_pretrained(str(model_dir)))
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+    replay_task = None
+    started = {"t": time.perf_counter(), "trial": 0}
+
+    def on_replay_progress(done: int, total: int, in_flight: int) -> None:
+        if replay_task is not None:
+            progress.update(replay_task, completed=done, total=total, info=f"in flight {in_flight}")
+
+    def report(event: str, **f: Any) -> None:
+        nonlocal replay_task
+        if event == "study":
+            console.print(f"study [bold]{f['name']}[/] · storage {storage} · platform {platform.value} · "
+                          f"{f['done']} trials done, {f['remaining']} to run")
+        elif event == "reference_start":
+            console.print("[bold]reference[/] (unquantized, auto KV cache, no speculation): measuring")
+        elif event == "reference_reused":
+            console.print("reference: reusing the study's stored reference continuations")
+        elif event == "reference_done":
+            s = f["summary"]
+            console.print(f"reference: TTFT p99 {_fmt('ttft_p99', s.latency['ttft']['p99'].value)} · "
+                          f"{s.output_throughput_tps.value:.1f} tok/s")
+        elif event == "trial_start":
+            diff = {k: v for k, v in f["values"].items()}
+            console.print(f"\n[bold]trial {f['number']}[/] {diff}")
+        elif event == "engine_starting":
+            replay_task = progress.add_task(f"  {f['label']}: engine starting", total=None, info="")
+        elif event == "engine_ready" and replay_task is not None:
+            progress.update(replay_task, description=f"  {f['label']}: replay (engine up in {f['startup_s']:.0f}s)")
+        elif event == "quality" and replay_task is not None:
+            progress.update(replay_task, info="quality probe")
+        elif event == "trial_done":
+            obj = " · ".join(f"{k} {_fmt(k, v)}" for k, v in f["objectives"].items())
+            feas = "feasible" if all(c <= 0 for c in f["constraints"]) else "[yellow]violates constraints[/]"
+            console.print(f"  trial {f['number']}: {obj} · {feas} · {f['wall_s']:.0f}s "
+                          f"(engine start {f['startup_s']:.0f}s)")
+        elif event == "trial_failed":
+            console.print(f"  trial {f['number']}: [red]{f['status']}[/] · {f['reason'][:300]}", highlight=False)
+        if event in ("trial_done", "trial_failed") and replay_task is not None:
+            progress.remove_task(replay_task)
+            replay_task = None
+
+    tuner = Tuner(settings, trace=trace, space=space, model_dir=model_dir, platform=platform, run_dir=run_dir,
+                  base=base, synthesizer=synthesizer, report=report, on_replay_progress=on_replay_progress)
+    try:
+        with progress:
+            study = tuner.run()
+    except KeyboardInterrupt:
+        console.print(f"\n[bold]interrupted[/]: every engine was stopped; completed trials are saved in {storage}. "
+                      f"Resume with the same command (study {study_name!r}).")
+        return 130
+
+    reference = tuner.store.reference(study_name)
+    ref_config = reference["config"] if reference else {}
+    front = pareto_trials(study)
+    results = {r["trial_number"]: r for r in tuner.store.trials(study_name)}
+    table = Table(title=f"Pareto front of study {study_name} ({len(front)} of {len(study.trials)} trials)")
+    table.add_column("trial", justify="right")
+    table.add_column("differs from reference")
+    for name in objectives:
+        table.add_column(name, justify="right")
+    rows = []
+    for t in sorted(front, key=lambda t: t.number):
+        res = results.get(t.number, {})
+        diff = config_diff(res.get("config") or {}, ref_config) if res.get("config") else {}
+        summary = res.get("summary") or {}
+        quality = res.get("quality") or {}
+        cells = []
+        for name, value in zip(objectives, t.values):
+            ci = _ci_of(name, summary, quality)
+            cells.append(_fmt(name, value) + (f" [dim][{_fmt(name, ci[0])}, {_fmt(name, ci[1])}][/]" if ci else ""))
+        table.add_row(str(t.number), ", ".join(f"{k}={v}" for k, v in diff.items() if k != "model") or "(none)", *cells)
+        rows.append({"trial": t.number, "values": dict(zip(objectives, t.values)), "config": res.get("config"),
+                     "differs_from_reference": diff, "summary": summary, "quality": quality})
+    console.print(table)
+    failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed")]
+    for t in failed:
+        console.print(f"  trial {t.number}: {t.user_attrs['status']} · {t.user_attrs.get('failure_reason', '')[:200]}",
+                      highlight=False)
+    (run_dir / "pareto.json").write_text(json.dumps({"study": study_name, "objectives": objectives,
+                                                     "trials": rows}, indent=2, default=str))
+    if rows:
+        best = _pick_best(rows, objectives)
+        (run_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
+        console.print(f"best (by {objectives[1] if len(objectives) > 1 else objectives[0]} on the front): trial "
+                      f"{best['trial']} · wrote {run_dir / 'best.json'} and {run_dir / 'pareto.json'}")
+    else:
+        console.print("no feasible measured trial yet: nothing on the front.")
+    return 0
+
+
+def _ci_of(name: str, summary: dict, quality: dict):
+    if name == "quality_loss" and quality:
+        q = quality["nll_delta_per_token"]
+        return q["ci_low"], q["ci_high"]
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        if name.startswith(metric + "_") and summary:
+            e = summary["latency_s"][metric][name.split("_", 1)[1]]
+            return e["ci_low"], e["ci_high"]
+    key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}.get(name)
+    if key and summary.get(key):
+        return summary[key]["ci_low"], summary[key]["ci_high"]
+    return None
+
+
+def _pick_best(rows: list[dict], objectives: list[str]) -> dict:
+    """The front's best on the first throughput-like objective (else the first objective)."""
+    from tuner.study import OBJECTIVES
+
+    key = next((o for o in objectives if OBJECTIVES[o] == "maximize"), objectives[0])
+    sign = 1 if OBJECTIVES[key] == "maximize" else -1
+    return max(rows, key=lambda r: sign * r["values"][key])
