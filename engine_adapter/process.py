@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,6 +42,20 @@ def tail_lines(path: Path, n: int = 40) -> str:
     except OSError:
         return ""
     return "\n".join(collections.deque(data.splitlines(), maxlen=n))
+
+
+_ERROR_LINE = re.compile(r"(?:^|\] |^\(\S+ pid=\d+\) )((?:\w+\.)*\w*(?:Error|Exception)): (.+)$")
+_WRAPPERS = ("see root cause above", "see stack trace", "initialization failed", "too many open files",
+             "encountered an issue", "workerproc initialization failed")
+
+
+def root_cause(log_text: str) -> str | None:
+    """The first error line in an engine log that is not a wrapper around another one."""
+    for line in log_text.splitlines():
+        m = _ERROR_LINE.search(line.strip())
+        if m and not any(w in m.group(2).lower() for w in _WRAPPERS):
+            return f"{m.group(1)}: {m.group(2)}"[:500]
+    return None
 
 
 def group_alive(pgid: int) -> bool:
@@ -136,8 +151,10 @@ class ServerProcess:
                 code = self._proc.poll()
                 if code is not None:
                     self.stop()
+                    cause = root_cause(tail_lines(self.log_path, 400))
                     raise EngineStartError(
-                        f"{self.name} exited with code {code} after {elapsed:.1f}s, before it became healthy",
+                        f"{self.name} exited with code {code} after {elapsed:.1f}s, before it became healthy"
+                        + (f": {cause}" if cause else ""),
                         exit_code=code,
                         log_tail=self.log_tail(),
                     )

@@ -97,3 +97,15 @@ def test_group_dies_with_its_parent(tmp_path, sig):
     parent.send_signal(sig)
     parent.wait(timeout=20)
     assert wait_gone(pgid), "server process group outlived its parent"
+
+
+def test_root_cause_skips_wrapper_errors():
+    from engine_adapter.process import root_cause
+
+    log = "\n".join([
+        "(APIServer pid=1) WARNING [x.py:1] failed with error ... `OSError: [Errno 24] Too many open files`.",
+        "(EngineCore pid=2) ERROR 11-29 09:23:48 [core.py:1510] ValueError: No available memory for the cache blocks.",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ])
+    assert root_cause(log) == "ValueError: No available memory for the cache blocks."
+    assert root_cause("all good\nINFO started") is None
