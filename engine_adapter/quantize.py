@@ -17,18 +17,13 @@ written atomically like the default model.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from engine_adapter.errors import ModelError
-from engine_adapter.models import check_model_dir, tracetune_home
+from engine_adapter.models import build_model_dir, check_model_dir, tracetune_home
 
 SCHEMES = ("W8A8", "W4A16")
 MARKER = "tracetune-quantized.json"
@@ -119,20 +114,12 @@ def quantized_checkpoint(model_dir: Path, scheme: str, progress: Callable[[str],
     final = tracetune_home() / "quantized" / f"{model_dir.name}-{scheme}-{key[:12]}"
     if (final / MARKER).is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / (final.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / MARKER).is_file():
-            return final
-        if final.exists():
-            shutil.rmtree(final)
-        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".partial-") as tmp:
-            staging = Path(tmp) / "model"
-            progress(f"making a {scheme} checkpoint of {model_dir.name} (compressed-tensors, once)")
-            layers = quantize_to(model_dir, scheme, staging)
-            (staging / MARKER).write_text(json.dumps({"source": str(model_dir), "scheme": scheme,
-                                                      "layers": layers, "source_hash": key}, indent=2))
-            check_model_dir(staging)
-            os.rename(staging, final)
+
+    def build(staging: Path, scratch: Path) -> dict:
+        progress(f"making a {scheme} checkpoint of {model_dir.name} (compressed-tensors, once)")
+        layers = quantize_to(model_dir, scheme, staging)
+        return {"source": str(model_dir), "scheme": scheme, "layers": layers, "source_hash": key}
+
+    build_model_dir(final, MARKER, build)
     progress(f"{scheme} checkpoint ready: {final}")
     return final

