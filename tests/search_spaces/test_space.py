@@ -106,7 +106,8 @@ def test_translation_per_platform():
     assert gpu.quantization == "fp8" and gpu.model == MODEL and gpu.speculative.num_speculative_tokens == 4
     made = []
     cpu = to_engine_config(values, fixed={"enforce_eager": True}, platform=Platform.CPU, model_dir=MODEL,
-                           make_checkpoint=lambda scheme: made.append(scheme) or Path(f"/cache/{scheme}"))
+                           make_checkpoint=lambda scheme: made.append(scheme) or Path(f"/cache/{scheme}"),
+                           flags=frozenset({"avx512f"}))
     assert made == ["W8A8"] and cpu.model == Path("/cache/W8A8") and cpu.quantization is None and cpu.enforce_eager
     own = to_engine_config({"weight_bits": 4}, fixed={}, platform=Platform.CPU, model_dir=MODEL,
                            quantized_checkpoints={4: Path("/mine/w4")}, flags=frozenset())
@@ -136,3 +137,14 @@ def test_reference_config_is_unquantized_auto_kv_no_speculation():
     ref = reference_config(fixed={"enforce_eager": True, "kv_cache_dtype": "fp8"}, model_dir=MODEL)
     assert ref.quantization is None and ref.kv_cache_dtype is None and ref.speculative.method == "none"
     assert ref.enforce_eager
+
+
+def test_fp8_kv_cache_needs_avx512_or_amx_on_cpu():
+    with pytest.raises(Rejected, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
+        to_engine_config({"kv_cache_dtype": "fp8"}, fixed={}, platform=Platform.CPU, model_dir=MODEL,
+                         flags=frozenset({"avx2"}))
+    ok = to_engine_config({"kv_cache_dtype": "fp8"}, fixed={}, platform=Platform.CPU, model_dir=MODEL,
+                          flags=frozenset({"avx512f"}))
+    assert ok.kv_cache_dtype == "fp8"
+    assert to_engine_config({"kv_cache_dtype": "fp8"}, fixed={}, platform=Platform.CUDA, model_dir=MODEL,
+                            flags=frozenset()).kv_cache_dtype == "fp8"
