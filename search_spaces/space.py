@@ -121,6 +121,22 @@ class SearchSpace(BaseModel):
         when = self.parameters[name].when or {}
         return all(values.get(other) in allowed for other, allowed in when.items())
 
+    def without(self, drop: dict[str, list[Any]]) -> SearchSpace:
+        """This space minus some categorical choices (conditions follow; a parameter whose
+        condition can no longer hold is removed)."""
+        params: dict[str, Any] = {}
+        for name, p in self.parameters.items():
+            data = p.model_dump(by_alias=True, exclude_none=True)
+            if p.choices is not None and name in drop:
+                data["choices"] = [c for c in p.choices if c not in drop[name]]
+            if p.when:
+                when = {other: [v for v in values if v not in drop.get(other, [])] for other, values in p.when.items()}
+                if any(not values or other not in params for other, values in when.items()):
+                    continue
+                data["when"] = when
+            params[name] = data
+        return SearchSpace.model_validate({**self.model_dump(exclude={"parameters"}), "parameters": params})
+
     def sample(self, trial: Any) -> dict[str, Any]:
         """Suggest values through an Optuna trial (define-by-run, conditions respected)."""
         values: dict[str, Any] = {}

@@ -142,3 +142,21 @@ def reference_config(*, fixed: dict[str, Any], model_dir: Path, base: dict[str, 
                 "draft_model", "quantization"):
         settings.pop(key, None)
     return VLLMConfig(model=model_dir, **settings)
+
+
+def unrunnable_choices(space: Any, *, platform: Platform, model_dir: Path, flags: frozenset[str] | None = None,
+                       base: dict[str, Any] | None = None) -> dict[str, dict[Any, str]]:
+    """Categorical choices this platform can never run, whatever the other parameters are:
+    {parameter: {choice: reason}}. Each choice is checked alone on top of the fixed settings."""
+    out: dict[str, dict[Any, str]] = {}
+    for name, p in space.parameters.items():
+        if p.choices is None or p.when:
+            continue
+        for choice in p.choices:
+            try:
+                to_engine_config({name: choice}, fixed=space.fixed, platform=platform, model_dir=model_dir,
+                                 quantized_checkpoints=space.quantized_checkpoints,
+                                 make_checkpoint=lambda scheme: model_dir, base=base, flags=flags)
+            except Rejected as exc:
+                out.setdefault(name, {})[choice] = str(exc)
+    return out

@@ -169,6 +169,17 @@ def main(argv: list[str], console) -> int:
             progress.remove_task(replay_task)
             replay_task = None
 
+    # Choices this platform can never run are removed up front, with the reason, rather than
+    # rejected trial after trial.
+    from search_spaces.translate import unrunnable_choices
+
+    never = unrunnable_choices(space, platform=platform, model_dir=model_dir, base=base)
+    for name, choices in never.items():
+        for choice, reason in choices.items():
+            console.print(f"[dim]·[/] search space: {name}={choice} removed on this {platform.value} machine: {reason}",
+                          highlight=False)
+    if never:
+        space = space.without({name: list(choices) for name, choices in never.items()})
     unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
     if unknown:
         raise InputError(f"--try names {unknown}, which are not parameters of the search space {space.name!r}")

@@ -148,3 +148,20 @@ def test_fp8_kv_cache_needs_avx512_or_amx_on_cpu():
     assert ok.kv_cache_dtype == "fp8"
     assert to_engine_config({"kv_cache_dtype": "fp8"}, fixed={}, platform=Platform.CUDA, model_dir=MODEL,
                             flags=frozenset()).kv_cache_dtype == "fp8"
+
+
+def test_choices_a_platform_can_never_run_are_found_and_removed():
+    from search_spaces.translate import unrunnable_choices
+
+    space = load_space(DEFAULT_SPACE)
+    bad = unrunnable_choices(space, platform=Platform.CPU, model_dir=MODEL, flags=frozenset({"avx2"}))
+    assert set(bad) == {"weight_bits", "kv_cache_dtype"}
+    assert set(bad["weight_bits"]) == {4} and set(bad["kv_cache_dtype"]) == {"fp8"}
+    assert "AVX-512" in bad["kv_cache_dtype"]["fp8"]
+    assert unrunnable_choices(space, platform=Platform.CPU, model_dir=MODEL, flags=frozenset({"avx512f"})) == {}
+    smaller = space.without({name: list(choices) for name, choices in bad.items()})
+    assert smaller.parameters["weight_bits"].choices == [16, 8]
+    assert smaller.parameters["kv_cache_dtype"].choices == ["auto"]
+    # Conditions follow the removed choices.
+    no_spec = space.without({"speculative": ["ngram"]})
+    assert "num_speculative_tokens" not in no_spec.parameters
