@@ -223,9 +223,13 @@ def main(argv: list[str], console) -> int:
                      "differs_from_reference": diff, "summary": summary, "quality": quality})
     console.print(table)
     failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed")]
+    by_reason: dict[tuple[str, str], list[int]] = {}
     for t in failed:
-        console.print(f"  trial {t.number}: {t.user_attrs['status']} · {t.user_attrs.get('failure_reason', '')[:200]}",
-                      highlight=False)
+        key = (t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:160])
+        by_reason.setdefault(key, []).append(t.number)
+    for (status, reason), numbers in sorted(by_reason.items(), key=lambda kv: kv[1][0]):
+        console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"
+                      f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)
     (run_dir / "pareto.json").write_text(json.dumps({"study": study_name, "objectives": objectives,
                                                      "trials": rows}, indent=2, default=str))
     if rows:

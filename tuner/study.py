@@ -273,7 +273,9 @@ class Tuner:
         # Rejected combinations cost no engine time and do not count toward --trials (capped, so a
         # space the platform mostly cannot run still ends).
         def counted() -> int:
-            return sum(1 for t in study.trials if t.state.is_finished() and t.user_attrs.get("status") != "rejected")
+            # Interrupted trials (Ctrl-C, a killed tuner) have no status and are run again.
+            return sum(1 for t in study.trials
+                       if t.state.is_finished() and t.user_attrs.get("status") in ("measured", "engine_failed", "failed"))
 
         def rejected() -> int:
             return sum(1 for t in study.trials if t.user_attrs.get("status") == "rejected")
