@@ -122,3 +122,10 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
         )
     except ValidationError as exc:
         raise InputError(validation_message(exc)) from None
+
+
+def resolve_engine_config(args: argparse.Namespace, progress=lambda message: None) -> Any:
+    """The VLLMConfig the flags describe, on the model they name (the bundled default if none)."""
+    from engine_adapter.models import resolve_model
+
+    return engine_config_from_args(args, resolve_model(args.model, progress))

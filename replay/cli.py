@@ -193,10 +193,10 @@ def replay_command(args: argparse.Namespace, console) -> int:
                                  f"tokenizer) so prompts of the right token counts can be made")
             engine_info: dict[str, Any] = {"endpoint": args.endpoint}
         else:
-            from tuner.commands import _config_from
+            from engine_adapter.cli_options import resolve_engine_config
             from engine_adapter.vllm_server import VLLMServer
 
-            config = _config_from(args)
+            config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
             tokenizer_dir = Path(config.model)
             engine = VLLMServer(out_dir)
             with console.status("starting vLLM…") as status:

@@ -32,12 +32,10 @@ def model_prepare(args: argparse.Namespace) -> int:
 
 
 def _config_from(args: argparse.Namespace):
-    from engine_adapter.cli_options import engine_config_from_args
-    from engine_adapter.models import resolve_model
+    from engine_adapter.cli_options import resolve_engine_config
 
     with console.status("preparing model…"):
-        model_dir = resolve_model(args.model, _progress)
-    return engine_config_from_args(args, model_dir)
+        return resolve_engine_config(args, _progress)
 
 
 def engine_command(args: argparse.Namespace) -> int:
