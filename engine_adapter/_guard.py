@@ -33,7 +33,7 @@ def _set_parent_death_signal(sig: int) -> None:
         pass
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """PIDs in process group `pgid`, this process excluded (read from /proc)."""
     members = []
     for entry in os.listdir("/proc"):
@@ -55,7 +55,7 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def _kill_group(pgid: int, sig: int) -> None:
-    for pid in _group_members(pgid):
+    for pid in group_members(pgid):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     # Whatever is left in the group (the server, engine-core workers it spawned) dies now.
     _kill_group(pgid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while _group_members(pgid) and time.monotonic() < deadline:
+    while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
     code = server.wait()
     return code if code >= 0 else 128 - code

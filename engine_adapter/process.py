@@ -21,6 +21,7 @@ from typing import Callable
 
 import httpx
 
+from engine_adapter._guard import group_members
 from engine_adapter.errors import EngineError, EngineStartError, EngineTimeoutError
 
 
@@ -60,17 +61,7 @@ def root_cause(log_text: str) -> str | None:
 
 def group_alive(pgid: int) -> bool:
     """Whether any process (zombies aside) is left in process group `pgid`."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().decode(errors="replace").rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
+    return bool(group_members(pgid))
 
 
 class ServerProcess:

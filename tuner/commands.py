@@ -80,17 +80,12 @@ def engine_check(args: argparse.Namespace) -> int:
     results = []
     try:
         t0 = time.perf_counter()
-        server.start(config)
-        console.print(f"engine log: {server.log_path}")
         with console.status("starting vLLM…") as status:
             def tick(elapsed: float) -> None:
-                status.update(f"starting vLLM{' (eager)' if config.enforce_eager else ' (compiled)'}… {elapsed:.0f}s")
-            try:
-                server.wait_healthy(args.start_timeout, on_tick=tick)
-            except EngineError as exc:
-                if "address already in use" not in exc.log_tail.lower():
-                    raise
-                server.launch(config, args.start_timeout, on_tick=tick)
+                mode = "eager" if config.enforce_eager else "compiled"
+                status.update(f"starting vLLM ({mode})… {elapsed:.0f}s · log: {server.log_path}")
+            server.launch(config, args.start_timeout, on_tick=tick)
+        console.print(f"engine log: {server.log_path}")
         startup_s = time.perf_counter() - t0
         console.print(f"healthy after [bold]{startup_s:.1f}s[/]")
         before = server.metrics()
