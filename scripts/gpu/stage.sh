@@ -26,8 +26,8 @@ sha256sum .gpu/payload.tar | cut -d' ' -f1 > .gpu/payload.sha256
 rm -rf "$work"
 # 8 small chunks ride with the 8 kit parts, the rest go alone.
 mkdir -p .gpu/chunks && rm -f .gpu/chunks/*
-head -c $((8 * 11 * 1048576)) .gpu/payload.tar | split -b $((11 * 1048576)) -d -a 2 - .gpu/chunks/s
-tail -c +$((8 * 11 * 1048576 + 1)) .gpu/payload.tar | split -b $((61 * 1048576)) -d -a 2 - .gpu/chunks/t
+head -c $((8 * 9 * 1048576)) .gpu/payload.tar | split -b $((9 * 1048576)) -d -a 2 - .gpu/chunks/s
+tail -c +$((8 * 9 * 1048576 + 1)) .gpu/payload.tar | split -b $((58 * 1048576)) -d -a 2 - .gpu/chunks/t
 for i in 00 01 02 03 04 05 06 07; do
   mkdir -p .gpu/c$i && cp .gpu/p$i/* .gpu/c$i/ && { [ -f .gpu/chunks/s$i ] && cp .gpu/chunks/s$i .gpu/c$i/ || true; }
 done
