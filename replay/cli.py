@@ -92,25 +92,33 @@ def _context_length(model_dir: Path) -> int:
 def convert_command(args: argparse.Namespace, console) -> int:
     from engine_adapter.errors import InputError
     from engine_adapter.models import resolve_model
-    from replay.importers import ConvertOptions, convert
+    from replay.importers import convert, read_requests
     from replay.trace import write_trace
 
+    if args.output.is_dir():
+        raise InputError(f"{args.output}: is a directory; name the output trace file")
+    if args.output.exists() and args.input.exists() and args.output.samefile(args.input):
+        raise InputError(f"{args.output}: is the input file; write the converted trace to another file")
+    # The input is read and validated before the model and its tokenizer load: bad input fails fast.
+    # (Reading does not use the input-token limit, which needs the model's context length.)
+    read = read_requests(args.fmt, args.input, _options(args, args.max_input_tokens or 2**62))
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
-    limit = args.max_input_tokens or _context_length(model_dir) - (args.max_output_tokens or 1024)
-    if limit < 1:
-        raise InputError(f"--max-input-tokens must be >= 1, got {limit}")
-    if not args.length_scale > 0:
-        raise InputError(f"--length-scale must be > 0, got {args.length_scale}")
-    options = ConvertOptions(max_input_tokens=limit, overlong=args.overlong, limit=args.limit,
-                             length_scale=args.length_scale, max_output_tokens=args.max_output_tokens,
-                             rate=args.rate, output_length=args.output_length, seed=args.seed)
+    options = _options(args, args.max_input_tokens or _context_length(model_dir) - (args.max_output_tokens or 1024))
     with console.status(f"converting {args.input} ({args.fmt})…"):
-        records, report = convert(args.fmt, args.input, _tokenizer(model_dir), options)
+        records, report = convert(args.fmt, args.input, _tokenizer(model_dir), options, read=read)
         write_trace(records, args.output)
     for line in report.lines():
         console.print(line, highlight=False)
     console.print(f"wrote {args.output}")
     return 0
+
+
+def _options(args: argparse.Namespace, max_input_tokens: int):
+    from replay.importers import ConvertOptions
+
+    return ConvertOptions(max_input_tokens=max_input_tokens, overlong=args.overlong, limit=args.limit,
+                          length_scale=args.length_scale, max_output_tokens=args.max_output_tokens,
+                          rate=args.rate, output_length=args.output_length, seed=args.seed)
 
 
 def _fmt_ms(x: float) -> str:
@@ -174,9 +182,19 @@ def replay_command(args: argparse.Namespace, console) -> int:
                             ignore_eos=not args.no_ignore_eos, max_output_tokens=args.max_output_tokens,
                             request_timeout_s=args.request_timeout, keep_text=args.keep_text)
     trace = load_trace(args.trace)
-    out_dir = args.out or Path("runs") / f"replay-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    out_dir.mkdir(parents=True, exist_ok=True)
     needs_tokens = any(r.input_length is not None for r in trace.records)
+    if args.endpoint and needs_tokens and not args.tokenizer:
+        raise InputError(f"{args.trace} has length-only requests: pass --tokenizer DIR (the served model's "
+                         f"tokenizer) so prompts of the right token counts can be made")
+    config = None
+    if not args.endpoint:  # a bad --model or engine flag fails here, before the results directory exists
+        from engine_adapter.cli_options import resolve_engine_config
+
+        config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
+    out_dir = args.out or Path("runs") / f"replay-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir}: is a file, not a directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     engine = None
     try:
@@ -188,15 +206,10 @@ def replay_command(args: argparse.Namespace, console) -> int:
                                               api_key_env=args.api_key_env))
             engine.wait_healthy(60)
             tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None
-            if needs_tokens and tokenizer_dir is None:
-                raise InputError(f"{args.trace} has length-only requests: pass --tokenizer DIR (the served model's "
-                                 f"tokenizer) so prompts of the right token counts can be made")
             engine_info: dict[str, Any] = {"endpoint": args.endpoint}
         else:
-            from engine_adapter.cli_options import resolve_engine_config
             from engine_adapter.vllm_server import VLLMServer
 
-            config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
             tokenizer_dir = Path(config.model)
             engine = VLLMServer(out_dir)
             with console.status("starting vLLM…") as status:

@@ -4,6 +4,8 @@ Formats: mooncake (JSONL, ms timestamps, hash_ids of 512-token blocks), azure (A
 inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens), burstgpt (BurstGPT CSV:
 Timestamp, Model, Request tokens, Response tokens, Total tokens, Log Type), sharegpt (JSON list of
 conversations; no timing, so arrivals are drawn from a seeded Poisson process at `rate`).
+Rows out of arrival order are sorted (public traces are not always sorted; native traces must be).
+Bad rows are `InputError`s naming the file, the line and the field, found before any tokenizer loads.
 
 Length-only formats get prompts synthesised to exact token counts (`replay.synth`). Requests
 longer than the model's context follow an explicit policy, and the report says what it did.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime as dt
+import io
 import json
 import math
 import random
@@ -33,13 +36,14 @@ Overlong = Literal["truncate", "drop", "scale", "error"]
 class RawRequest:
     """A request as read from a source trace, before synthesis and length policy."""
 
-    line: int
+    line: int  # in the source file (sharegpt: the conversation's number)
     timestamp_s: float
     input_length: int | None
     output_length: int
     hash_ids: list[int] | None = None
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    reply: str | None = None  # sharegpt: the recorded answer, whose token count is the output length
 
 
 @dataclasses.dataclass
@@ -52,6 +56,20 @@ class ConvertOptions:
     rate: float = 1.0  # sharegpt arrivals per second
     output_length: int = 128  # sharegpt, when no reply is recorded
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_input_tokens < 1:
+            raise InputError(f"--max-input-tokens must be >= 1, got {self.max_input_tokens}")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"--limit must be >= 1, got {self.limit}")
+        if not (self.length_scale > 0 and math.isfinite(self.length_scale)):
+            raise InputError(f"--length-scale must be a finite number > 0, got {self.length_scale}")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise InputError(f"--max-output-tokens must be >= 1, got {self.max_output_tokens}")
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise InputError(f"--rate must be a finite number > 0, got {self.rate}")
+        if self.output_length < 1:
+            raise InputError(f"--output-length must be >= 1, got {self.output_length}")
 
 
 @dataclasses.dataclass
@@ -109,6 +127,8 @@ def _int_field(path: Path, line: int, row: dict[str, Any], field: str, *, minimu
 def _float_field(path: Path, line: int, row: dict[str, Any], field: str) -> float:
     value = row.get(field)
     try:
+        if isinstance(value, bool):
+            raise TypeError(value)
         number = float(value)
     except (TypeError, ValueError):
         raise _bad(path, line, field, f"expected a number, got {value!r}") from None
@@ -117,36 +137,63 @@ def _float_field(path: Path, line: int, row: dict[str, Any], field: str) -> floa
     return number
 
 
+def _text(path: Path) -> str:
+    """The file as text; a byte that is not UTF-8 is reported with its line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as some editors write
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from None
+
+
+def _json(path: Path, line: int, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{line + exc.lineno - 1}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, or nesting too deep
+        raise InputError(f"{path}:{line}: not valid JSON ({str(exc) or 'nested too deeply'})") from None
+
+
 def read_mooncake(path: Path) -> Iterator[RawRequest]:
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{line}: not valid JSON ({exc})") from None
-            for field in ("timestamp", "input_length", "output_length"):
-                if field not in row:
-                    raise _bad(path, line, field, "missing")
-            hash_ids = row.get("hash_ids") or []
-            if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
-                raise _bad(path, line, "hash_ids", "expected a list of integers")
-            yield RawRequest(line, _float_field(path, line, row, "timestamp") / 1000.0,
-                             _int_field(path, line, row, "input_length", minimum=1),
-                             _int_field(path, line, row, "output_length", minimum=0), hash_ids=hash_ids)
+    for line, text in enumerate(_text(path).split("\n"), 1):
+        if not text.strip():
+            continue
+        row = _json(path, line, text)
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{line}: expected a JSON object, got {type(row).__name__}")
+        for field in ("timestamp", "input_length", "output_length"):
+            if field not in row:
+                raise _bad(path, line, field, "missing")
+        hash_ids = row.get("hash_ids") or []
+        if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hash_ids):
+            raise _bad(path, line, "hash_ids", "expected a list of integers")
+        yield RawRequest(line, _float_field(path, line, row, "timestamp") / 1000.0,
+                         _int_field(path, line, row, "input_length", minimum=1),
+                         _int_field(path, line, row, "output_length", minimum=0), hash_ids=hash_ids)
 
 
 def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
+    reader = csv.DictReader(io.StringIO(_text(path), newline=""))
+    try:
         header = [h.strip() for h in (reader.fieldnames or [])]
         missing = [c for c in required if c not in header]
         if missing:
             raise InputError(f"{path}:1: header lacks column(s) {missing}; found {header}")
         reader.fieldnames = header
         for row in reader:
+            short = [c for c in required if row.get(c) is None]
+            if short:
+                raise _bad(path, reader.line_num, short[0], "missing (the row has fewer columns than the header)")
             yield reader.line_num, {k: (v.strip() if isinstance(v, str) else v) for k, v in row.items()}
+    except csv.Error as exc:  # e.g. a field over csv's size limit; line_num counts the rows read before it
+        raise InputError(f"{path}:{reader.line_num + 1}: not valid CSV ({exc})") from None
 
 
 def read_azure(path: Path) -> Iterator[RawRequest]:
@@ -156,6 +203,8 @@ def read_azure(path: Path) -> Iterator[RawRequest]:
             # 7 fractional digits ("18:15:46.6805900"): keep microseconds, drop the 7th digit.
             head, _, frac = stamp.partition(".")
             when = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
+            if frac and not frac.isdigit():
+                raise ValueError(frac)
             seconds = when.timestamp() + (float("0." + frac) if frac else 0.0)
         except ValueError:
             raise _bad(path, line, "TIMESTAMP", f"expected 'YYYY-MM-DD HH:MM:SS.fffffff', got {stamp!r}") from None
@@ -170,27 +219,53 @@ def read_burstgpt(path: Path) -> Iterator[RawRequest]:
                          _int_field(path, line, row, "Response tokens", minimum=0))
 
 
-def read_sharegpt(path: Path, options: ConvertOptions, tokenizer: Any) -> Iterator[RawRequest]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+def _list_item_lines(text: str) -> list[int]:
+    """1-based line of each element of the (already validated) top-level JSON list in `text`."""
+    decoder = json.JSONDecoder()
+    lines, i = [], text.index("[") + 1
+    line, counted_to = 1, 0
+    while True:
+        while text[i] in " \t\r\n,":
+            i += 1
+        if text[i] == "]":
+            return lines
+        line += text.count("\n", counted_to, i)
+        counted_to = i
+        lines.append(line)
+        _, i = decoder.raw_decode(text, i)
+
+
+def read_sharegpt(path: Path, options: ConvertOptions) -> Iterator[RawRequest]:
+    text = _text(path)
+    data = _json(path, 1, text)
     if not isinstance(data, list):
         raise InputError(f"{path}:1: expected a JSON list of conversations")
     rng = random.Random(options.seed)
     t = 0.0
-    for index, conv in enumerate(data):
+    for index, (conv, line) in enumerate(zip(data, _list_item_lines(text))):
+        where = f"{path}:{line}: conversation #{index}"
         turns = conv.get("conversations") if isinstance(conv, dict) else None
         if not turns or not isinstance(turns, list) or not isinstance(turns[0], dict) or "value" not in turns[0]:
-            raise InputError(f"{path}: conversation #{index}: field 'conversations[0].value': missing")
-        prompt = str(turns[0]["value"])
+            raise InputError(f"{where}: field 'conversations[0].value': missing")
+        prompt = turns[0]["value"]
+        if not isinstance(prompt, str):
+            raise InputError(f"{where}: field 'conversations[0].value': expected text, got {type(prompt).__name__}")
         reply = turns[1].get("value") if len(turns) > 1 and isinstance(turns[1], dict) else None
-        out_len = len(tokenizer.encode(reply, add_special_tokens=False)) if reply else options.output_length
-        yield RawRequest(index + 1, t, None, out_len, messages=[{"role": "user", "content": prompt}])
+        if reply is not None and not isinstance(reply, str):
+            raise InputError(f"{where}: field 'conversations[1].value': expected text, got {type(reply).__name__}")
+        for field, value in (("conversations[0].value", prompt), ("conversations[1].value", reply or "")):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(f"{where}: field '{field}': contains a lone UTF-16 surrogate escape (such as "
+                                 f"\\ud800), which is not text") from None
+        # Numbered by conversation (ids stay "name:N" for the Nth); errors above name the file line.
+        yield RawRequest(index + 1, t, None, options.output_length, reply=reply or None,
+                         messages=[{"role": "user", "content": prompt}])
         t += rng.expovariate(options.rate)
 
 
-def _read(fmt: str, path: Path, options: ConvertOptions, tokenizer: Any) -> Iterator[RawRequest]:
+def _read(fmt: str, path: Path, options: ConvertOptions) -> Iterator[RawRequest]:
     if fmt == "mooncake":
         return read_mooncake(path)
     if fmt == "azure":
@@ -198,19 +273,19 @@ def _read(fmt: str, path: Path, options: ConvertOptions, tokenizer: Any) -> Iter
     if fmt == "burstgpt":
         return read_burstgpt(path)
     if fmt == "sharegpt":
-        return read_sharegpt(path, options, tokenizer)
+        return read_sharegpt(path, options)
     raise InputError(f"unknown trace format {fmt!r}; use one of {list(FORMATS)}")
 
 
-def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
-            synthesizer: PromptSynthesizer | None = None) -> tuple[list[TraceRecord], ConvertReport]:
-    """Read `path` in format `fmt` and return native records plus a report of what was done."""
+def read_requests(fmt: str, path: Path, options: ConvertOptions) -> tuple[list[RawRequest], ConvertReport]:
+    """Read and validate `path` (no tokenizer needed), sorted by arrival: bad input fails here,
+    before any model is loaded."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     report = ConvertReport(source=str(path), format=fmt)
     raw: list[RawRequest] = []
-    for request in _read(fmt, path, options, tokenizer):
+    for request in _read(fmt, path, options):
         report.read += 1
         if request.output_length == 0:
             report.skipped += 1
@@ -220,8 +295,19 @@ def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
         if options.limit is not None and len(raw) >= options.limit:
             break
     if not raw:
-        raise InputError(f"{path}: no usable requests")
+        raise InputError(f"{path}: no usable requests (the file is empty, or every request has 0 output tokens)")
+    # Public traces are not always in arrival order; they are sorted here (native traces must be sorted).
     raw.sort(key=lambda r: (r.timestamp_s, r.line))
+    return raw, report
+
+
+def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
+            synthesizer: PromptSynthesizer | None = None,
+            read: tuple[list[RawRequest], ConvertReport] | None = None) -> tuple[list[TraceRecord], ConvertReport]:
+    """Read `path` in format `fmt` (or take `read`, what read_requests returned) and return native
+    records plus a report of what was done."""
+    path = Path(path)
+    raw, report = read or read_requests(fmt, path, options)
     t0 = raw[0].timestamp_s
 
     scale = options.length_scale
@@ -242,6 +328,8 @@ def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
     prompts_for_reuse: list[str] = []
     for r in raw:
         out_len = r.output_length
+        if r.reply:
+            out_len = max(1, len(tokenizer.encode(r.reply, add_special_tokens=False)))
         if options.max_output_tokens is not None:
             out_len = min(out_len, options.max_output_tokens)
         fields: dict[str, Any] = {"timestamp": round(r.timestamp_s - t0, 6), "output_length": out_len,

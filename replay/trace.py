@@ -5,9 +5,11 @@
     {"timestamp": 1.25, "input_length": 2048, "output_length": 300, "hash_ids": [17, 18, 91, 92]}
 
 `timestamp` is in seconds, relative to the trace start or absolute (epoch seconds): absolute
-timestamps are shifted so the first request is at 0. Timestamps must not decrease.
+timestamps are shifted so the first request is at 0. Timestamps must not decrease: an earlier
+timestamp than the line before is an error (the importers of `tune trace convert` sort public traces).
 Exactly one of `prompt`, `messages` or `input_length` says what is sent. Records with only
-`input_length` get prompts synthesised from real text (see `replay.synth`).
+`input_length` get prompts synthesised from real text (see `replay.synth`). Numbers are JSON
+numbers (not strings or booleans), finite, and lengths at most MAX_TOKENS; blank lines are skipped.
 Errors name the file, the line and the field, and are `InputError`s (exit code 2).
 """
 
@@ -15,18 +17,35 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from engine_adapter.errors import InputError
 
 MAX_LINE_BYTES = 64 * 2**20
+# Far beyond any model's context; a larger length is a corrupt line, and synthesising its prompt
+# would exhaust memory.
+MAX_TOKENS = 10_000_000
 
 
 class TraceError(InputError):
     """A trace file that cannot be used, with file, line and field."""
+
+
+def _json_number(value: Any) -> Any:
+    # pydantic's lax mode would read true as 1 and "5" as 5; a trace writes numbers as numbers.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    if isinstance(value, str):
+        raise ValueError(f"must be a number, not a string ({value[:20]!r})")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_json_number)]
+Count = Annotated[int, BeforeValidator(_json_number)]
 
 
 class Message(BaseModel):
@@ -41,10 +60,10 @@ class Sampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None
+    temperature: Number | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: Number | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: Count | None = Field(None, ge=-1)
+    seed: Count | None = None
     stop: list[str] | None = None
 
 
@@ -53,25 +72,19 @@ class TraceRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timestamp: float = Field(ge=0, allow_inf_nan=False, description="Arrival time in seconds.")
-    prompt: str | None = Field(None, description="Completion prompt text.")
+    timestamp: Number = Field(ge=0, allow_inf_nan=False, description="Arrival time in seconds.")
+    prompt: str | None = Field(None, min_length=1, description="Completion prompt text.")
     messages: list[Message] | None = Field(None, min_length=1, description="Chat messages.")
-    input_length: int | None = Field(None, gt=0, description="Prompt length in tokens (length-only traces).")
-    output_length: int = Field(gt=0, description="Tokens to generate.")
-    hash_ids: list[int] | None = Field(None, description="Prefix block ids; equal ids = identical prompt blocks.")
+    input_length: Count | None = Field(None, gt=0, le=MAX_TOKENS,
+                                       description="Prompt length in tokens (length-only traces).")
+    output_length: Count = Field(gt=0, le=MAX_TOKENS, description="Tokens to generate.")
+    hash_ids: list[Count] | None = Field(None, description="Prefix block ids; equal ids = identical prompt blocks.")
     prefix_id: str | None = None
     session_id: str | None = None
     id: str | None = None
     response: str | None = Field(None, description="The recorded output text.")
     expected: str | None = Field(None, description="A label to score accuracy against.")
     sampling: Sampling | None = None
-
-    @field_validator("timestamp", mode="before")
-    @classmethod
-    def _number(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise ValueError("must be a number of seconds, not a boolean")
-        return value
 
     @model_validator(mode="after")
     def _one_input(self) -> TraceRecord:
@@ -104,6 +117,38 @@ def _field_of(error: dict[str, Any]) -> str:
     return ".".join(loc) if loc else "(record)"
 
 
+class _NonFinite(ValueError):
+    """NaN or Infinity in a line: Python's json reads them, but JSON has no such numbers."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _unencodable(data: dict[str, Any]) -> str | None:
+    """The field of the first string that cannot be sent as UTF-8 (a lone surrogate written as
+    an escape such as \\ud800), or None. Iterative: a line may nest as deep as json allows."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        field, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return field or "(record)"
+        elif isinstance(value, (dict, list)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in reversed(list(items)):
+                name = str(key)
+                try:
+                    name.encode("utf-8")
+                except UnicodeEncodeError:
+                    name = ascii(name)[1:-1]
+                    return f"{field}.{name}" if field else name
+                stack.append((f"{field}.{name}" if field else name, item))
+    return None
+
+
 def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
     """Validate JSONL lines; raise TraceError at the first bad one."""
     records: list[TraceRecord] = []
@@ -112,6 +157,8 @@ def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
         where = f"{source}:{lineno}"
         if len(raw) > MAX_LINE_BYTES:
             raise TraceError(f"{where}: line is {len(raw)} bytes, over the {MAX_LINE_BYTES} byte limit")
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as some editors write
+            raw = raw[3:]
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -119,11 +166,21 @@ def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
         if not text.strip():
             continue
         try:
-            data = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+            data = json.loads(text, parse_constant=_refuse_constant)
+        except _NonFinite as exc:
+            named = re.search(r'"([^"\\]*)"\s*:\s*-?(?:NaN|Infinity)', text)
+            field = f"field '{named.group(1)}': " if named else ""
+            raise TraceError(f"{where}: {field}{exc} is not a JSON number; write a finite number") from None
+        except RecursionError:
+            raise TraceError(f"{where}: not valid JSON (nested too deeply); each line must be one JSON object") from None
         except ValueError as exc:
             raise TraceError(f"{where}: not valid JSON ({exc}); each line must be one JSON object") from None
         if not isinstance(data, dict):
             raise TraceError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        bad_text = _unencodable(data)
+        if bad_text:
+            raise TraceError(f"{where}: field '{bad_text}': contains a lone UTF-16 surrogate escape (such as "
+                             f"\\ud800), which is not text; write the character itself or remove it")
         try:
             record = TraceRecord.model_validate(data)
         except ValidationError as exc:
@@ -138,7 +195,8 @@ def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
         previous = record.timestamp
         records.append(record)
     if not records:
-        raise TraceError(f"{source}: the trace has no requests")
+        raise TraceError(f"{source}: the trace has no requests (the file is empty or only blank lines); "
+                         f"write one JSON object per line")
     start = records[0].timestamp
     if start > 0:  # absolute (epoch) or offset timestamps: the replay starts with the first request
         records = [r.model_copy(update={"timestamp": r.timestamp - start}) for r in records]
@@ -155,6 +213,8 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}: no such trace file") from None
     except IsADirectoryError:
         raise TraceError(f"{path}: is a directory, not a trace file") from None
+    except OSError as exc:  # e.g. no permission to read it
+        raise TraceError(f"{path}: cannot read the trace file ({exc.strerror or exc})") from None
 
 
 def write_trace(records: Iterable[TraceRecord], path: str | Path) -> int:

@@ -17,14 +17,33 @@ knobs (see KNOBS); errors name the file, the line and the field.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from engine_adapter.errors import InputError
 
-Scalar = Union[bool, int, float, str]
+
+def _scalar(value: Any) -> Any:
+    # Checked before the union, so a list or mapping gets one clear message rather than one per member.
+    if not isinstance(value, (bool, int, float, str)):
+        raise ValueError(f"must be a boolean, number or string, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value}")
+    return value
+
+
+def _number(value: Any) -> Any:
+    # pydantic's lax mode would read `true` as 1.0.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+Scalar = Annotated[Union[bool, int, float, str], BeforeValidator(_scalar)]
+Number = Annotated[float, BeforeValidator(_number)]
 
 # Search-space parameter -> what it sets. `weight_bits` is translated per platform by
 # search_spaces.translate; the rest are VLLMConfig fields (speculative.* nested).
@@ -55,10 +74,10 @@ class Param(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     choices: list[Scalar] | None = Field(None, min_length=1)
-    low: float | None = None
-    high: float | None = None
+    low: Number | None = Field(None, allow_inf_nan=False)
+    high: Number | None = Field(None, allow_inf_nan=False)
     log: bool = False
-    step: float | None = Field(None, gt=0)
+    step: Number | None = Field(None, gt=0, allow_inf_nan=False)
     float_: bool = Field(False, alias="float")
     when: dict[str, list[Scalar]] | None = None
     description: str | None = None
@@ -79,8 +98,15 @@ class Param(BaseModel):
                 raise ValueError("log and step cannot be combined")
             if not self.float_ and (self.low != int(self.low) or self.high != int(self.high)):
                 raise ValueError("an integer parameter needs integer low/high (set float: true for reals)")
+            if not self.float_ and self.step is not None and self.step != int(self.step):
+                raise ValueError(f"an integer parameter needs an integer step, got {self.step:g} "
+                                 f"(set float: true for reals)")
         elif len(set(map(repr, self.choices))) != len(self.choices):
             raise ValueError("choices must not repeat")
+        for other, values in (self.when or {}).items():
+            if not values:
+                raise ValueError(f"when.{other} lists no values, so the parameter could never exist; "
+                                 f"list the values of {other} it needs")
         return self
 
 
@@ -112,7 +138,7 @@ class SearchSpace(BaseModel):
                         raise ValueError(f"{name}.when: {other} never takes {missing}; its choices are {target.choices}")
             seen[name] = param
         for name in self.fixed:
-            if name not in KNOBS and name not in ("speculative_method",):
+            if name not in KNOBS:
                 raise ValueError(f"fixed setting {name!r} is not an engine knob; known: {sorted(KNOBS)}")
         return self
 
@@ -135,6 +161,10 @@ class SearchSpace(BaseModel):
                     continue
                 data["when"] = when
             params[name] = data
+        emptied = [name for name, data in params.items() if data.get("choices") == []]
+        if emptied:
+            raise SpaceError(f"search space {self.name!r}: no choice of {emptied[0]!r} is left once "
+                             f"{drop[emptied[0]]} are removed; give it a choice this machine can run")
         return SearchSpace.model_validate({**self.model_dump(exclude={"parameters"}), "parameters": params})
 
     def sample(self, trial: Any) -> dict[str, Any]:
@@ -195,28 +225,89 @@ def _line_of(root: Any, loc: tuple) -> int | None:
     return line
 
 
+def _duplicate_key(node: Any) -> str | None:
+    """'key' (lines a and b) of the first mapping key written twice; YAML would keep the last silently."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                line = k.start_mark.line + 1
+                if k.value in seen:
+                    return f"{line}: key {k.value!r} appears twice (lines {seen[k.value]} and {line}); keep one"
+                seen[k.value] = line
+            found = _duplicate_key(v)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            found = _duplicate_key(item)
+            if found:
+                return found
+    return None
+
+
+def _fixed_problem(space: SearchSpace) -> tuple[str, str] | None:
+    """(field, message) for the first fixed setting no engine config accepts, or None."""
+    from search_spaces.translate import reference_config
+
+    bits = space.fixed.get("weight_bits", 16)
+    if bits not in (16, 8, 4):
+        return "weight_bits", f"must be 16, 8 or 4, got {bits!r}"
+    try:
+        reference_config(fixed=space.fixed, model_dir=Path("model"))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        return ".".join(str(p) for p in err["loc"]), err["msg"]
+    return None
+
+
+def _safe(text: str) -> str:
+    """`text` printable on any UTF-8 terminal (YAML escapes can make lone surrogates)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def load_space(path: str | Path) -> SearchSpace:
     """Load and validate a search-space YAML file; errors name file, line and field."""
     import yaml
 
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise SpaceError(f"{path}: no such search-space file") from None
+    except IsADirectoryError:
+        raise SpaceError(f"{path}: is a directory, not a search-space file") from None
+    except OSError as exc:  # e.g. no permission to read it
+        raise SpaceError(f"{path}: cannot read the search-space file ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpaceError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise SpaceError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from None
     try:
         root = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SpaceError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        if mark is not None:
+            line = mark.line + 1
+        elif isinstance(getattr(exc, "position", None), int):  # a ReaderError: a character YAML does not allow
+            line = text.count("\n", 0, exc.position) + 1
+        else:
+            line = 1
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpaceError(_safe(f"{path}:{line}: not valid YAML ({problem})")) from None
+    except RecursionError:
+        raise SpaceError(f"{path}:1: not valid YAML (nested too deeply)") from None
     if not isinstance(data, dict):
         raise SpaceError(f"{path}:1: a search space must be a mapping with a 'parameters' section")
+    duplicate = _duplicate_key(root)
+    if duplicate:
+        raise SpaceError(_safe(f"{path}:{duplicate}"))
     try:
-        return SearchSpace.model_validate(data)
+        space = SearchSpace.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -226,7 +317,14 @@ def load_space(path: str | Path) -> SearchSpace:
             loc = ("parameters", named[0]) if named else loc
         line = _line_of(root, loc) or 1
         field = ".".join(str(p) for p in loc) or "(space)"
-        raise SpaceError(f"{path}:{line}: field '{field}': {err['msg']}") from None
+        raise SpaceError(_safe(f"{path}:{line}: field '{field}': {err['msg']}")) from None
+    # Fixed settings are checked now, not when the first trial builds its engine config.
+    problem = _fixed_problem(space)
+    if problem:
+        field, message = problem
+        line = (field and _line_of(root, ("fixed", field.split(".")[0]))) or _line_of(root, ("fixed",)) or 1
+        raise SpaceError(_safe(f"{path}:{line}: field '{'fixed.' + field if field else 'fixed'}': {message}"))
+    return space
 
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default.yaml"

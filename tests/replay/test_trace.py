@@ -31,13 +31,22 @@ def test_three_input_kinds_and_relative_timestamps():
         ({"timestamp": 0, "output_length": 5}, "field '(record)': Value error, give exactly one of prompt, messages or input_length"),
         ({"timestamp": 0, "prompt": "a", "input_length": 3, "output_length": 5}, "(got prompt, input_length)"),
         ({"timestamp": -1, "prompt": "a", "output_length": 5}, "field 'timestamp': Input should be greater than or equal to 0"),
-        ({"timestamp": "soon", "prompt": "a", "output_length": 5}, "field 'timestamp': Input should be a valid number"),
-        ({"timestamp": True, "prompt": "a", "output_length": 5}, "field 'timestamp'"),
+        ({"timestamp": "soon", "prompt": "a", "output_length": 5}, "field 'timestamp': Value error, must be a number, not a string ('soon')"),
+        ({"timestamp": "1.5", "prompt": "a", "output_length": 5}, "field 'timestamp': Value error, must be a number, not a string"),
+        ({"timestamp": True, "prompt": "a", "output_length": 5}, "field 'timestamp': Value error, must be a number, not a boolean"),
+        ({"timestamp": 0, "prompt": "a", "output_length": True}, "field 'output_length': Value error, must be a number, not a boolean"),
+        ({"timestamp": 0, "input_length": 10**12, "output_length": 5}, "field 'input_length': Input should be less than or equal to 10000000"),
+        ({"timestamp": 0, "prompt": "", "output_length": 5}, "field 'prompt': String should have at least 1 character"),
+        (b'{"timestamp": 0, "prompt": "\\ud800", "output_length": 5}', "field 'prompt': contains a lone UTF-16 surrogate"),
+        (b'{"timestamp": 0, "prompt": "a", "output_length": 5, "sampling": {"stop": ["x", "\\udc00"]}}', "field 'sampling.stop.1': contains a lone UTF-16 surrogate"),
+        (b'{"timestamp": 0, "prompt": "a", "output_length": 5, "\\ud800k": 1}', "field '\\ud800k': contains a lone UTF-16 surrogate"),
+        (b'{"timestamp": 0, "prompt": "a", "output_length": 5, "sampling": {"top_p": Infinity}}', "field 'top_p': Infinity is not a JSON number"),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON (nested too deeply)"),
         ({"timestamp": 0, "prompt": "a"}, "field 'output_length': Field required"),
         ({"timestamp": 0, "prompt": "a", "output_length": 0}, "field 'output_length': Input should be greater than 0"),
         ({"timestamp": 0, "prompt": "a", "output_length": 5, "colour": 1}, "field 'colour': Extra inputs are not permitted"),
         ({"timestamp": 0, "messages": [{"role": "robot", "content": "x"}], "output_length": 5}, "field 'messages.0.role'"),
-        (b'{"timestamp": NaN, "prompt": "a", "output_length": 5}', "not valid JSON"),
+        (b'{"timestamp": NaN, "prompt": "a", "output_length": 5}', "field 'timestamp': NaN is not a JSON number; write a finite number"),
         (b'{"timestamp": 0, "prompt": "a", "output_length": 5', "not valid JSON"),
         (b"[1, 2]", "expected a JSON object, got list"),
         (b'{"timestamp": 0, "prompt": "\xff\xfe", "output_length": 5}', "not valid UTF-8"),
@@ -55,6 +64,11 @@ def test_bad_line_is_named(bad, message):
 def test_decreasing_timestamps_are_refused():
     with pytest.raises(TraceError, match=r"t.jsonl:3: field 'timestamp': 1.0 is earlier than the previous line's 2.0"):
         parse_lines(lines(*({"timestamp": t, "prompt": "a", "output_length": 1} for t in (0, 2, 1))), "t.jsonl")
+
+
+def test_a_byte_order_mark_is_accepted():
+    trace = parse_lines([b'\xef\xbb\xbf{"timestamp": 0, "prompt": "a", "output_length": 1}\n'], "t.jsonl")
+    assert trace.records[0].prompt == "a"
 
 
 def test_empty_and_blank_files(tmp_path):

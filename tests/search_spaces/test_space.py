@@ -40,6 +40,17 @@ def test_default_space_loads_and_covers_the_knobs():
         ("parameters:\n  max_num_seqs: {low: 0, high: 8, log: true}\n", "log-scaled parameter needs low > 0"),
         ("parameters:\n  max_num_seqs: {choices: [4, 4]}\n", "choices must not repeat"),
         ("parameters: [\n", "not valid YAML"),
+        ("parameters:\n  max_num_seqs: {low: 1, high: .inf}\n", ":2: field 'parameters.max_num_seqs.high': Input should be a finite number"),
+        ("parameters:\n  max_num_seqs: {low: .nan, high: 4}\n", ":2: field 'parameters.max_num_seqs.low': Input should be a finite number"),
+        ("parameters:\n  max_num_seqs: {low: true, high: 4}\n", "field 'parameters.max_num_seqs.low': Value error, must be a number, not a boolean"),
+        ("parameters:\n  max_num_seqs: {low: 1, high: 8, step: 0.5}\n", "an integer parameter needs an integer step, got 0.5"),
+        ("parameters:\n  max_num_seqs:\n    choices: [[1]]\n", ":3: field 'parameters.max_num_seqs.choices.0': Value error, must be a boolean, number or string, got list"),
+        ("parameters:\n  max_num_seqs: {choices: [.nan]}\n", "must be a finite number, got nan"),
+        ("parameters:\n  speculative: {choices: [none]}\n  num_speculative_tokens: {low: 1, high: 4, when: {speculative: []}}\n", ":3: field 'parameters.num_speculative_tokens': Value error, when.speculative lists no values"),
+        ("parameters:\n  max_num_seqs: {choices: [1]}\n  max_num_seqs: {choices: [2]}\n", ":3: key 'max_num_seqs' appears twice (lines 2 and 3); keep one"),
+        ("parameters:\n  max_num_seqs: {choices: [1]}\n\x07\n", ":3: not valid YAML (unacceptable character #x0007"),
+        ("fixed:\n  enforce_eager: true\n  max_num_seqs: lots\nparameters:\n  kv_cache_dtype: {choices: [auto]}\n", ":3: field 'fixed.max_num_seqs': Input should be a valid integer"),
+        ("fixed:\n  weight_bits: 3\nparameters:\n  kv_cache_dtype: {choices: [auto]}\n", ":2: field 'fixed.weight_bits': must be 16, 8 or 4, got 3"),
         ("- 1\n- 2\n", "must be a mapping"),
     ],
 )
@@ -51,12 +62,18 @@ def test_bad_space_files_name_line_and_field(tmp_path, text, where):
     assert info.value.exit_code == 2
 
 
+def test_removing_every_choice_is_a_clear_error():
+    space = SearchSpace.model_validate({"name": "s", "parameters": {"kv_cache_dtype": {"choices": ["fp8"]}}})
+    with pytest.raises(SpaceError, match=r"no choice of 'kv_cache_dtype' is left once \['fp8'\] are removed"):
+        space.without({"kv_cache_dtype": ["fp8"]})
+
+
 def test_missing_and_non_utf8_files(tmp_path):
     with pytest.raises(SpaceError, match="no such search-space file"):
         load_space(tmp_path / "nope.yaml")
     path = tmp_path / "bin.yaml"
     path.write_bytes(b"parameters:\n  max_num_seqs: {choices: [\xff]}\n")
-    with pytest.raises(SpaceError, match="not valid UTF-8"):
+    with pytest.raises(SpaceError, match=r"bin.yaml:2: not valid UTF-8"):
         load_space(path)
 
 
