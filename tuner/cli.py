@@ -24,6 +24,8 @@ examples:
   tune engine command --kv-cache-dtype fp8 # print the vLLM command a config runs, start nothing
   tune trace convert --from mooncake ../shared/traces/mooncake_conversation.jsonl m.jsonl --limit 100 --length-scale 0.1
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching --slo "ttft:p99<2s"
+  tune dashboard                           # browse the latest study: Pareto front, trials, export
+  tune export --best --format k8s -o deploy.yaml
 """
 
 
@@ -72,6 +74,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from replay.record import add_record_parser
 
     add_record_parser(sub)
+    from dashboard.cli import add_parsers as add_dashboard_parsers
+
+    add_dashboard_parsers(sub)
 
     command = engine_sub.add_parser(
         "command", help="print the vLLM server command and environment a config runs (starts nothing)",
@@ -124,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "engine" and args.engine_command == "command":
             from tuner.commands import engine_command
             return engine_command(args)
+        if args.command == "dashboard":
+            from dashboard.cli import dashboard_command
+            from tuner.commands import console
+            return dashboard_command(args, console)
+        if args.command == "export":
+            from dashboard.cli import export_command
+            from tuner.commands import console
+            return export_command(args, console)
     except TuneError as exc:
         from rich.console import Console
         from rich.text import Text

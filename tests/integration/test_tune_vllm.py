@@ -6,47 +6,19 @@ starting over. (4-bit W4A16 cannot run on the AVX2-only CI CPU; see search_space
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_tune as tune
 from tuner.storage import ResultStore
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-
-SPACE = """\
-name: mini
-fixed:
-  enforce_eager: true
-parameters:
-  weight_bits: {choices: [16, 8]}
-  speculative: {choices: [none, ngram]}
-  num_speculative_tokens: {low: 3, high: 3, when: {speculative: [ngram]}}
-  kv_cache_space_gib: {choices: [2.0, 0.0001]}
-"""
-
-
-def tune(*args, timeout=1800):
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, default_model):
-    run_dir = tmp_path_factory.mktemp("study")
-    space = run_dir / "space.yaml"
-    space.write_text(SPACE)
-    args = ["--trace", str(ROOT / "examples" / "traffic.jsonl"), "--space", str(space), "--trials", "3",
-            "--study", "mini", "--run-dir", str(run_dir), "--max-requests", "6", "--warmup", "1",
-            "--probe-prompts", "4", "--probe-tokens", "16", "--sampler", "random",
-            "--try", '{"weight_bits": 16, "speculative": "ngram", "num_speculative_tokens": 3, "kv_cache_space_gib": 2.0}',
-            "--try", '{"weight_bits": 16, "speculative": "none", "kv_cache_space_gib": 0.0001}',
-            "--try", '{"weight_bits": 8, "speculative": "none", "kv_cache_space_gib": 2.0}']
-    first = tune(*args)
-    return run_dir, args, first
+def study(mini_study):
+    """The session's real mini study (tests/conftest.py), shared with the dashboard tests."""
+    return mini_study
 
 
 def test_study_runs_and_prints_a_pareto_table(study):

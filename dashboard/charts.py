@@ -1,0 +1,144 @@
+"""Plotly figures for the dashboard, built from `dashboard.data` views (no Streamlit here)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from dashboard.data import (StudyView, TrialView, diff_text, display_value, front_line, latency_cdfs, metric_label,
+                            request_records, thresholds, timeline)
+
+STYLE = {
+    "pareto": dict(name="Pareto front", color="#1f6feb", symbol="circle", size=15, opacity=1.0),
+    "dominated": dict(name="dominated", color="#8c959f", symbol="circle", size=10, opacity=0.7),
+    "infeasible": dict(name="violates SLO / quality gate", color="#d97706", symbol="x", size=12, opacity=0.9),
+}
+REFERENCE_STYLE = dict(name="reference (unquantized)", color="#16a34a", symbol="star", size=20)
+PALETTE = ["#1f6feb", "#d97706", "#16a34a", "#9333ea"]
+
+
+def _hover(study: StudyView, t: TrialView) -> str:
+    values = "<br>".join(f"{o}: {display_value(o, t.metric(o))}" for o in study.objectives)
+    diff = diff_text(t.diff).replace(", ", "<br>  ")
+    return f"<b>trial {t.number}</b> ({t.category})<br>{values}<br>config vs reference:<br>  {diff}"
+
+
+def _scaled(values: Sequence[float], name: str) -> list[float | None]:
+    _, factor = metric_label(name)
+    return [None if v is None or math.isnan(v) else v * factor for v in values]
+
+
+def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
+    """Trials on two (or three) metrics: front, dominated and infeasible trials in their own styles,
+    the reference marked, SLO / quality-gate thresholds as lines, the 2-D front as a staircase."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    axes = [x, y] + ([z] if z else [])
+    for category, style in STYLE.items():
+        trials = [t for t in study.trials if t.category == category and not any(math.isnan(t.metric(a)) for a in axes)]
+        if not trials:
+            continue
+        coords = {a: _scaled([t.metric(a) for t in trials], a) for a in axes}
+        marker = dict(color=style["color"], symbol=style["symbol"], size=style["size"], opacity=style["opacity"],
+                      line=dict(width=1.5, color="#0b3d91") if category == "pareto" else dict(width=0))
+        common = dict(mode="markers+text", name=f"{style['name']} ({len(trials)})", text=[f"{t.number}" for t in trials],
+                      textposition="top center", hovertext=[_hover(study, t) for t in trials], hoverinfo="text",
+                      customdata=[t.number for t in trials])
+        if z:
+            marker["size"] = style["size"] * 0.6
+            fig.add_trace(go.Scatter3d(x=coords[x], y=coords[y], z=coords[z], marker=marker, **common))
+        else:
+            fig.add_trace(go.Scatter(x=coords[x], y=coords[y], marker=marker, **common))
+    ref = [study.reference_metric(a) for a in axes]
+    if not any(math.isnan(v) for v in ref):
+        r = {a: _scaled([v], a) for a, v in zip(axes, ref)}
+        ref_marker = dict(color=REFERENCE_STYLE["color"], symbol=REFERENCE_STYLE["symbol"], size=REFERENCE_STYLE["size"],
+                          line=dict(width=1, color="#14532d"))
+        hover = "<b>reference</b> (unquantized weights, auto KV cache, no speculation)<br>" + "<br>".join(
+            f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
+        common = dict(mode="markers+text", name=REFERENCE_STYLE["name"], text=["ref"], textposition="bottom center",
+                      hovertext=[hover], hoverinfo="text")
+        if z:
+            ref_marker["size"] = 12
+            ref_marker["symbol"] = "diamond"
+            fig.add_trace(go.Scatter3d(x=r[x], y=r[y], z=r[z], marker=ref_marker, **common))
+        else:
+            fig.add_trace(go.Scatter(x=r[x], y=r[y], marker=ref_marker, **common))
+    if not z:
+        xs, ys = front_line(study.trials, x, y)
+        if len(xs) > 1:
+            fig.add_trace(go.Scatter(x=_scaled(xs, x), y=_scaled(ys, y), mode="lines", name="front on these axes",
+                                     line=dict(color="#1f6feb", dash="dot", width=1.5), hoverinfo="skip"))
+        lines = thresholds(study)
+        for label, value in lines.get(x, []):
+            fig.add_vline(x=_scaled([value], x)[0], line=dict(color="#dc2626", dash="dash"),
+                          annotation_text=label, annotation_position="top left")
+        for label, value in lines.get(y, []):
+            fig.add_hline(y=_scaled([value], y)[0], line=dict(color="#dc2626", dash="dash"),
+                          annotation_text=label, annotation_position="bottom right")
+        fig.update_layout(xaxis_title=metric_label(x)[0], yaxis_title=metric_label(y)[0])
+        # Room around the points so labels and the reference star are never cut at the edge.
+        for axis, name in (("xaxis", x), ("yaxis", y)):
+            values = [v for trace in fig.data for v in (getattr(trace, axis[0]) or []) if v is not None]
+            values += [_scaled([value], name)[0] for _, value in lines.get(name, [])]
+            if values:
+                lo, hi = min(values), max(values)
+                pad = (hi - lo) * 0.12 or abs(hi) * 0.1 or 1.0
+                fig.update_layout({axis: dict(range=[lo - pad, hi + pad])})
+    else:
+        fig.update_layout(scene=dict(xaxis_title=metric_label(x)[0], yaxis_title=metric_label(y)[0],
+                                     zaxis_title=metric_label(z)[0], aspectmode="cube"),
+                          scene_camera=dict(eye=dict(x=1.6, y=1.6, z=1.1)))
+    fig.update_layout(height=680 if z else 560, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.15),
+                      title=f"study {study.name}: {len([t for t in study.trials if t.measured])} measured of "
+                            f"{len(study.trials)} trials", template="plotly_white")
+    return fig
+
+
+def cdf_figure(trials: Sequence[TrialView], metric: str):
+    """Empirical CDF of one latency (ttft | itl | e2e) for one or more trials, in ms."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for i, t in enumerate(trials):
+        xs, ys = latency_cdfs(request_records(t))[metric]
+        fig.add_trace(go.Scatter(x=[v * 1000 for v in xs], y=ys, mode="lines", line_shape="hv",
+                                 name=f"trial {t.number}", line=dict(color=PALETTE[i % len(PALETTE)], width=2)))
+    fig.update_layout(title=f"{metric.upper()} CDF", xaxis_title=f"{metric.upper()} (ms)", yaxis_title="fraction of requests",
+                      yaxis_range=[0, 1.02], height=320, margin=dict(l=10, r=10, t=40, b=10), template="plotly_white",
+                      showlegend=len(trials) > 1)
+    return fig
+
+
+def timeline_figure(trial: TrialView):
+    """Send time (since replay start) vs latency per request: E2E and TTFT, failures in red."""
+    import plotly.graph_objects as go
+
+    rows = timeline(request_records(trial))
+    fig = go.Figure()
+    ok = [r for r in rows if r["success"]]
+    bad = [r for r in rows if not r["success"]]
+    hover = [f"request {r['index']}<br>sent {r['send_s']:.2f} s<br>TTFT {display_value('ttft_p50', r['ttft_s'])}"
+             f"<br>E2E {display_value('e2e_p50', r['e2e_s'])}<br>{r['output_tokens']} output tokens" for r in ok]
+    fig.add_trace(go.Scatter(x=[r["send_s"] for r in ok], y=[r["e2e_s"] * 1000 for r in ok], mode="markers",
+                             name="E2E", marker=dict(color="#1f6feb", size=9), hovertext=hover, hoverinfo="text"))
+    fig.add_trace(go.Scatter(x=[r["send_s"] for r in ok], y=[(r["ttft_s"] or 0) * 1000 for r in ok], mode="markers",
+                             name="TTFT", marker=dict(color="#d97706", size=7, symbol="diamond"), hovertext=hover,
+                             hoverinfo="text"))
+    if bad:
+        fig.add_trace(go.Scatter(x=[r["send_s"] for r in bad], y=[r["e2e_s"] * 1000 for r in bad], mode="markers",
+                                 name="failed", marker=dict(color="#dc2626", size=10, symbol="x"),
+                                 hovertext=[r["error"][:200] for r in bad], hoverinfo="text"))
+    fig.update_layout(title="request timeline", xaxis_title="send time since replay start (s)",
+                      yaxis_title="latency (ms)", height=340, margin=dict(l=10, r=10, t=40, b=10),
+                      template="plotly_white", legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def figure_summary(fig: Any) -> dict[str, int]:
+    """Points per named trace (for tests and captions)."""
+    out = {}
+    for trace in fig.data:
+        out[trace.name] = len(trace.x) if trace.x is not None else 0
+    return out

@@ -1,0 +1,164 @@
+"""`tune dashboard` and `tune export`: argument parsing and the two commands (imports stay light)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent / "app.py"
+ENV_STORAGE = "TRACETUNE_DASHBOARD_STORAGE"
+ENV_STUDY = "TRACETUNE_DASHBOARD_STUDY"
+FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")  # = dashboard.export.FORMATS (not imported: fast --help)
+
+DASHBOARD_EPILOG = """\
+examples:
+  tune dashboard                                   # the study of the latest `tune --trace` run (runs/*/study.db)
+  tune dashboard --storage sqlite:///runs/traffic/study.db --study traffic --port 8600
+  tune dashboard --storage postgresql://tuner@db/tracetune --study nightly --host 0.0.0.0   # reachable from the network
+
+The dashboard only reads the study; it listens on 127.0.0.1 unless --host says otherwise (it has
+no login: anyone who can reach the port can read the study).
+"""
+
+EXPORT_EPILOG = """\
+examples:
+  tune export --best --format vllm-cmd
+  tune export --storage sqlite:///runs/traffic/study.db --study traffic --trial 3 --format k8s -o deploy.yaml
+  tune export --pick "max:output_tps where ttft_p99<500ms" --format compose -o compose.yaml
+  tune export --pick "min:ttft_p99 where quality_loss<0.01 and output_tps>20" --format helm-values
+
+--pick chooses among the feasible trials on the Pareto front: max:METRIC or min:METRIC, then
+optionally 'where' and conditions joined by 'and' (latencies in seconds, or with ms/s/us).
+Metrics: ttft/tpot/itl/e2e _mean/_p50/_p90/_p99, output_tps, request_tps, goodput, quality_loss,
+error_rate, prefix_cache_hit_rate, spec_acceptance_rate.
+
+Deployment formats (compose, k8s, helm-values) run the vllm/vllm-openai image (tag: the vLLM version
+tracetune measured with) as `vllm serve MODEL ...` with vLLM's CUDA flags, port 8000, one GPU
+(nvidia.com/gpu), the model directory mounted read-only at /models/<directory name> (compose: a bind
+mount of the measured directory; k8s/helm: the PersistentVolumeClaim `models`), probes on /health.
+Credential-like settings (API keys, tokens) are never exported.
+"""
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    dash = sub.add_parser("dashboard", help="browse a study: Pareto front, trials, drill-down, compare, export",
+                          epilog=DASHBOARD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    dash.add_argument("--storage", metavar="URL",
+                      help="study database (SQLAlchemy URL; default: the newest runs/*/study.db)")
+    dash.add_argument("--study", metavar="NAME", help="study name (default: the only study in the storage)")
+    dash.add_argument("--port", type=int, default=8501, metavar="N", help="default 8501")
+    dash.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                      help="address to listen on (default 127.0.0.1: this machine only)")
+
+    exp = sub.add_parser("export", help="write a trial's config as a vLLM command, compose service, "
+                                        "Kubernetes manifests, Helm values or JSON",
+                         epilog=EXPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    exp.add_argument("--storage", metavar="URL", help="study database (default: the newest runs/*/study.db)")
+    exp.add_argument("--study", metavar="NAME", help="study name (default: the only study in the storage)")
+    which = exp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--trial", type=int, metavar="N", help="this trial number")
+    which.add_argument("--best", action="store_true",
+                       help="the front's best on the first objective to maximize (as best.json)")
+    which.add_argument("--pick", metavar="EXPR", help="a rule over the front, e.g. 'max:output_tps where ttft_p99<0.5'")
+    exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
+    exp.add_argument("-o", "--output", type=Path, metavar="PATH", help="write here instead of stdout")
+    exp.add_argument("--image", metavar="IMAGE", help="container image (default vllm/vllm-openai:v<measured vLLM>)")
+    exp.add_argument("--port", type=int, default=8000, metavar="N", help="server port (default 8000)")
+    exp.add_argument("--host", metavar="ADDR",
+                     help="server listen address (default 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd)")
+    exp.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs per replica (default 1)")
+    exp.add_argument("--replicas", type=int, default=1, metavar="N", help="k8s/helm replicas (default 1)")
+    exp.add_argument("--name", metavar="NAME", help="deployment/service name (default tracetune-STUDY-tN)")
+    exp.add_argument("--namespace", metavar="NS", help="k8s namespace (default: none, kubectl's current)")
+    exp.add_argument("--models-pvc", default="models", metavar="CLAIM",
+                     help="k8s/helm: PersistentVolumeClaim holding the model directories (default models)")
+
+
+def _storage(url: str | None) -> str:
+    from dashboard.data import check_storage, default_storage
+    from engine_adapter.errors import InputError
+
+    url = url or default_storage()
+    if url is not None and "://" not in url and Path(url).is_file():  # a plain path to a SQLite file
+        url = f"sqlite:///{Path(url).resolve()}"
+    if url is None:
+        raise InputError("no --storage given and no runs/*/study.db here; run `tune --trace FILE` first or "
+                         "pass --storage URL (e.g. sqlite:///runs/traffic/study.db)")
+    check_storage(url)
+    return url
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def streamlit_argv(host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(APP),
+            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--server.runOnSave", "false", "--global.developmentMode", "false",
+            "--client.toolbarMode", "minimal", "--theme.base", "light"]
+
+
+def dashboard_command(args: argparse.Namespace, console) -> int:
+    from dashboard.data import resolve_study
+    from engine_adapter.errors import InputError
+
+    if not 0 < args.port < 65536:
+        raise InputError(f"--port must be between 1 and 65535, got {args.port}")
+    url = _storage(args.storage)
+    study = resolve_study(url, args.study)
+    env = {**os.environ, ENV_STORAGE: url, ENV_STUDY: study}
+    shown = "localhost" if is_loopback(args.host) else args.host
+    console.print(f"dashboard for study [bold]{study}[/] ({url}): http://{shown}:{args.port}  (Ctrl-C stops it)",
+                  highlight=False)
+    if not is_loopback(args.host):
+        console.print(f"[yellow]note[/]: listening on {args.host}: anyone who can reach port {args.port} can read "
+                      f"this study (the dashboard has no login)", highlight=False)
+    proc = subprocess.Popen(streamlit_argv(args.host, args.port), env=env)
+
+    def on_term(signum, frame):  # `kill PID` of tune stops the server too
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def export_command(args: argparse.Namespace, console) -> int:
+    from dashboard.data import load_study
+    from dashboard.export import ExportOptions, FILE_NAMES, export, select_trial
+
+    options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
+                            namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas)
+    study = load_study(_storage(args.storage), args.study)
+    trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick)
+    text = export(study, trial, args.fmt, options)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    out = args.output / FILE_NAMES[args.fmt] if args.output.is_dir() else args.output
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    console.print(f"wrote {out} (study {study.name}, trial {trial.number}, {args.fmt})", highlight=False)
+    return 0

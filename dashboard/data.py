@@ -1,0 +1,569 @@
+"""Data shaping for the dashboard and exports: plain functions over a study's storage, no Streamlit.
+
+The dashboard only reads: the Optuna study (objectives, directions, SLOs, per-trial state and
+constraints) and tracetune's result tables (config, summary, every request record, engine counters,
+quality, failure reason and log tail). Everything a page shows is computed here so it can be tested
+without a browser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from engine_adapter.errors import InputError
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+LATENCY_STATS = ("mean", "p50", "p90", "p99")
+# Every metric a trial can be plotted, filtered or picked by, and which way is better. The names are
+# the tuner's objective names (tuner.study.OBJECTIVES) so `--objectives` and `--pick` agree.
+METRICS: dict[str, str] = {
+    **{f"{m}_{s}": "minimize" for m in LATENCY_METRICS for s in LATENCY_STATS},
+    "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize", "quality_loss": "minimize",
+    "error_rate": "minimize", "prefix_cache_hit_rate": "maximize", "spec_acceptance_rate": "maximize",
+}
+# Categories of a trial in the Pareto view, in drawing order.
+CATEGORIES = ("pareto", "dominated", "infeasible", "failed", "running")
+# How an engine log shows its platform (the study does not record it yet): vLLM's KV-cache lines
+# ("CPU KV cache size", "GPU KV cache usage") and its start-up line "detected platform cpu".
+_PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache (?:size|usage)|detected platform (cpu|cuda)\b")
+
+
+def metric_label(name: str) -> tuple[str, float]:
+    """Axis label and the factor that turns the stored value (SI units) into the shown one."""
+    if name.split("_")[0] in LATENCY_METRICS and name.split("_")[-1] in LATENCY_STATS:
+        return f"{name} (ms)", 1000.0
+    return {
+        "output_tps": ("output_tps (tokens/s)", 1.0), "request_tps": ("request_tps (req/s)", 1.0),
+        "goodput": ("goodput (req/s meeting SLOs)", 1.0), "quality_loss": ("quality_loss (nats/token vs reference)", 1.0),
+        "error_rate": ("error_rate", 1.0), "prefix_cache_hit_rate": ("prefix-cache hit rate", 1.0),
+        "spec_acceptance_rate": ("speculative acceptance rate", 1.0),
+    }.get(name, (name, 1.0))
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def metric_value(name: str, summary: dict | None, quality: dict | None, engine: dict | None = None) -> float:
+    """One metric of a measured run from its stored summary/quality/engine dicts (NaN when absent)."""
+    summary = summary or {}
+    engine = engine if engine is not None else (summary.get("engine") or {})
+    head, _, stat = name.partition("_")
+    if head in LATENCY_METRICS and stat in LATENCY_STATS:
+        try:
+            return _num(summary["latency_s"][head][stat]["value"])
+        except (KeyError, TypeError):
+            return math.nan
+    if name == "quality_loss":
+        try:
+            return _num(quality["nll_delta_per_token"]["value"])
+        except (KeyError, TypeError):
+            return math.nan
+    key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}
+    if name in key:
+        entry = summary.get(key[name])  # goodput is None when the study has no SLOs
+        return _num(entry["value"]) if isinstance(entry, dict) else math.nan
+    if name == "error_rate":
+        return _num(summary.get("error_rate"))
+    if name == "prefix_cache_hit_rate":
+        return _num(engine.get("prefix_cache_hit_rate"))
+    if name == "spec_acceptance_rate":
+        return _num(engine.get("spec_decode_acceptance_rate"))
+    raise InputError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
+
+
+def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """Settings where `config` differs from the reference (speculation flattened; the model path
+    shown by its directory name)."""
+    from tuner.study import config_diff as study_diff
+
+    diff = study_diff(config, reference)
+    if "model" in diff:
+        diff["model"] = Path(str(diff["model"])).name
+    return diff
+
+
+def diff_text(diff: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in diff.items()) or "(same as reference)"
+
+
+@dataclasses.dataclass
+class TrialView:
+    """One trial as the dashboard sees it."""
+
+    number: int
+    state: str                      # optuna state: COMPLETE, FAIL, RUNNING, ...
+    status: str                     # measured | rejected | engine_failed | failed | interrupted | running
+    objective_values: dict[str, float]
+    constraints: list[float]
+    feasible: bool
+    params: dict[str, Any]          # search-space values
+    config: dict[str, Any] | None   # VLLMConfig dump
+    diff: dict[str, Any]
+    summary: dict[str, Any] | None = None
+    quality: dict[str, Any] | None = None
+    engine: dict[str, Any] | None = None
+    requests_jsonl: str | None = None
+    failure_reason: str | None = None
+    log_tail: str | None = None
+    startup_s: float | None = None
+    wall_s: float | None = None
+    on_front: bool = False
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "measured" and self.summary is not None
+
+    @property
+    def category(self) -> str:
+        if self.status == "running":
+            return "running"
+        if not self.measured or self.state != "COMPLETE":
+            return "failed"
+        if not self.feasible:
+            return "infeasible"
+        return "pareto" if self.on_front else "dominated"
+
+    def metric(self, name: str) -> float:
+        if name in self.objective_values and not math.isnan(self.objective_values[name]):
+            return self.objective_values[name]
+        if not self.measured:
+            return math.nan
+        return metric_value(name, self.summary, self.quality, self.engine)
+
+
+@dataclasses.dataclass
+class StudyView:
+    name: str
+    storage: str
+    objectives: list[str]
+    directions: list[str]
+    slos: list[str]
+    max_quality_loss: float | None
+    trials: list[TrialView]
+    reference: dict[str, Any] | None    # {"config", "summary"}
+    platform: str                       # the platform the study measured on (cpu | cuda | unknown)
+
+    def trial(self, number: int) -> TrialView:
+        for t in self.trials:
+            if t.number == number:
+                return t
+        raise InputError(f"study {self.name!r} has no trial {number}; trials: "
+                         f"{[t.number for t in self.trials]}")
+
+    @property
+    def front(self) -> list[TrialView]:
+        return [t for t in self.trials if t.category == "pareto"]
+
+    @property
+    def running(self) -> bool:
+        return any(t.status == "running" for t in self.trials)
+
+    def reference_metric(self, name: str) -> float:
+        """The reference run's value of a metric (its quality loss is 0 by definition)."""
+        if not self.reference or not self.reference.get("summary"):
+            return math.nan
+        if name == "quality_loss":
+            return 0.0
+        return metric_value(name, self.reference["summary"], None)
+
+
+# -- Pareto logic --------------------------------------------------------------------------------
+def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
+    """Whether point `a` is at least as good as `b` everywhere and better somewhere."""
+    better = False
+    for x, y, d in zip(a, b, directions):
+        if d == "maximize":
+            x, y = -x, -y
+        if x > y:
+            return False
+        if x < y:
+            better = True
+    return better
+
+
+def pareto_mask(points: Sequence[Sequence[float]], directions: Sequence[str]) -> list[bool]:
+    """True for the points no other point dominates (points with a NaN are never on the front)."""
+    valid = [not any(math.isnan(v) for v in p) for p in points]
+    out = []
+    for i, p in enumerate(points):
+        if not valid[i]:
+            out.append(False)
+            continue
+        out.append(not any(valid[j] and dominates(q, p, directions) for j, q in enumerate(points) if j != i))
+    return out
+
+
+def front_on(trials: Sequence[TrialView], metrics: Sequence[str]) -> list[TrialView]:
+    """Feasible measured trials on the Pareto front of the given metrics (e.g. the two plotted)."""
+    candidates = [t for t in trials if t.category in ("pareto", "dominated")]
+    directions = [METRICS[m] for m in metrics]
+    mask = pareto_mask([[t.metric(m) for m in metrics] for t in candidates], directions)
+    return [t for t, on in zip(candidates, mask) if on]
+
+
+def front_line(trials: Sequence[TrialView], x: str, y: str) -> tuple[list[float], list[float]]:
+    """The 2-D front as a staircase through its points, sorted along x (for drawing)."""
+    pts = sorted((t.metric(x), t.metric(y)) for t in front_on(trials, [x, y]))
+    xs, ys = [], []
+    for i, (px, py) in enumerate(pts):
+        if i:
+            # step: keep the previous y until the next x (the front is a staircase, not a diagonal)
+            xs.append(px)
+            ys.append(ys[-1])
+        xs.append(px)
+        ys.append(py)
+    return xs, ys
+
+
+# -- thresholds ----------------------------------------------------------------------------------
+def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
+    """Lines to draw per metric: SLOs (`ttft:p99<500ms` -> ttft_p99 at 0.5 s) and the quality gate."""
+    from replay.metrics import parse_slos
+
+    out: dict[str, list[tuple[str, float]]] = {}
+    for spec in study.slos:
+        for slo in parse_slos(spec, flag="study SLO"):
+            out.setdefault(f"{slo.metric}_{slo.stat}", []).append((f"SLO {slo}", slo.threshold_s))
+    if study.max_quality_loss is not None:
+        out.setdefault("quality_loss", []).append((f"quality gate {study.max_quality_loss:g}", study.max_quality_loss))
+    return out
+
+
+# -- conditions (table filters and --pick) ------------------------------------------------------
+_COND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|==|!=|<|>)\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(ms|s|us)?\s*$")
+_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, None: 1.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    metric: str
+    op: str
+    value: float
+
+    def holds(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        return {"<": value < self.value, "<=": value <= self.value, ">": value > self.value,
+                ">=": value >= self.value, "==": value == self.value, "!=": value != self.value}[self.op]
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_conditions(text: str | None, *, what: str = "filter") -> list[Condition]:
+    """`ttft_p99<0.5 and output_tps>=15` (latencies in seconds, or with a unit: `ttft_p99<500ms`)."""
+    if not text or not text.strip():
+        return []
+    out = []
+    for part in re.split(r"\s+and\s+|\s*,\s*|\s*&&?\s*", text.strip()):
+        if not part:
+            continue
+        m = _COND.match(part)
+        if not m:
+            raise InputError(f"{what}: cannot read {part!r}; write METRIC OP NUMBER, e.g. 'ttft_p99<0.5' or "
+                             f"'ttft_p99<500ms and output_tps>20' (OP: < <= > >= == !=)")
+        metric, op, number, unit = m.groups()
+        if metric not in METRICS:
+            raise InputError(f"{what}: unknown metric {metric!r} in {part!r}; choose from {sorted(METRICS)}")
+        if unit and metric.split("_")[0] not in LATENCY_METRICS:
+            raise InputError(f"{what}: {metric} is not a latency, so {part!r} cannot carry a time unit")
+        out.append(Condition(metric, op, float(number) * _UNITS[unit]))
+    return out
+
+
+def filter_trials(trials: Iterable[TrialView], conditions: Sequence[Condition], *,
+                  categories: Sequence[str] | None = None) -> list[TrialView]:
+    """Trials meeting every condition (a trial without a value for a metric does not meet it)."""
+    out = []
+    for t in trials:
+        if categories is not None and t.category not in categories:
+            continue
+        if all(c.holds(t.metric(c.metric)) for c in conditions):
+            out.append(t)
+    return out
+
+
+# -- tables --------------------------------------------------------------------------------------
+def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> list[dict[str, Any]]:
+    """One row per trial: number, category, status, each objective, throughput/latency extras,
+    the difference from the reference, and the failure reason."""
+    rows = []
+    for t in (study.trials if trials is None else trials):
+        row: dict[str, Any] = {"trial": t.number, "category": t.category, "status": t.status}
+        for name in study.objectives:
+            row[name] = t.metric(name)
+        for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate"):
+            if extra not in row:
+                row[extra] = t.metric(extra)
+        row["differs from reference"] = (diff_text(t.diff) if t.config else
+                                         "sampled: " + ", ".join(f"{k}={v}" for k, v in t.params.items()))
+        row["startup_s"] = t.startup_s
+        row["failure"] = (t.failure_reason or "")[:200]
+        rows.append(row)
+    return rows
+
+
+def sort_for_table(trials: Iterable[TrialView]) -> list[TrialView]:
+    """Front first, then dominated, infeasible, failed and running; by trial number within each."""
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    return sorted(trials, key=lambda t: (order[t.category], t.number))
+
+
+def display_url(url: str) -> str:
+    """A storage URL with its password masked, for showing."""
+    try:
+        from tuner.storage import display_url as hide
+    except ImportError:  # older storage module
+        return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url)
+    return hide(url)
+
+
+def display_value(name: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        _, factor = metric_label(name)
+        if factor == 1000.0:
+            return f"{value * 1000:.0f} ms"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def flat_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """A config dump with speculation flattened, for side-by-side display."""
+    if not config:
+        return {}
+    out = {k: v for k, v in config.items() if k not in ("speculative", "env", "extra_args")}
+    spec = config.get("speculative") or {}
+    for k, v in spec.items():
+        out[f"speculative.{k}"] = v
+    out["extra_args"] = " ".join(config.get("extra_args") or []) or None
+    out["env"] = ", ".join(sorted(config.get("env") or {})) or None
+    return out
+
+
+def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]]:
+    """Side-by-side rows: status, every metric, then every config field, with whether they differ."""
+    rows = [{"field": "status", "a": a.status, "b": b.status, "differs": a.status != b.status}]
+    for name in [*study.objectives, *(m for m in METRICS if m not in study.objectives)]:
+        va, vb = a.metric(name), b.metric(name)
+        if math.isnan(va) and math.isnan(vb):
+            continue
+        rows.append({"field": name, "a": display_value(name, va), "b": display_value(name, vb),
+                     "differs": display_value(name, va) != display_value(name, vb)})
+    ca, cb = flat_config(a.config), flat_config(b.config)
+    for key in list(dict.fromkeys([*ca, *cb])):
+        va, vb = ca.get(key), cb.get(key)
+        rows.append({"field": f"config.{key}", "a": "-" if va is None else str(va), "b": "-" if vb is None else str(vb),
+                     "differs": va != vb})
+    return rows
+
+
+# -- per-request data (drill-down) --------------------------------------------------------------
+def request_records(trial: TrialView) -> list[dict[str, Any]]:
+    if not trial.requests_jsonl:
+        return []
+    return [json.loads(line) for line in trial.requests_jsonl.splitlines() if line.strip()]
+
+
+def cdf(values: Iterable[float | None]) -> tuple[list[float], list[float]]:
+    """Empirical CDF: sorted values and the fraction of values <= each."""
+    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    n = len(xs)
+    return xs, [(i + 1) / n for i in range(n)]
+
+
+def latency_cdfs(records: Sequence[dict[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+    """TTFT, ITL (pooled gaps) and E2E CDFs of the successful requests, in seconds."""
+    ok = [r for r in records if r.get("success")]
+    return {
+        "ttft": cdf(r.get("ttft_s") for r in ok),
+        "itl": cdf(g for r in ok for g in (r.get("itl_s") or [])),
+        "e2e": cdf(r.get("e2e_s") for r in ok),
+    }
+
+
+def timeline(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per request: send time since replay start, TTFT and E2E latency, success, error."""
+    return [{"index": r.get("index"), "send_s": r.get("send_s"), "ttft_s": r.get("ttft_s"), "e2e_s": r.get("e2e_s"),
+             "lag_s": r.get("lag_s"), "success": bool(r.get("success")), "output_tokens": r.get("output_tokens"),
+             "error": r.get("error") or ""} for r in sorted(records, key=lambda r: r.get("send_s") or 0.0)]
+
+
+def engine_counters(trial: TrialView) -> dict[str, float | None]:
+    """The engine's own counters over the measured phase, with the two rates people look at."""
+    engine = trial.engine or (trial.summary or {}).get("engine") or {}
+
+    def get(key: str) -> float | None:
+        value = engine.get(key)
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+    return {
+        "prefix_cache_hit_rate": get("prefix_cache_hit_rate"),
+        "prefix_cache_hits": get("prefix_cache_hits"), "prefix_cache_queries": get("prefix_cache_queries"),
+        "spec_decode_acceptance_rate": get("spec_decode_acceptance_rate"),
+        "spec_decode_accepted_tokens": get("spec_decode_accepted_tokens"),
+        "spec_decode_draft_tokens": get("spec_decode_draft_tokens"),
+        "preemptions": get("preemptions"),
+        "prompt_tokens": get("prompt_tokens"), "generation_tokens": get("generation_tokens"),
+    }
+
+
+# -- loading -------------------------------------------------------------------------------------
+def default_storage(root: Path | None = None) -> str | None:
+    """The study database of the most recent `tune --trace` run under ./runs (None when none)."""
+    root = Path.cwd() if root is None else root
+    dbs = sorted((root / "runs").glob("*/study.db"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return f"sqlite:///{dbs[0].resolve()}" if dbs else None
+
+
+def check_storage(url: str) -> None:
+    """Refuse a SQLite URL whose file does not exist (opening it would create an empty database)."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):].split("?", 1)[0]
+        if path and path != ":memory:" and not Path(path).is_file():
+            raise InputError(f"--storage {url}: no such database file {path!r}; run `tune --trace FILE` first "
+                             f"(it writes runs/STUDY/study.db) or give the URL of an existing study database")
+
+
+def _normalize(url: str) -> str:
+    try:
+        from tuner.storage import normalize_url
+    except ImportError:  # older storage module
+        return url
+    return normalize_url(url)
+
+
+def _optuna_storage(url: str):
+    """A plain RDBStorage (no heartbeat: the dashboard never touches a trial's state)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = _normalize(url)
+    kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def study_names(url: str) -> list[str]:
+    import optuna
+
+    check_storage(url)
+    summaries = optuna.get_all_study_summaries(storage=_optuna_storage(url), include_best_trial=False)
+    return sorted(s.study_name for s in summaries)
+
+
+def resolve_study(url: str, name: str | None) -> str:
+    names = study_names(url)
+    if not names:
+        raise InputError(f"--storage {url} holds no study yet; run `tune --trace FILE --storage {url}` first")
+    if name is None:
+        if len(names) > 1:
+            raise InputError(f"--storage {url} holds several studies {names}; choose one with --study NAME")
+        return names[0]
+    if name not in names:
+        raise InputError(f"--study {name!r} is not in {url}; studies there: {names}")
+    return name
+
+
+def _platform_of(study_attrs: dict, rows: Iterable[dict]) -> str:
+    if study_attrs.get("platform"):
+        return str(study_attrs["platform"])
+    for row in rows:
+        m = _PLATFORM_LINE.search(row.get("log_tail") or "")
+        if m:
+            return {"CPU": "cpu", "GPU": "cuda"}[m.group(1)] if m.group(1) else m.group(2)
+    return "unknown"
+
+
+def load_study(url: str, name: str | None = None) -> StudyView:
+    """Everything the dashboard shows about one study, read from its storage (never written)."""
+    import optuna
+
+    name = resolve_study(url, name)
+    storage = _optuna_storage(url)
+    study = optuna.load_study(study_name=name, storage=storage)
+    rows, reference = _read_results(storage.engine, name)
+    ref_config = reference["config"] if reference else {}
+    attrs = study.user_attrs
+    directions = [d.name.lower() for d in study.directions]
+    objectives = list(attrs.get("objectives") or [f"objective_{i}" for i in range(len(directions))])
+    trials = []
+    for ft in study.get_trials(deepcopy=False):
+        row = rows.get(ft.number, {})
+        ua = ft.user_attrs
+        state = ft.state.name
+        status = ua.get("status") or row.get("status")
+        if state == "RUNNING" or state == "WAITING":
+            status = "running"
+        elif status is None:
+            status = "interrupted"
+        # Trials without a measurement may be COMPLETE with penalty values for the sampler: never show those.
+        values = dict(zip(objectives, ft.values)) if ft.values and state == "COMPLETE" and status == "measured" else {}
+        config = row.get("config") or ua.get("config")
+        reason = row.get("failure_reason") or ua.get("failure_reason")
+        if status == "interrupted" and not reason:
+            reason = "interrupted: the tuner stopped during this trial (it is run again on resume)"
+        constraints = list(ua.get("constraints") or [])
+        trials.append(TrialView(
+            number=ft.number, state=state, status=status, objective_values=values, constraints=constraints,
+            feasible=bool(ua.get("feasible", all(c <= 0 for c in constraints))), params=dict(ua.get("values") or ft.params),
+            config=config, diff=config_diff(config, ref_config) if config and ref_config else {},
+            summary=row.get("summary"), quality=row.get("quality"), engine=row.get("engine"),
+            requests_jsonl=row.get("requests_jsonl"), failure_reason=reason,
+            log_tail=row.get("log_tail") or ua.get("log_tail"), startup_s=row.get("startup_s"), wall_s=row.get("wall_s")))
+    view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,
+                     slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),
+                     trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
+                     platform=_platform_of(attrs, rows.values()))
+    mark_front(view)
+    return view
+
+
+def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
+    """tracetune's rows for a study, read with plain SELECTs (tuner.storage's ResultStore would
+    create missing tables: the dashboard never writes)."""
+    from sqlalchemy import inspect, select
+
+    from tuner.storage import references, trial_results
+
+    def decoded(row: Any, fields: Iterable[str]) -> dict[str, Any]:
+        item = dict(row)
+        for field in fields:
+            raw = item.pop(f"{field}_json", None)
+            item[field] = json.loads(raw) if raw else None
+        return item
+
+    tables = set(inspect(engine).get_table_names())
+    rows: dict[int, dict[str, Any]] = {}
+    reference = None
+    with engine.connect() as conn:
+        if trial_results.name in tables:
+            query = select(trial_results).where(trial_results.c.study_name == name)
+            for row in conn.execute(query).mappings():
+                item = decoded(row, ("values", "config", "summary", "quality", "engine"))
+                rows[item["trial_number"]] = item
+        if references.name in tables:
+            row = conn.execute(select(references).where(references.c.study_name == name)).mappings().first()
+            if row is not None:
+                reference = decoded(row, ("config", "probe", "summary"))
+    return rows, reference
+
+
+def mark_front(study: StudyView) -> None:
+    """Set `on_front` for feasible measured trials on the study's own Pareto front."""
+    candidates = [t for t in study.trials if t.measured and t.state == "COMPLETE" and t.feasible]
+    points = [[t.objective_values.get(o, math.nan) for o in study.objectives] for t in candidates]
+    for t in study.trials:
+        t.on_front = False
+    for t, on in zip(candidates, pareto_mask(points, study.directions)):
+        t.on_front = on

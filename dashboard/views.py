@@ -1,0 +1,334 @@
+"""The dashboard's pages. Thin: every number and figure comes from dashboard.data / charts / export."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import time
+
+import streamlit as st
+
+from dashboard import charts, data
+from dashboard.cli import ENV_STORAGE, ENV_STUDY
+from dashboard.export import FILE_NAMES, FORMATS, ExportOptions, best_rule, export, parse_pick, pick_trial
+from engine_adapter.errors import TuneError
+
+PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
+LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def _load(url: str, name: str) -> data.StudyView:
+    return data.load_study(url, name)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _studies(url: str) -> list[str]:
+    return data.study_names(url)
+
+
+def _trial_label(study: data.StudyView, number: int) -> str:
+    t = study.trial(number)
+    return f"trial {t.number} · {t.category}" + (f" · {data.diff_text(t.diff)}" if t.diff else "")
+
+
+def _pick_trial(study: data.StudyView, label: str, options: list[int], default: int | None, key: str) -> int | None:
+    if not options:
+        return None
+    index = options.index(default) if default in options else 0
+    return st.selectbox(label, options, index=index, key=key, format_func=lambda n: _trial_label(study, n))
+
+
+def _default_trial(study: data.StudyView) -> int | None:
+    try:
+        return pick_trial(study, best_rule(study)).number
+    except TuneError:  # nothing on the front yet
+        pass
+    measured = [t for t in study.trials if t.measured]
+    return measured[0].number if measured else (study.trials[0].number if study.trials else None)
+
+
+# -- pages ---------------------------------------------------------------------------------------
+def page_pareto(study: data.StudyView) -> None:
+    metrics = list(data.METRICS)
+    objectives = study.objectives
+    c1, c2, c3, c4 = st.columns([3, 3, 1, 3])
+    def index(position: int, fallback: str) -> int:
+        name = objectives[position] if len(objectives) > position else fallback
+        return metrics.index(name) if name in metrics else metrics.index(fallback)
+
+    x = c1.selectbox("x axis", metrics, index=index(0, "ttft_p99"), key="pareto_x")
+    y = c2.selectbox("y axis", metrics, index=index(1, "output_tps"), key="pareto_y")
+    three_d = c3.toggle("3-D", value=False, key="pareto_3d")
+    z = None
+    if three_d:
+        z = c4.selectbox("z axis", metrics, index=index(2, "quality_loss"), key="pareto_z")
+    fig = charts.pareto_figure(study, x, y, z)
+    if z:
+        st.plotly_chart(fig, key="pareto_chart_3d")
+    else:
+        event = st.plotly_chart(fig, key="pareto_chart", on_select="rerun", selection_mode=("points",))
+        numbers = [p.get("customdata") for p in ((event or {}).get("selection") or {}).get("points", [])]
+        numbers = [int(n[0] if isinstance(n, list) else n) for n in numbers if n is not None and n != []]
+        if numbers:
+            chosen = study.trial(numbers[0])
+            st.session_state["detail_default"] = chosen.number
+            st.info(f"Selected trial {chosen.number} ({chosen.category}): {data.diff_text(chosen.diff)}. "
+                    f"Trial detail and Export now open on it.")
+    counts = {c: sum(1 for t in study.trials if t.category == c) for c in data.CATEGORIES}
+    st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, non-dominated) · "
+               f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
+               f"{counts['failed']} failed or rejected (no measurements, listed below) · {counts['running']} running. "
+               "Hover a point for its config" + ("." if three_d else "; click it to open it in Trial detail and Export; "
+                                                  "the dotted line is the front on the two axes shown."))
+    failed = [t for t in study.trials if t.category in ("failed", "running")]
+    if failed:
+        with st.expander(f"Failed, rejected and running trials ({len(failed)}) — not on the chart"):
+            st.dataframe([{"trial": t.number, "status": t.status, "reason": (t.failure_reason or "")[:300],
+                           "sampled": ", ".join(f"{k}={v}" for k, v in t.params.items())} for t in failed],
+                         hide_index=True, key="failed_table")
+
+
+def _table_frame(study: data.StudyView, rows: list[dict]):
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    renames = {}
+    for col in frame.columns:
+        label, factor = data.metric_label(col)
+        if col in data.METRICS and factor != 1.0:
+            frame[col] = frame[col] * factor
+            renames[col] = label
+    return frame.rename(columns=renames)
+
+
+def page_trials(study: data.StudyView) -> None:
+    c1, c2 = st.columns([3, 2])
+    text = c1.text_input("Constraints", key="trials_filter", placeholder="e.g. ttft_p99<500ms and output_tps>20",
+                         help="METRIC OP NUMBER joined by 'and'; latencies in seconds or with ms/s. "
+                              "Trials without a value for a metric are left out.")
+    categories = c2.multiselect("Show", list(data.CATEGORIES), default=list(data.CATEGORIES), key="trials_categories")
+    try:
+        conditions = data.parse_conditions(text, what="constraints")
+    except TuneError as exc:
+        st.error(str(exc))
+        conditions = []
+    trials = data.filter_trials(study.trials, conditions, categories=categories)
+    if conditions:
+        st.caption(f"{len(trials)} of {len(study.trials)} trials meet " + " and ".join(map(str, conditions)))
+    frame = _table_frame(study, data.trial_table(study, data.sort_for_table(trials)))
+    config = {"differs from reference": st.column_config.TextColumn(width="large"),
+              "failure": st.column_config.TextColumn(width="medium"),
+              "startup_s": st.column_config.NumberColumn("engine start (s)", format="%.0f")}
+    for col in frame.columns:
+        if col.endswith("(ms)"):
+            config[col] = st.column_config.NumberColumn(col, format="%.0f")
+        elif col in ("output_tps", "request_tps", "goodput"):
+            config[col] = st.column_config.NumberColumn(col, format="%.2f")
+        elif col in ("quality_loss",):
+            config[col] = st.column_config.NumberColumn(col, format="%+.4f")
+        elif col == "error_rate":
+            config[col] = st.column_config.NumberColumn(col, format="percent")
+    st.dataframe(frame, hide_index=True, key="trials_table", column_config=config,
+                 height=min(35 * (len(frame) + 1) + 3, 740))
+    if study.reference and study.reference.get("summary"):
+        ref = ", ".join(f"{o} {data.display_value(o, study.reference_metric(o))}" for o in study.objectives)
+        st.caption(f"Reference (unquantized weights, auto KV cache, no speculation): {ref}. "
+                   f"Click a column header to sort.")
+
+
+def _metric_delta(study: data.StudyView, trial: data.TrialView, name: str) -> str | None:
+    ref = study.reference_metric(name)
+    value = trial.metric(name)
+    if math.isnan(ref) or math.isnan(value):
+        return None
+    _, factor = data.metric_label(name)
+    if factor == 1000.0:
+        return f"{(value - ref) * 1000:+.0f} ms vs reference"
+    return f"{value - ref:+.3g} vs reference"
+
+
+def page_detail(study: data.StudyView) -> None:
+    numbers = [t.number for t in study.trials]
+    default = st.session_state.get("detail_default", _default_trial(study))
+    number = _pick_trial(study, "Trial", numbers, default, key="detail_trial")
+    if number is None:
+        st.info("no trials yet")
+        return
+    t = study.trial(number)
+    st.subheader(f"Trial {t.number} — {t.status}" + (f" ({t.category})" if t.measured else ""))
+    if t.measured:
+        cols = st.columns(len(study.objectives) + 2)
+        for col, name in zip(cols, study.objectives):
+            col.metric(name, data.display_value(name, t.metric(name)), _metric_delta(study, t, name),
+                       delta_color="off")
+        cols[-2].metric("engine start", f"{t.startup_s:.0f} s" if t.startup_s else "-")
+        cols[-1].metric("trial wall time", f"{t.wall_s:.0f} s" if t.wall_s else "-")
+    else:
+        st.error(t.failure_reason or "no reason stored")
+    st.markdown("**Differs from the reference:** " + (data.diff_text(t.diff) if t.config else
+                                                       ", ".join(f"{k}={v}" for k, v in t.params.items())))
+    if t.measured:
+        c1, c2, c3 = st.columns(3)
+        for col, metric in zip((c1, c2, c3), ("ttft", "itl", "e2e")):
+            col.plotly_chart(charts.cdf_figure([t], metric), key=f"detail_cdf_{metric}")
+        st.plotly_chart(charts.timeline_figure(t), key="detail_timeline")
+        left, right = st.columns(2)
+        with left:
+            st.markdown("**Engine counters** (measured phase)")
+            counters = data.engine_counters(t)
+            k1, k2, k3 = st.columns(3)
+            rate = counters["prefix_cache_hit_rate"]
+            k1.metric("prefix-cache hit rate", "-" if rate is None else f"{rate:.1%}",
+                      help=f"hits {counters['prefix_cache_hits']} of {counters['prefix_cache_queries']} queried tokens")
+            acc = counters["spec_decode_acceptance_rate"]
+            k2.metric("speculative acceptance", "-" if acc is None else f"{acc:.1%}",
+                      help=f"accepted {counters['spec_decode_accepted_tokens']} of {counters['spec_decode_draft_tokens']} "
+                           f"draft tokens")
+            k3.metric("preemptions", "-" if counters["preemptions"] is None else f"{counters['preemptions']:.0f}")
+        with right:
+            st.markdown("**Quality vs the reference**")
+            q = t.quality or {}
+            nll = q.get("nll_delta_per_token") or {}
+            agree = q.get("greedy_agreement") or {}
+            k1, k2, k3 = st.columns(3)
+            k1.metric("NLL increase / token", "-" if not nll else f"{nll['value']:+.4f}",
+                      help=f"95% CI [{nll.get('ci_low', math.nan):+.4f}, {nll.get('ci_high', math.nan):+.4f}]"
+                      if nll else None)
+            k2.metric("greedy agreement", "-" if not agree else f"{agree['value']:.1%}")
+            k3.metric("exact match", "-" if q.get("exact_match") is None else f"{q['exact_match']:.1%}")
+            if q.get("accuracy") is not None:
+                st.caption(f"accuracy on labelled prompts: {q['accuracy']:.1%}")
+            st.caption(f"{q.get('n_prompts', '?')} probe prompts")
+    with st.expander("Full engine config", expanded=False):
+        st.json(t.config or t.params)
+    if t.log_tail:
+        with st.expander("Engine log tail", expanded=not t.measured):
+            st.code(t.log_tail[-6000:], language=None)
+
+
+def page_compare(study: data.StudyView) -> None:
+    measured = [t.number for t in study.trials if t.config]
+    if len(measured) < 1:
+        st.info("no trial with a config yet")
+        return
+    front = [t.number for t in study.front]
+    c1, c2 = st.columns(2)
+    a = _pick_trial(study, "Trial A", measured, front[0] if front else measured[0], key="compare_a")
+    others = [n for n in measured if n != a] or measured
+    b = _pick_trial(study, "Trial B", others, (front[1] if len(front) > 1 else others[0]), key="compare_b")
+    ta, tb = study.trial(a), study.trial(b)
+    rows = data.compare(study, ta, tb)
+    only_diff = st.toggle("only differences", value=False, key="compare_only_diff")
+    shown = [r for r in rows if r["differs"] or not only_diff]
+    st.dataframe([{"": ("≠" if r["differs"] else ""), "field": r["field"], f"trial {a}": r["a"], f"trial {b}": r["b"]}
+                  for r in shown], hide_index=True, key="compare_table", height=min(38 * (len(shown) + 1), 700))
+    both = [t for t in (ta, tb) if t.measured]
+    if both:
+        c1, c2, c3 = st.columns(3)
+        for col, metric in zip((c1, c2, c3), ("ttft", "itl", "e2e")):
+            col.plotly_chart(charts.cdf_figure(both, metric), key=f"compare_cdf_{metric}")
+
+
+def page_export(study: data.StudyView) -> None:
+    measured = [t.number for t in study.trials if t.measured]
+    if not measured:
+        st.info("no measured trial to export yet")
+        return
+    c1, c2 = st.columns([2, 3])
+    how = c1.radio("Choose the trial", ["by number", "by rule (--pick)"], horizontal=True, key="export_how")
+    trial = None
+    cli_choice = ""
+    if how == "by number":
+        number = _pick_trial(study, "Trial", measured, st.session_state.get("detail_default", _default_trial(study)),
+                             key="export_trial")
+        trial = study.trial(number)
+        cli_choice = f"--trial {number}"
+    else:
+        rule_text = c2.text_input("Rule", value=str(best_rule(study)), key="export_rule",
+                                  help="max:METRIC or min:METRIC, then optionally 'where' conditions, "
+                                       "e.g. max:output_tps where ttft_p99<500ms")
+        try:
+            trial = pick_trial(study, parse_pick(rule_text))
+            st.success(f"rule picks trial {trial.number}: {data.diff_text(trial.diff)}")
+            cli_choice = f"--pick {shlex.quote(rule_text)}"
+        except TuneError as exc:
+            st.error(str(exc))
+            return
+    fmt = st.radio("Format", list(FORMATS), horizontal=True, key="export_format")
+    with st.expander("Deployment settings"):
+        d1, d2, d3, d4 = st.columns(4)
+        image = d1.text_input("image", value="", placeholder="vllm/vllm-openai:v<measured vLLM>", key="export_image")
+        port = d2.number_input("port", value=8000, min_value=1, max_value=65535, key="export_port")
+        gpus = d3.number_input("GPUs", value=1, min_value=0, max_value=64, key="export_gpus")
+        pvc = d4.text_input("models PVC (k8s/helm)", value="models", key="export_pvc")
+    try:
+        options = ExportOptions(image=image or None, port=int(port), gpus=int(gpus), models_pvc=pvc or "models")
+        text = export(study, trial, fmt, options)
+    except TuneError as exc:
+        st.error(str(exc))
+        return
+    st.download_button(f"Download {FILE_NAMES[fmt]}", data=text, file_name=FILE_NAMES[fmt],
+                       mime="application/json" if fmt == "json" else "text/plain", key="export_download",
+                       type="primary", icon=":material/download:")
+    st.code(text, language=LANG[fmt], wrap_lines=True, height=min(24 * (text.count("\n") + 2), 640))
+    extra = "".join(f" --{k} {shlex.quote(str(v))}" for k, v in
+                    (("image", image), ("port", port if port != 8000 else ""), ("gpus", gpus if gpus != 1 else ""),
+                     ("models-pvc", pvc if pvc != "models" else "")) if v != "")
+    st.caption("The same from the command line: `tune export --storage "
+               f"{shlex.quote(data.display_url(study.storage))} --study {shlex.quote(study.name)} {cli_choice} --format {fmt}{extra}`")
+
+
+RENDER = {"Pareto": page_pareto, "Trials": page_trials, "Trial detail": page_detail, "Compare": page_compare,
+          "Export": page_export}
+
+
+# -- the app -------------------------------------------------------------------------------------
+def main() -> None:
+    st.set_page_config(page_title="tracetune", page_icon="📈", layout="wide")
+    with st.sidebar:
+        st.title("tracetune")
+        given = os.environ.get(ENV_STORAGE) or data.default_storage() or ""
+        shown = data.display_url(given) if given else ""
+        typed = st.text_input("Storage", value=shown, key="storage",
+                              help="the study database (SQLAlchemy URL); the dashboard only reads it")
+        # The password of a database URL is never shown; the masked text stands for the given URL.
+        url = given if typed == shown else typed
+        if not url:
+            st.warning("No study database: run `tune --trace FILE` first, or enter a storage URL.")
+            return
+        try:
+            names = _studies(url)
+        except (TuneError, Exception) as exc:  # a bad URL is the user's input: say so, do not crash
+            st.error(f"cannot read {data.display_url(url)}: {data.display_url(str(exc))}")
+            return
+        if not names:
+            st.warning("This storage holds no study yet.")
+            return
+        wanted = os.environ.get(ENV_STUDY)
+        name = st.selectbox("Study", names, index=names.index(wanted) if wanted in names else 0, key="study")
+        page = st.radio("Page", PAGES, key="page")
+    study = _load(url, name)
+    with st.sidebar:
+        live = st.toggle("Live refresh", value=study.running, key="live",
+                         help="re-read the study every few seconds while it is running")
+        every = st.select_slider("every (s)", [2, 5, 10, 30], value=5, key="live_every") if live else None
+        st.caption(f"objectives: {', '.join(f'{o} ({d[:3]})' for o, d in zip(study.objectives, study.directions))}")
+        if study.slos or study.max_quality_loss is not None:
+            st.caption("constraints: " + ", ".join(study.slos + ([f"quality_loss<={study.max_quality_loss}"]
+                                                                 if study.max_quality_loss is not None else [])))
+        st.caption(f"measured on: {study.platform}")
+
+    def body() -> None:
+        current = _load(url, name)
+        measured = sum(1 for t in current.trials if t.measured)
+        st.header(f"{page} · study {current.name}")
+        st.caption(f"{len(current.trials)} trials, {measured} measured, {len(current.front)} on the front"
+                   + (" · running" if current.running else "") + f" · read {time.strftime('%H:%M:%S')}")
+        RENDER[page](current)
+
+    if live:
+        st.fragment(body, run_every=every)()
+    else:
+        body()

