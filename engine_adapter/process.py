@@ -50,12 +50,20 @@ _WRAPPERS = ("see root cause above", "see stack trace", "initialization failed",
              "encountered an issue", "workerproc initialization failed")
 
 
+# argparse's last words: "api_server.py: error: unrecognized arguments: --frobnicate"
+_USAGE_LINE = re.compile(r"^\S+\.py: error: (.+)$")
+
+
 def root_cause(log_text: str) -> str | None:
     """The first error line in an engine log that is not a wrapper around another one."""
     for line in log_text.splitlines():
         m = _ERROR_LINE.search(line.strip())
         if m and not any(w in m.group(2).lower() for w in _WRAPPERS):
             return f"{m.group(1)}: {m.group(2)}"[:500]
+    for line in log_text.splitlines():
+        m = _USAGE_LINE.match(line.strip())
+        if m:
+            return f"the engine refused its arguments: {m.group(1)}"[:500]
     return None
 
 

@@ -17,6 +17,8 @@ examples:
   tune --trace traffic.jsonl --space my_space.yaml --slo "ttft:p99<500ms,tpot:p50<50ms" --max-quality-loss 0.05
   tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40
   tune --trace traffic.jsonl --study nightly          # run again: resumes the study, does not start over
+  # several workers (any hosts) on one study: same --study and --storage, one engine each
+  tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40 --engine-port 8100
 """
 
 
@@ -47,6 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, metavar="F", help="multiply inter-arrival times by F")
     p.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests per trial")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured warm-up requests per trial")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="a request not finished after S seconds counts as failed (default 600)")
+    p.add_argument("--heartbeat", type=int, default=30, metavar="S",
+                   help="liveness mark in the study database every S seconds; a worker silent for 2*S is "
+                        "considered dead and its trial is re-run (default 30)")
+    p.add_argument("--engine-port", type=int, metavar="N",
+                   help="port for this worker's engines (default: a free port)")
+    p.add_argument("--api-key-env", metavar="NAME",
+                   help="start engines that require the API key in environment variable NAME and send it "
+                        "with every request (the key is never stored)")
     p.add_argument("--try", dest="try_first", action="append", default=[], metavar="JSON",
                    help="search-space values to try first, e.g. '{\"max_num_seqs\": 32}' (repeatable; "
                         "unset parameters are sampled)")
@@ -77,6 +89,20 @@ def main(argv: list[str], console) -> int:
                          "search; measure it with `tune replay --trace FILE --endpoint URL`")
     if args.trials < 1:
         raise InputError(f"--trials must be >= 1, got {args.trials}")
+    if args.heartbeat < 1:
+        raise InputError(f"--heartbeat must be >= 1 second, got {args.heartbeat}")
+    if not args.request_timeout > 0:
+        raise InputError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    import os
+
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise InputError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
+        # vLLM reads its key from VLLM_API_KEY: through the environment it never appears in the
+        # server's command line, the engine config or the study database.
+        os.environ["VLLM_API_KEY"] = api_key
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -88,6 +114,7 @@ def main(argv: list[str], console) -> int:
     from replay.runner import ReplayOptions
     from replay.trace import load_trace
     from search_spaces.space import DEFAULT_SPACE, load_space
+    from tuner.storage import display_url, secret_values
     from tuner.study import StudySettings, Tuner, config_diff, pareto_trials, parse_objectives
 
     slos = parse_slos(args.slo)
@@ -113,13 +140,28 @@ def main(argv: list[str], console) -> int:
     base_config = engine_config_from_args(args, model_dir)
     base = {k: v for k, v in base_config.model_dump(exclude_defaults=True).items()
             if k not in ("model", "speculative")}
+    if api_key is None:
+        # A key passed straight to vLLM (--engine-arg=--api-key=...) is needed by our requests too.
+        extra = list(base_config.extra_args)
+        for i, arg in enumerate(extra):
+            if arg == "--api-key" and i + 1 < len(extra):
+                api_key = extra[i + 1]
+            elif arg.startswith("--api-key="):
+                api_key = arg.split("=", 1)[1]
     replay_options = ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests,
-                                   warmup_requests=args.warmup)
+                                   warmup_requests=args.warmup, request_timeout_s=args.request_timeout)
+    # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the
+    # storage URL, the environment tracetune runs in) are scrubbed from everything stored.
+    secrets = secret_values(env=base_config.env, process_env=dict(os.environ), args=base_config.extra_args,
+                            urls=[storage],
+                            extra=[api_key] if api_key else [])
     settings = StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
                              slos=slos, max_quality_loss=args.max_quality_loss, sampler=args.sampler,
                              seed=args.seed, replay=replay_options, probe_prompts=args.probe_prompts,
                              probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout,
-                             timeout_s=args.timeout, enqueue=enqueue)
+                             timeout_s=args.timeout, enqueue=enqueue, heartbeat_s=args.heartbeat,
+                             engine_port=args.engine_port, secrets=secrets, api_key=api_key)
+    shown_storage = display_url(storage)
     synthesizer = None
     if any(r.input_length is not None for r in trace.records):
         from transformers import AutoTokenizer
@@ -139,7 +181,7 @@ def main(argv: list[str], console) -> int:
     def report(event: str, **f: Any) -> None:
         nonlocal replay_task
         if event == "study":
-            console.print(f"study [bold]{f['name']}[/] · storage {storage} · platform {platform.value} · "
+            console.print(f"study [bold]{f['name']}[/] · storage {shown_storage} · platform {platform.value} · "
                           f"{f['done']} trials done, {f['remaining']} to run")
         elif event == "reference_start":
             console.print("[bold]reference[/] (unquantized, auto KV cache, no speculation): measuring")
@@ -164,7 +206,16 @@ def main(argv: list[str], console) -> int:
             console.print(f"  trial {f['number']}: {obj} · {feas} · {f['wall_s']:.0f}s "
                           f"(engine start {f['startup_s']:.0f}s)")
         elif event == "trial_failed":
-            console.print(f"  trial {f['number']}: [red]{f['status']}[/] · {f['reason'][:300]}", highlight=False)
+            console.print(f"  trial {f['number']}: [red]{f['status']}[/] (infeasible) · {f['reason'][:300]}",
+                          highlight=False)
+        elif event == "duplicate":
+            console.print(f"  trial {f['number']}: same configuration as trial {f['original']}: result reused, "
+                          f"no engine started")
+        elif event == "waiting":
+            who = f" (worker {f['owner']})" if f.get("owner") else ""
+            console.print(f"  waiting for {f['what']}{who}: another worker is measuring it")
+        elif event == "recovered":
+            console.print(f"  trials {f['trials']} belonged to a worker that is gone: marked failed and queued again")
         if event in ("trial_done", "trial_failed") and replay_task is not None:
             progress.remove_task(replay_task)
             replay_task = None
@@ -183,6 +234,13 @@ def main(argv: list[str], console) -> int:
     unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
     if unknown:
         raise InputError(f"--try names {unknown}, which are not parameters of the search space {space.name!r}")
+    for params in enqueue:
+        for name, value in params.items():
+            choices = space.parameters[name].choices
+            if choices is not None and value not in choices:
+                why = never.get(name, {}).get(value)
+                raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}"
+                                 + (f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"))
 
     def make_checkpoint(scheme: str) -> Path:
         from engine_adapter.quantize import quantized_checkpoint
@@ -191,13 +249,23 @@ def main(argv: list[str], console) -> int:
     tuner = Tuner(settings, trace=trace, space=space, model_dir=model_dir, platform=platform, run_dir=run_dir,
                   base=base, make_checkpoint=make_checkpoint, synthesizer=synthesizer, report=report,
                   on_replay_progress=on_replay_progress)
+    import signal
+
+    def on_sigterm(signum, frame):
+        # SIGTERM (a scheduler, `kill`) stops as cleanly as Ctrl-C: engines stopped, trial re-queued.
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         with progress:
             study = tuner.run()
     except KeyboardInterrupt:
-        console.print(f"\n[bold]interrupted[/]: every engine was stopped; completed trials are saved in {storage}. "
-                      f"Resume with the same command (study {study_name!r}).")
+        console.print(f"\n[bold]interrupted[/]: every engine was stopped; completed trials are saved in "
+                      f"{shown_storage}. Resume with the same command (study {study_name!r}); the interrupted "
+                      f"trial runs again.", highlight=False)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
     reference = tuner.store.reference(study_name)
     ref_config = reference["config"] if reference else {}
@@ -222,7 +290,8 @@ def main(argv: list[str], console) -> int:
         rows.append({"trial": t.number, "values": dict(zip(objectives, t.values)), "config": res.get("config"),
                      "differs_from_reference": diff, "summary": summary, "quality": quality})
     console.print(table)
-    failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed")]
+    failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed")
+              or (t.user_attrs.get("status") == "measured" and t.user_attrs.get("failure_reason"))]
     by_reason: dict[tuple[str, str], list[int]] = {}
     for t in failed:
         key = (t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:160])

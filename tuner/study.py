@@ -2,16 +2,25 @@
 
 Each trial samples a config from the search space, starts the engine, replays the trace, probes
 quality against the reference, stops the engine, and reports the objectives. Configs that cannot
-run are data: rejected (before any engine starts) and crashed/timed-out engines end as FAIL
-trials with the reason and log tail stored; SLO and quality-gate violations are constraints the
-sampler sees (`constraints_func`). Everything measured goes to the study's SQL database.
+run are data: rejected (before any engine starts) and crashed/timed-out engines end as
+*infeasible* trials with the reason and log tail stored (see `Tuner._infeasible` for why they are
+not FAIL); SLO and quality-gate violations are constraints the sampler sees (`constraints_func`).
+Everything measured goes to the study's SQL database.
+
+Reliability: the study lives in an Optuna `RDBStorage` with a heartbeat, so a trial whose worker
+was killed (SIGKILL included) is failed and retried with the same parameters
+(`RetryHeartbeatStaleTrialCallback`). Several workers may share one study: the reference and
+every configuration are claimed through a database row (`ResultStore.claim`), so nothing is
+measured twice; a worker that draws a configuration already measured reuses that result.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -25,7 +34,7 @@ from replay.trace import Trace
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
 from tuner.quality import QualityResult, Reference, measure_candidate, measure_reference, probe_prompts
-from tuner.storage import ResultStore
+from tuner.storage import Redactor, ResultStore, normalize_url, owner_is_dead, worker_id
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
 _METRIC_STAT = {f"{m}_{s}": (m, s) for m in ("ttft", "tpot", "itl", "e2e") for s in STATS}
@@ -49,42 +58,83 @@ def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
     return names
 
 
-def objective_value(name: str, summary: Summary, quality: QualityResult | None) -> float:
+def objective_value(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> float:
+    """One objective from a trial's summary and quality (objects, or their stored `as_dict()`)."""
+    s = summary.as_dict() if isinstance(summary, Summary) else summary
+    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
     if name in _METRIC_STAT:
         metric, stat = _METRIC_STAT[name]
-        return summary.latency[metric][stat].value
+        return s["latency_s"][metric][stat]["value"]
     if name == "output_tps":
-        return summary.output_throughput_tps.value
+        return s["output_throughput_tps"]["value"]
     if name == "request_tps":
-        return summary.request_throughput_rps.value
+        return s["request_throughput_rps"]["value"]
     if name == "goodput":
-        return summary.goodput_rps.value if summary.goodput_rps else 0.0
+        return s["goodput_rps"]["value"] if s.get("goodput_rps") else 0.0
     if name == "quality_loss":
-        return quality.nll_delta_per_token.value if quality else math.nan
+        return q["nll_delta_per_token"]["value"] if q else math.nan
     raise KeyError(name)
 
 
-def constraint_values(summary: Summary, quality: QualityResult | None, slos: list[SLO],
+def constraint_values(summary: Summary | dict, quality: QualityResult | dict | None, slos: list[SLO],
                       max_quality_loss: float | None) -> list[float]:
     """<= 0 means satisfied (Optuna's convention): one per SLO, one for the quality gate."""
+    s = summary.as_dict() if isinstance(summary, Summary) else summary
+    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
     out = []
     for slo in slos:
-        value = summary.latency[slo.metric][slo.stat].value if slo.stat in STATS else math.nan
+        value = s["latency_s"][slo.metric][slo.stat]["value"] if slo.stat in STATS else math.nan
         out.append(value - slo.threshold_s if not math.isnan(value) else math.inf)
     if max_quality_loss is not None:
-        loss = quality.nll_delta_per_token.value if quality else math.inf
+        loss = q["nll_delta_per_token"]["value"] if q else math.inf
         out.append(loss - max_quality_loss)
     return out
 
 
-def _constraints_func(trial: Any) -> list[float]:
-    return trial.user_attrs.get("constraints", [])
+# Violation given to a trial whose engine could not serve: every constraint at once. (A finite
+# number: GPSampler fits a model to constraint values, and inf would break it.)
+FAILED_VIOLATION = 1.0
 
 
-def make_sampler(name: str, seed: int | None, use_constraints: bool):
+def constraint_names(slos: list[SLO], max_quality_loss: float | None) -> list[str]:
+    """The constraints every trial reports to the sampler, in order: the share of requests that
+    failed (1.0 when the engine could not start, crashed or timed out, or the config was
+    rejected), then one per SLO, then the quality gate."""
+    return ["failed_requests"] + [f"slo {s}" for s in slos] + (["quality_gate"] if max_quality_loss is not None else [])
+
+
+def sampler_constraints(trial: Any, n_constraints: int) -> list[float]:
+    """The constraint values stored on a finished trial (<= 0 feasible)."""
+    stored = trial.user_attrs.get("sampler_constraints")
+    if stored is not None:
+        return list(stored)
+    user = list(trial.user_attrs.get("constraints", []))  # a measured trial from an older tracetune
+    return ([0.0] + user + [FAILED_VIOLATION] * n_constraints)[:n_constraints]
+
+
+def _has_set_constraint() -> bool:
     import optuna
 
-    kwargs = {"constraints_func": _constraints_func} if use_constraints else {}
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def set_constraints(trial: Any, names: list[str], values: list[float]) -> None:
+    """Record a trial's constraints where its sampler reads them: `Trial.set_constraint` on
+    Optuna >= 5 (`constraints_func` is deprecated there), a user attribute that the
+    `constraints_func` of `make_sampler` returns on Optuna 4."""
+    trial.set_user_attr("sampler_constraints", list(values))
+    if _has_set_constraint():
+        for name, value in zip(names, values):
+            trial.set_constraint(name, value)
+
+
+def make_sampler(name: str, seed: int | None, n_constraints: int = 1):
+    """An Optuna sampler that sees every trial's constraints, so infeasible trials (failed
+    engines, failed requests, violated SLOs) steer the search away instead of being dropped."""
+    import optuna
+
+    kwargs = {} if _has_set_constraint() else {
+        "constraints_func": lambda trial: sampler_constraints(trial, n_constraints)}
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=8, **kwargs)
     if name == "tpe":
@@ -112,6 +162,86 @@ class StudySettings:
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
     enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # A worker refreshes its running trial's (and claim's) heartbeat every `heartbeat_s`; one silent
+    # for 2 x heartbeat_s is considered dead: its trial is failed and retried, its claim taken over.
+    heartbeat_s: int = 30
+    engine_port: int | None = None  # fixed port for this worker's engines (default: a free one)
+    secrets: list[str] = dataclasses.field(default_factory=list, repr=False)  # never stored
+    api_key: str | None = dataclasses.field(default=None, repr=False)  # sent to our own engines
+
+    @property
+    def grace_s(self) -> int:
+        return 2 * self.heartbeat_s
+
+    @property
+    def n_user_constraints(self) -> int:
+        return len(self.slos) + (self.max_quality_loss is not None)
+
+    @property
+    def constraint_names(self) -> list[str]:
+        return constraint_names(self.slos, self.max_quality_loss)
+
+
+def make_storage(url: str, heartbeat_s: int):
+    """Optuna's RDBStorage with the heartbeat on: a RUNNING trial whose worker stops beating for
+    2 x `heartbeat_s` is failed and re-queued (WAITING, same parameters) up to twice."""
+    import warnings
+
+    import optuna
+
+    url = normalize_url(url)
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("sqlite"):
+        engine_kwargs = {"connect_args": {"timeout": 60}}
+    import random
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(6):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2))
+        except SQLAlchemyError:
+            # Workers starting together on a new database race to create Optuna's tables; the
+            # loser sees "already exists" and simply connects again.
+            if attempt == 5:
+                raise
+            time.sleep(0.2 + random.random())
+
+
+def config_key(config_json: dict[str, Any]) -> str:
+    """Identity of a configuration across workers and hosts: the engine config without the
+    worker's own environment (CPU binding, visible GPUs) and with the model named by its
+    directory (checkpoint caches live in different places on different hosts)."""
+    ident = {k: v for k, v in config_json.items() if k != "env"}
+    ident["model"] = Path(str(config_json.get("model", ""))).name
+    return "config:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
+
+
+class _Beat:
+    """Refreshes a claim's heartbeat from a thread while the owner measures."""
+
+    def __init__(self, store: ResultStore, study_name: str, key: str, owner: str, every_s: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(store, study_name, key, owner, every_s), daemon=True)
+
+    def _run(self, store, study_name, key, owner, every_s) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                store.touch_claim(study_name, key, owner)
+            except Exception:  # a database blip: the next beat tries again
+                pass
+
+    def __enter__(self) -> _Beat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def _healthy(server: VLLMServer) -> bool:
@@ -122,7 +252,10 @@ def _healthy(server: VLLMServer) -> bool:
 
 
 class TrialFailed(Exception):
-    """Raised inside the objective so Optuna records the trial as FAIL (and the study goes on)."""
+    """An objective that cannot report values (kept for callers; failures are infeasible trials)."""
+
+
+COUNTED = ("measured", "engine_failed", "failed")  # statuses that count toward --trials
 
 
 Reporter = Callable[..., None]
@@ -145,54 +278,107 @@ class Tuner:
         self.make_checkpoint = make_checkpoint
         self.report = report
         self.on_replay_progress = on_replay_progress
-        self.store = ResultStore(settings.storage_url)
+        self.redact = Redactor(settings.secrets + ([settings.api_key] if settings.api_key else []))
+        self.store = ResultStore(settings.storage_url, redact=self.redact)
         self.requests = prepare(trace, settings.replay, synthesizer)
         self.reference: Reference | None = None
         self.reference_config: VLLMConfig | None = None
+        self.reference_values: list[float] | None = None
+        self.worker = worker_id()
+        self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
     # -- one engine run: start, replay, probe, stop ------------------------------------------
     def _measure(self, config: VLLMConfig, label: str, *, with_quality: bool) -> dict[str, Any]:
-        server = VLLMServer(self.run_dir / label, platform=self.platform)
+        server = VLLMServer(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
         out: dict[str, Any] = {}
+        phase = "start"
         try:
             self.report("engine_starting", label=label)
             out["startup_s"] = server.launch(config, self.s.start_timeout_s)
+            if self.headers:
+                server.endpoint = dataclasses.replace(server.endpoint, headers=self.headers)
             self.report("engine_ready", label=label, startup_s=out["startup_s"])
+            phase = "replay"
             server.reset_prefix_cache()
             result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
-                            engine=server, on_progress=self.on_replay_progress)
+                            engine=server, headers=self.headers or None, on_progress=self.on_replay_progress)
             out["summary"] = summarize(result, self.s.slos)
             out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
-            if server.process.exit_code() is not None or not _healthy(server):
-                raise EngineError("the engine crashed during the replay", exit_code=server.process.exit_code(),
-                                  log_tail=server.process.log_tail())
+            self._check_alive(server, phase)
             if out["summary"].succeeded == 0:
                 raise EngineError(f"every request failed, e.g. {out['summary'].error_examples[:1]}",
                                   log_tail=server.process.log_tail())
             if with_quality:
+                phase = "quality probe"
                 self.report("quality", label=label)
                 if self.reference is None:
                     prompts = probe_prompts(self.trace, self.s.probe_prompts)
                     self.reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
                     out["reference"] = self.reference
                 out["quality"] = measure_candidate(server.endpoint, self.reference)
+        except EngineError as exc:
+            if phase != "start":
+                self._check_alive(server, phase, cause=exc)
+            raise
         finally:
             out["log_tail"] = server.process.log_tail() if server.process else ""
             server.stop()
         return out
 
+    @staticmethod
+    def _check_alive(server: VLLMServer, phase: str, cause: Exception | None = None) -> None:
+        """Name a dead engine as the reason (an error seen by the client is only its symptom)."""
+        code = server.process.exit_code()
+        if code is not None or not _healthy(server):
+            why = f" (the client saw: {str(cause).splitlines()[0][:300]})" if cause else ""
+            raise EngineError(f"the engine crashed during the {phase}" + (f", exit code {code}" if code is not None
+                                                                           else ", /health no longer answers") + why,
+                              exit_code=code, log_tail=server.process.log_tail()) from cause
+
+    def _claim_or_wait(self, key: str, trial_number: int, what: str) -> dict[str, Any] | None:
+        """None once this worker owns `key`; the finished claim row when another worker (or an
+        earlier trial) has measured it. Waits while a live worker is still measuring it."""
+        announced = False
+        while True:
+            holder = self.store.claim(self.s.study_name, key, owner=self.worker, trial_number=trial_number,
+                                      stale_after_s=self.s.grace_s)
+            if holder is None or holder["state"] == "done":
+                return holder
+            if not announced:
+                self.report("waiting", what=what, owner=holder["owner"], trial=holder["trial_number"])
+                announced = True
+            time.sleep(min(2.0, self.s.heartbeat_s / 2))
+
     def ensure_reference(self) -> None:
-        """Measure the unquantized reference once per study (reused on resume)."""
+        """Measure the unquantized reference once per study (reused on resume, and by every other
+        worker: the first one claims it, the others wait for its row)."""
         self.reference_config = reference_config(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
         stored = self.store.reference(self.s.study_name)
+        if stored is None:
+            holder = self._claim_or_wait("reference", -1, "the reference")
+            stored = self.store.reference(self.s.study_name)
+            if stored is None and holder is not None:
+                raise TuneError("the reference claim is marked done but no reference is stored; "
+                                "delete the study's tracetune_claims row 'reference' and run again")
         if stored is not None:
             self.reference = Reference.from_json(stored["probe"])
+            if stored.get("summary"):
+                self.reference_values = [objective_value(n, stored["summary"], None) if n != "quality_loss" else 0.0
+                                         for n in self.s.objectives]
             self.report("reference_reused")
             return
         self.report("reference_start", config=self.reference_config)
-        measured = self._measure(self.reference_config, "reference", with_quality=True)
+        try:
+            with _Beat(self.store, self.s.study_name, "reference", self.worker, self.s.heartbeat_s):
+                measured = self._measure(self.reference_config, "reference", with_quality=True)
+        except BaseException:
+            self.store.release_claim(self.s.study_name, "reference", self.worker)
+            raise
         self.store.save_reference(self.s.study_name, config=json.loads(self.reference_config.model_dump_json()),
                                   probe=self.reference.to_json(), summary=measured["summary"].as_dict())
+        self.store.finish_claim(self.s.study_name, "reference", self.worker, -1)
+        self.reference_values = [objective_value(n, measured["summary"], None) if n != "quality_loss" else 0.0
+                                 for n in self.s.objectives]
         self.report("reference_done", summary=measured["summary"], quality=measured["quality"])
 
     # -- the Optuna objective ------------------------------------------------------------------
@@ -200,53 +386,144 @@ class Tuner:
         t0 = time.perf_counter()
         values = self.space.sample(trial)
         trial.set_user_attr("values", values)
+        trial.set_user_attr("worker", self.worker)
         try:
             config = to_engine_config(values, fixed=self.space.fixed, platform=self.platform,
                                       model_dir=self.model_dir, quantized_checkpoints=self.space.quantized_checkpoints,
                                       make_checkpoint=self.make_checkpoint, base=self.base)
         except Rejected as exc:
-            return self._fail(trial, "rejected", f"rejected before start: {exc}", values=values, t0=t0)
+            return self._infeasible(trial, "rejected", f"rejected before start: {exc}", values=values, t0=t0)
         except TuneError as exc:  # e.g. the quantized checkpoint could not be made
-            return self._fail(trial, "failed", f"could not prepare this config: {exc}", values=values, t0=t0)
-        config_json = json.loads(config.model_dump_json())
+            return self._infeasible(trial, "failed", f"could not prepare this config: {exc}", values=values, t0=t0)
+        config_json = self.redact(json.loads(config.model_dump_json()))
         trial.set_user_attr("config", config_json)
+        key = config_key(config_json)
+        holder = self._claim_or_wait(key, trial.number, f"trial {trial.number}'s configuration")
+        if holder is not None:
+            return self._reuse(trial, holder["trial_number"], values=values, config=config_json, t0=t0)
+        try:
+            with _Beat(self.store, self.s.study_name, key, self.worker, self.s.heartbeat_s):
+                result = self._measured(trial, config, config_json, values, t0)
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM) or a bug: the configuration is free for the next worker.
+            self.store.release_claim(self.s.study_name, key, self.worker)
+            raise
+        self.store.finish_claim(self.s.study_name, key, self.worker, trial.number)
+        return result
+
+    def _measured(self, trial: Any, config: VLLMConfig, config_json: dict, values: dict, t0: float) -> list[float]:
         self.report("trial_start", number=trial.number, values=values, config=config)
         try:
             measured = self._measure(config, f"trial-{trial.number:04d}", with_quality=True)
         except EngineError as exc:
-            return self._fail(trial, "engine_failed", exc.reason, values=values, config=config_json,
-                              log_tail=exc.log_tail, t0=t0)
+            return self._infeasible(trial, "engine_failed", exc.reason, values=values, config=config_json,
+                                    log_tail=exc.log_tail, t0=t0)
         summary: Summary = measured["summary"]
         quality: QualityResult = measured["quality"]
         objectives = [objective_value(name, summary, quality) for name in self.s.objectives]
         constraints = constraint_values(summary, quality, self.s.slos, self.s.max_quality_loss)
-        trial.set_user_attr("constraints", constraints)
-        trial.set_user_attr("feasible", all(c <= 0 for c in constraints))
-        trial.set_user_attr("status", "measured")
         wall = time.perf_counter() - t0
         self.store.save_trial(self.s.study_name, trial.number, "measured", values=values, config=config_json,
                               summary=summary.as_dict(), quality=quality.as_dict(), engine=summary.engine,
                               requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
                               startup_s=measured["startup_s"], wall_s=wall)
+        if any(math.isnan(v) for v in objectives):
+            return self._infeasible(trial, "failed", "an objective could not be measured (NaN)", values=values,
+                                    config=config_json, t0=t0, saved=True)
+        self._set_measured(trial, objectives, constraints, summary.error_rate, summary.error_examples)
         self.report("trial_done", number=trial.number, objectives=dict(zip(self.s.objectives, objectives)),
                     constraints=constraints, summary=summary, quality=quality, wall_s=wall,
                     startup_s=measured["startup_s"])
-        if any(math.isnan(v) for v in objectives):
-            return self._fail(trial, "failed", "an objective could not be measured (NaN)", values=values,
-                              config=config_json, t0=t0, saved=True)
         return objectives
 
-    def _fail(self, trial: Any, status: str, reason: str, *, values: dict, config: dict | None = None,
-              log_tail: str = "", t0: float, saved: bool = False) -> list[float]:
+    def _set_measured(self, trial: Any, objectives: list[float], constraints: list[float], error_rate: float,
+                      error_examples: list[str]) -> None:
+        trial.set_user_attr("constraints", constraints)
+        set_constraints(trial, self.s.constraint_names, [error_rate] + constraints)
+        trial.set_user_attr("feasible", error_rate == 0 and all(c <= 0 for c in constraints))
+        trial.set_user_attr("status", "measured")
+        if error_rate > 0:
+            # Failed requests (e.g. timed out) make the measurement biased toward the survivors:
+            # kept, but infeasible, with the reason.
+            trial.set_user_attr("failure_reason", self.redact(
+                f"{error_rate:.0%} of requests failed, e.g. {error_examples[:1]}"))
+
+    def _reuse(self, trial: Any, original: int, *, values: dict, config: dict, t0: float) -> list[float]:
+        """This configuration was already measured (by this or another worker): report the same
+        result to the sampler without starting an engine. Not counted toward --trials."""
+        rows = self.store.trials(self.s.study_name, original)
+        row = rows[0] if rows else None
+        note = f"same configuration as trial {original}: its result is reused, nothing was measured again"
+        trial.set_user_attr("duplicate_of", original)
+        if row is None or row["status"] != "measured" or row["summary"] is None:
+            reason = (row or {}).get("failure_reason") or "no stored result"
+            return self._infeasible(trial, "duplicate", f"{note} ({(row or {}).get('status')}: {reason})"[:2000],
+                                    values=values, config=config, t0=t0)
+        summary, quality = row["summary"], row["quality"]
+        objectives = [objective_value(name, summary, quality) for name in self.s.objectives]
+        if any(math.isnan(v) for v in objectives):
+            return self._infeasible(trial, "duplicate", f"{note} (an objective was NaN)", values=values,
+                                    config=config, t0=t0)
+        constraints = constraint_values(summary, quality, self.s.slos, self.s.max_quality_loss)
+        self._set_measured(trial, objectives, constraints, summary.get("error_rate", 0.0),
+                           summary.get("error_examples", []))
+        trial.set_user_attr("status", "duplicate")
+        trial.set_user_attr("feasible", False)  # the original is the one on the front
+        self.store.save_trial(self.s.study_name, trial.number, "duplicate", values=values, config=config,
+                              failure_reason=note, wall_s=time.perf_counter() - t0)
+        self.report("duplicate", number=trial.number, original=original)
+        return objectives
+
+    def penalty_values(self, study: Any) -> list[float]:
+        """Objective values reported for a trial that produced no measurement: the worst value
+        measured so far in the study (reference included) for each minimised objective, 0 for
+        maximised ones (an engine that does not serve delivers no throughput)."""
+        import optuna
+
+        measured = [t.values for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                    if t.user_attrs.get("status") == "measured" and t.values]
+        if self.reference_values:
+            measured.append(self.reference_values)
+        out = []
+        for i, name in enumerate(self.s.objectives):
+            if OBJECTIVES[name] == "maximize":
+                out.append(0.0)
+            else:
+                seen = [v[i] for v in measured if i < len(v) and math.isfinite(v[i])]
+                out.append(max(seen + [0.0]))
+        return out
+
+    def _infeasible(self, trial: Any, status: str, reason: str, *, values: dict, config: dict | None = None,
+                    log_tail: str = "", t0: float, saved: bool = False) -> list[float]:
+        """End a trial that produced no usable measurement (rejected config, engine failed to
+        start / crashed / timed out, every request failed, duplicate of such a trial).
+
+        Why not an Optuna FAIL: NSGA-II, TPE and GP drop FAIL trials, so the sampler would keep
+        proposing configurations that cannot run. Instead the trial is COMPLETE with penalty
+        values (`penalty_values`: worst measured so far, zero throughput) and a positive value
+        for every constraint (`set_constraints`); NSGA-II ranks such a trial below every
+        feasible one, TPE puts it in its "bad" group, GP models its feasibility, so the search
+        moves away from it. The Pareto front only takes measured, feasible trials. The
+        tracetune status ("rejected", "engine_failed", "failed", "duplicate"), the reason and the
+        log tail stay in the trial's user attributes and in the results table.
+        """
+        reason = self.redact(reason)
         trial.set_user_attr("status", status)
         trial.set_user_attr("failure_reason", reason)
+        trial.set_user_attr("feasible", False)
+        trial.set_user_attr("constraints", [FAILED_VIOLATION] * self.s.n_user_constraints)
+        set_constraints(trial, self.s.constraint_names, [FAILED_VIOLATION] * (1 + self.s.n_user_constraints))
         if log_tail:
-            trial.set_user_attr("log_tail", log_tail[-4000:])
+            trial.set_user_attr("log_tail", self.redact(log_tail[-4000:]))
         if not saved:
             self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config,
                                   failure_reason=reason, log_tail=log_tail, wall_s=time.perf_counter() - t0)
-        self.report("trial_failed", number=trial.number, status=status, reason=reason)
-        raise TrialFailed(reason)
+        if status != "duplicate":
+            self.report("trial_failed", number=trial.number, status=status, reason=reason)
+        else:
+            self.report("duplicate", number=trial.number, original=trial.user_attrs.get("duplicate_of"),
+                        reason=reason)
+        return self.penalty_values(trial.study)
 
     # -- the study ---------------------------------------------------------------------------
     def run(self):
@@ -254,11 +531,11 @@ class Tuner:
 
         # Failed trials are reported by tracetune itself; optuna would add a traceback per trial.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        use_constraints = bool(self.s.slos) or self.s.max_quality_loss is not None
         directions = [OBJECTIVES[name] for name in self.s.objectives]
+        storage = make_storage(self.s.storage_url, self.s.heartbeat_s)
         study = optuna.create_study(
-            study_name=self.s.study_name, storage=self.s.storage_url, directions=directions,
-            sampler=make_sampler(self.s.sampler, self.s.seed, use_constraints), load_if_exists=True)
+            study_name=self.s.study_name, storage=storage, directions=directions,
+            sampler=make_sampler(self.s.sampler, self.s.seed, 1 + self.s.n_user_constraints), load_if_exists=True)
         if [d.name.lower() for d in study.directions] != directions:
             raise InputError(f"study {self.s.study_name!r} exists with objectives in other directions; "
                              f"use another --study name or the same --objectives")
@@ -270,40 +547,109 @@ class Tuner:
         elif stored != self.s.objectives:
             raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "
                              f"resume it with the same --objectives or pick a new --study")
-        # Rejected combinations cost no engine time and do not count toward --trials (capped, so a
-        # space the platform mostly cannot run still ends).
-        def counted() -> int:
-            # Interrupted trials (Ctrl-C, a killed tuner) have no status and are run again.
-            return sum(1 for t in study.trials
-                       if t.state.is_finished() and t.user_attrs.get("status") in ("measured", "engine_failed", "failed"))
-
-        def rejected() -> int:
-            return sum(1 for t in study.trials if t.user_attrs.get("status") == "rejected")
-
-        if not study.trials:
-            # Configurations the user asked to try first (e.g. today's production config).
-            for params in self.s.enqueue:
-                study.enqueue_trial(params, skip_if_exists=True)
-        self.report("study", name=self.s.study_name, done=counted(), remaining=max(self.s.trials - counted(), 0))
-        if counted() < self.s.trials:
+        # Configurations the user asked to try first (e.g. today's production config); ones the
+        # study already has are skipped, so a resumed or second worker does not add them again.
+        for params in self.s.enqueue:
+            study.enqueue_trial(params, skip_if_exists=True)
+        self.recover(study)
+        self.report("study", name=self.s.study_name, done=counted(study),
+                    remaining=max(self.s.trials - counted(study), 0))
+        if counted(study) < self.s.trials:
             self.ensure_reference()
         deadline = None if self.s.timeout_s is None else time.monotonic() + self.s.timeout_s
-        max_rejected = rejected() + 10 * self.s.trials
-        while counted() < self.s.trials and rejected() < max_rejected:
+        # Rejected and duplicate configurations cost no engine time and do not count toward
+        # --trials (capped, so a space the platform mostly cannot run still ends).
+        max_skipped = skipped(study) + 10 * self.s.trials
+        waiting_announced = False
+        while counted(study) < self.s.trials and skipped(study) < max_skipped:
             if deadline is not None and time.monotonic() > deadline:
                 self.report("timeout")
                 break
-            study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+            self.recover(study)
+            if counted(study) + running(study) >= self.s.trials:
+                # Other workers are measuring the last trials: wait for them (or for their
+                # heartbeat to go stale, which re-queues their trial for us).
+                if not waiting_announced:
+                    self.report("waiting", what="the last trials of other workers", owner="", trial=None)
+                    waiting_announced = True
+                time.sleep(min(2.0, self.s.heartbeat_s / 2))
+                continue
+            try:
+                study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+            except KeyboardInterrupt:
+                self._requeue_interrupted(study)
+                raise
         return study
+
+    def recover(self, study: Any) -> list[int]:
+        """Fail the RUNNING trials of dead workers and re-queue them (same parameters): workers on
+        this host whose process is gone at once, any other after its heartbeat's grace period.
+        Returns the numbers of the trials failed here."""
+        import optuna
+
+        TrialState = optuna.trial.TrialState
+        storage = study._storage
+        callback = storage.get_heartbeat_stale_trial_callback()
+        failed = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = t.user_attrs.get("worker")
+            if owner and owner != self.worker and owner_is_dead(owner):
+                try:
+                    if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                        failed.append(t.number)
+                        if callback is not None:
+                            callback(study, storage.get_trial(t._trial_id))
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    pass  # another worker got there first
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        if failed:
+            self.report("recovered", trials=failed)
+        return failed
+
+    def _requeue_interrupted(self, study: Any) -> None:
+        """A Ctrl-C'd (or SIGTERMed) trial is FAIL in Optuna: queue it again, with the same
+        parameters, so the next run measures it. Interruptions are not the configuration's
+        fault, so unlike dead workers' trials these are re-queued every time."""
+        import warnings
+
+        import optuna
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            requeue = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+            if t.user_attrs.get("worker") == self.worker and "status" not in t.user_attrs:
+                requeue(study, t)
+
+
+def counted(study: Any) -> int:
+    """Trials that count toward --trials: measured or failed with a reason. Interrupted trials
+    (Ctrl-C, a killed worker) have no status and are run again."""
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if t.state.is_finished() and t.user_attrs.get("status") in COUNTED)
+
+
+def skipped(study: Any) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") in ("rejected", "duplicate"))
+
+
+def running(study: Any) -> int:
+    import optuna
+
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
 def pareto_trials(study: Any) -> list[Any]:
-    """Feasible, completed trials on the Pareto front."""
+    """Measured, feasible trials on the Pareto front (infeasible trials never dominate them)."""
     try:
         front = study.best_trials
     except ValueError:
         return []
-    return [t for t in front if t.user_attrs.get("feasible", True)]
+    return [t for t in front if t.user_attrs.get("feasible", True) and t.user_attrs.get("status", "measured") == "measured"]
 
 
 def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:

@@ -98,3 +98,39 @@ def test_result_store_round_trip_on_sqlite(tmp_path):
     ref = Reference(items=[ProbeItem(prompt_ids=[1, 2], reference_ids=[3], reference_logprobs=[-0.5])])
     store.save_reference("s", config={"model": "/m"}, probe=ref.to_json(), summary=None)
     assert Reference.from_json(ResultStore(url).reference("s")["probe"]).items[0].reference_nll == 0.5
+
+
+def test_objective_and_constraint_values_from_stored_dicts_match_the_objects():
+    s, q = summary(ttft_p99=0.25, tps=321.0, goodput=2.5), quality(0.03)
+    for name in ("ttft_p99", "output_tps", "goodput", "quality_loss", "e2e_p50"):
+        assert objective_value(name, s.as_dict(), q.as_dict()) == objective_value(name, s, q)
+    slos = parse_slos("ttft:p99<300ms")
+    assert constraint_values(s.as_dict(), q.as_dict(), slos, 0.05) == constraint_values(s, q, slos, 0.05)
+
+
+def test_config_key_ignores_the_workers_own_environment_and_model_location():
+    from tuner.study import config_key
+
+    a = {"model": "/home/a/.cache/tracetune/models/ckpt-W8A8-1234", "max_num_seqs": 8,
+         "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}, "extra_args": []}
+    b = {**a, "model": "/srv/cache/models/ckpt-W8A8-1234", "env": {"CUDA_VISIBLE_DEVICES": "3"}}
+    assert config_key(a) == config_key(b)
+    assert config_key(a) != config_key({**a, "max_num_seqs": 16})
+    assert config_key(a) != config_key({**a, "extra_args": ["--seed=1"]})
+
+
+def test_secret_values_and_redaction():
+    from tuner.storage import Redactor, display_url, normalize_url, secret_values
+
+    found = secret_values(env={"HF_TOKEN": "hf_abcdef123", "VLLM_CPU_OMP_THREADS_BIND": "0-1"},
+                          process_env={"OPENAI_API_KEY": "sk-proc-secret", "SSH_AUTH_SOCK": "/tmp/x", "HOME": "/root",
+                                       "MONKEY": "not-a-secret"},
+                          args=["--api-key", "sk-arg-secret", "--hf-token=hf_flagtoken", "--seed", "123456"],
+                          urls=["postgresql://tuner:pw-db-secret@db:5432/tt"])
+    assert set(found) == {"hf_abcdef123", "sk-proc-secret", "sk-arg-secret", "hf_flagtoken", "pw-db-secret"}
+    redact = Redactor(found)
+    assert redact({"env": {"HF_TOKEN": "hf_abcdef123"}, "log": ["api_key=sk-arg-secret ok"]}) == \
+        {"env": {"HF_TOKEN": "***"}, "log": ["api_key=*** ok"]}
+    assert "pw-db-secret" not in display_url("postgresql://tuner:pw-db-secret@db:5432/tt")
+    assert normalize_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert normalize_url("postgresql://u@h/db").startswith("postgresql+psycop")

