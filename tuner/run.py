@@ -132,7 +132,6 @@ def main(argv: list[str], console) -> int:
     space = load_space(args.space or DEFAULT_SPACE)
     study_name = args.study or _default_study_name(args.trace)
     run_dir = args.run_dir or Path("runs") / study_name
-    run_dir.mkdir(parents=True, exist_ok=True)
     storage = args.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
     platform = detect_platform()
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
@@ -246,6 +245,7 @@ def main(argv: list[str], console) -> int:
         from engine_adapter.quantize import quantized_checkpoint
         return quantized_checkpoint(model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}"))
 
+    run_dir.mkdir(parents=True, exist_ok=True)  # only once every input has been checked
     tuner = Tuner(settings, trace=trace, space=space, model_dir=model_dir, platform=platform, run_dir=run_dir,
                   base=base, make_checkpoint=make_checkpoint, synthesizer=synthesizer, report=report,
                   on_replay_progress=on_replay_progress)
@@ -273,7 +273,7 @@ def main(argv: list[str], console) -> int:
     results = {r["trial_number"]: r for r in tuner.store.trials(study_name)}
     table = Table(title=f"Pareto front of study {study_name} ({len(front)} of {len(study.trials)} trials)")
     table.add_column("trial", justify="right")
-    table.add_column("differs from reference")
+    table.add_column("differs from reference", overflow="fold")
     for name in objectives:
         table.add_column(name, justify="right")
     rows = []

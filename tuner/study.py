@@ -526,6 +526,19 @@ class Tuner:
         return self.penalty_values(trial.study)
 
     # -- the study ---------------------------------------------------------------------------
+    def _check_space_matches(self, study: Any) -> None:
+        """Optuna cannot resume a study whose categorical choices changed (e.g. another --space, or
+        choices this platform cannot run removed on another kind of machine): say so up front."""
+        for name, before in _stored_choices(study).items():
+            param = self.space.parameters.get(name)
+            if param is None or param.choices is None:
+                continue
+            if tuple(param.choices) != before:
+                raise InputError(
+                    f"study {self.s.study_name!r} was created with {name} choices {list(before)}, this search space "
+                    f"has {list(param.choices)} (another --space, or choices this machine cannot run were removed). "
+                    f"Resume it with the same space on the same kind of machine, or start a new --study")
+
     def run(self):
         import optuna
 
@@ -544,9 +557,11 @@ class Tuner:
             study.set_user_attr("objectives", self.s.objectives)
             study.set_user_attr("slos", [str(s) for s in self.s.slos])
             study.set_user_attr("max_quality_loss", self.s.max_quality_loss)
+            study.set_user_attr("platform", self.platform.value)
         elif stored != self.s.objectives:
             raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "
                              f"resume it with the same --objectives or pick a new --study")
+        self._check_space_matches(study)
         # Configurations the user asked to try first (e.g. today's production config); ones the
         # study already has are skipped, so a resumed or second worker does not add them again.
         for params in self.s.enqueue:
@@ -641,6 +656,18 @@ def running(study: Any) -> int:
     import optuna
 
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+
+
+def _stored_choices(study: Any) -> dict[str, tuple]:
+    """Categorical choices each parameter had in the study's earlier trials."""
+    import optuna
+
+    out: dict[str, tuple] = {}
+    for t in study.get_trials(deepcopy=False):
+        for name, dist in t.distributions.items():
+            if isinstance(dist, optuna.distributions.CategoricalDistribution):
+                out.setdefault(name, tuple(dist.choices))
+    return out
 
 
 def pareto_trials(study: Any) -> list[Any]:
