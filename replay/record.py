@@ -529,6 +529,7 @@ class RecordingProxy:
             back_s = 0.0
             first = True
             client_gone = False
+            body_done = False  # every upstream byte was forwarded
             try:
                 await out.prepare(request)
                 async for chunk in upstream.content.iter_any():
@@ -542,10 +543,13 @@ class RecordingProxy:
                         back_s, first = self.clock() - got, False
                     if chunks is not None:
                         chunks.append(chunk)
+                body_done = not client_gone
                 if not client_gone:
                     await out.write_eof()
             except ConnectionResetError:
-                client_gone = True
+                # A client that hangs up once it has the whole body (e.g. right after `data: [DONE]`,
+                # before the chunked terminator) got a complete response: record it.
+                client_gone = not body_done
             except (aiohttp.ClientError, OSError):  # OSError includes TimeoutError
                 # The upstream broke mid-response. The client already has the status line, so the
                 # only honest signal left is a connection closed before the body's end.

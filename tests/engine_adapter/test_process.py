@@ -91,7 +91,10 @@ def test_group_dies_with_its_parent(tmp_path, sig):
         print(p.pid, flush=True)
         time.sleep(300)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a background job of a non-interactive shell inherits
+    # it ignored, and then SIGINT would not end the parent at all.
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pgid = int(parent.stdout.readline())
     assert group_alive(pgid)
     parent.send_signal(sig)

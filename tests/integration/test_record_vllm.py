@@ -51,7 +51,9 @@ def test_record_then_replay(server, tmp_path):
 
     seen, proxy = asyncio.run(record())
     assert all(s.success for s in seen), [s.error for s in seen]
-    assert proxy.recorded == 3 and proxy.errors == 0 and proxy.not_recordable == 0
+    counts = dict(recorded=proxy.recorded, errors=proxy.errors, not_recordable=proxy.not_recordable,
+                  interrupted=proxy.interrupted, outputs=[(s.output_tokens, s.text) for s in seen])
+    assert proxy.recorded == 3 and proxy.errors == 0 and proxy.not_recordable == 0, counts
 
     trace = load_trace(out)
     assert [r.kind for r in trace.records] == ["completion", "completion", "chat"]

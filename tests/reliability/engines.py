@@ -83,6 +83,13 @@ def engine_port(cmd: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default. A test run from a non-interactive
+    shell's background job inherits SIGINT ignored, and Python keeps it ignored, so Ctrl-C tests
+    would test nothing (measured: CI started with `nohup ... &` timed out on every SIGINT case)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Tune:
     """`tune --trace ...` in a subprocess, its output in a file."""
 
@@ -90,7 +97,8 @@ class Tune:
         self.log = log
         self._f = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", *args], cwd=ROOT, stdout=self._f,
-                                     stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200", **(env or {})})
+                                     stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200", **(env or {})},
+                                     preexec_fn=sigint_default)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
