@@ -78,7 +78,10 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
 
-    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    # The server gets SIGKILL if this guard dies, even by SIGKILL (nothing else would stop it then).
+    # No thread runs yet, so a preexec function is safe here.
+    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                              preexec_fn=lambda: _set_parent_death_signal(signal.SIGKILL))
 
     def watch_parent() -> None:
         # Blocks until the tuner closes its end of the pipe or dies.

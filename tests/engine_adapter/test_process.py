@@ -112,3 +112,26 @@ def test_root_cause_skips_wrapper_errors():
     ])
     assert root_cause(log) == "ValueError: No available memory for the cache blocks."
     assert root_cause("all good\nINFO started") is None
+
+
+def test_server_dies_even_if_its_watchdog_is_sigkilled(tmp_path):
+    """The guard gives the server a parent-death SIGKILL: a guard killed outright (which can
+    clean up nothing) still takes the server down with it."""
+    proc = make(tmp_path, "healthy")
+    proc.start()
+    proc.wait_healthy(20, poll_s=0.05)
+    guard = proc.pid
+    children = Path(f"/proc/{guard}/task/{guard}/children").read_text().split()
+    assert children, "the guard has no server child"
+    server = int(children[0])
+    os.kill(guard, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
+        stat = Path(f"/proc/{server}/stat").read_text() if Path(f"/proc/{server}").exists() else ""
+        if stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+            break  # a zombie is dead, only not yet reaped
+        time.sleep(0.05)
+    alive = Path(f"/proc/{server}").exists() and \
+        Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[-1].split()[:1] != ["Z"]
+    proc.stop()
+    assert not alive, "the server outlived its SIGKILLed watchdog"
