@@ -49,6 +49,24 @@ def load(tmp_path, study="s"):
     return optuna.load_study(study_name=study, storage=make_storage(f"sqlite:///{tmp_path / 'study.db'}", 2))
 
 
+def run_concurrently(tuners) -> list[BaseException]:
+    """Run each tuner in its own thread (two workers of one study); the errors they raised."""
+    errors: list[BaseException] = []
+
+    def run(t):
+        try:
+            t.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in tuners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return errors
+
+
 def test_engine_failure_is_an_infeasible_complete_trial_the_sampler_sees(tmp_path):
     tuner = make_tuner(tmp_path, good_unless_one, space_yaml=SEQS, trials=4, sampler="nsga2",
                        enqueue=[{"max_num_seqs": 1}, {"max_num_seqs": 8}])
@@ -176,19 +194,7 @@ def test_two_workers_share_a_study_without_measuring_anything_twice(tmp_path):
 
     a = make_tuner(tmp_path, script, space_yaml=SEQS, trials=4, sampler="random", seed=1, calls=calls, delay_s=0.3)
     b = make_tuner(tmp_path, script, space_yaml=SEQS, trials=4, sampler="random", seed=2, calls=calls, delay_s=0.3)
-    errors = []
-
-    def run(t):
-        try:
-            t.run()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(t,)) for t in (a, b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    errors = run_concurrently([a, b])
     assert not errors, errors
     assert calls.count("reference") == 1
     assert sorted(configs) == [1, 2, 4, 8]  # four configs, each measured once
@@ -255,19 +261,7 @@ def test_two_workers_on_postgresql_measure_each_config_once(tmp_path, postgres_u
     workers = [make_tuner(tmp_path / name, script, space_yaml=SEQS, trials=4, url=postgres_url, study="pg",
                           seed=seed, calls=calls, delay_s=0.5, enqueue=enqueue)
                for name, seed in (("a", 1), ("b", 2))]
-    errors = []
-
-    def run(t):
-        try:
-            t.run()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    errors = run_concurrently(workers)
     assert not errors, errors
     assert calls.count("reference") == 1
     assert sorted(configs) == [1, 2, 4, 8]
