@@ -9,6 +9,7 @@ before the run; the sweep shows how the comparison depends on that choice).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import lzma
 import shutil
@@ -16,12 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from replay.metrics import bootstrap_ci  # noqa: E402
+from replay.metrics import parse_slos, summarize  # noqa: E402
+from replay.runner import ReplayOptions, ReplayResult, RequestRecord  # noqa: E402
 from tuner.storage import ResultStore  # noqa: E402
 from tuner.study import config_diff  # noqa: E402
 
@@ -39,16 +39,15 @@ def ms(e: dict) -> str:
     return f"{e['value'] * 1000:.0f} [{e['ci_low'] * 1000:.0f}, {e['ci_high'] * 1000:.0f}]"
 
 
-def requests(jsonl: str) -> list[dict]:
-    return [json.loads(line) for line in jsonl.splitlines() if line.strip()]
-
-
-def goodput(reqs: list[dict], duration: float, ttft_s: float, tpot_s: float, seed: int = 0):
-    good = np.array([1.0 if r["success"] and r["ttft_s"] is not None and r["ttft_s"] <= ttft_s
-                     and (r["tpot_s"] is None or r["tpot_s"] <= tpot_s) else 0.0 for r in reqs])
-    est = bootstrap_ci(good, "mean", seed=seed)
-    k = len(reqs) / duration
-    return est.value * k, est.low * k, est.high * k
+def goodput(jsonl: str, duration: float, ttft_s: float, tpot_s: float):
+    """Goodput of stored per-request records under per-request SLOs, with the tuner's own
+    definition (replay.metrics.summarize): (value, ci_low, ci_high) in requests/s."""
+    fields = {f.name for f in dataclasses.fields(RequestRecord)}
+    records = [RequestRecord(**{k: v for k, v in json.loads(line).items() if k in fields})
+               for line in jsonl.splitlines() if line.strip()]
+    slos = parse_slos(f"ttft:p99<{ttft_s * 1000:g}ms,tpot:p99<{tpot_s * 1000:g}ms")
+    g = summarize(ReplayResult(records, duration, ReplayOptions()), slos).goodput_rps
+    return g.value, g.low, g.high
 
 
 def main() -> None:
@@ -95,7 +94,7 @@ def main() -> None:
         for ttft, tpot in [(2.0, 0.050), (0.2, 0.015), (0.2, 0.010), (0.1, 0.008)]:
             cells = []
             for r in measured:
-                v = goodput(requests(r["requests_jsonl"]), r["summary"]["duration_s"], ttft, tpot)
+                v = goodput(r["requests_jsonl"], r["summary"]["duration_s"], ttft, tpot)
                 cells.append(f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]")
             print(f"| {ttft * 1000:.0f} ms, {tpot * 1000:.0f} ms | " + " | ".join(cells) + " |")
 

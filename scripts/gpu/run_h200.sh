@@ -39,5 +39,4 @@ case $step in
       2>&1 | tee -a "$OUT/study_a.txt"
     cp /root/runs/a/study.db "$OUT/study_a.db"; cp /root/runs/a/pareto.json "$OUT/pareto_a.json" 2>/dev/null ;;
 esac
-for d in /root/runs/*/; do ls "$d" > /dev/null 2>&1; done
 tail -n 40 /root/runs/*/*/engine-*.log 2>/dev/null | grep -iE "error|Traceback|backend|KV cache|startup|Quantiz" | tail -20
