@@ -56,8 +56,10 @@ def _report_case_counts(request):
     yield
     total = sum(CASES.values())
     detail = ", ".join(f"{name} {n}" for name, n in sorted(CASES.items()))
-    request.config.cache.set("tracetune/bad_input_cases",
-                             {"total": total, "by_property": dict(CASES), "seconds": round(time.perf_counter() - started, 1)})
+    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
+    if cache is not None:
+        cache.set("tracetune/bad_input_cases",
+                  {"total": total, "by_property": dict(CASES), "seconds": round(time.perf_counter() - started, 1)})
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capture is not None:
