@@ -19,9 +19,9 @@ examples:
 
 CONVERT_EPILOG = """\
 examples:
-  tune trace convert --from mooncake ../shared/traces/mooncake_conversation.jsonl mooncake.jsonl --limit 200 --length-scale 0.1
-  tune trace convert --from azure ../shared/traces/azure2023_conv.csv azure.jsonl --limit 500
-  tune trace convert --from sharegpt ../shared/traces/sharegpt_v3_filtered_500.json sharegpt.jsonl --rate 2
+  tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl mooncake.jsonl --limit 200 --length-scale 0.1
+  tune trace convert --from azure examples/public_traces/azure2023_conv_60.csv azure.jsonl --limit 500
+  tune trace convert --from sharegpt examples/public_traces/sharegpt_v3_filtered_250.json sharegpt.jsonl --rate 2
 """
 
 

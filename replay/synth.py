@@ -4,7 +4,7 @@ Length-only traces (Mooncake, Azure, BurstGPT) record how many tokens a request 
 they were. `PromptSynthesizer` turns a length (and, for Mooncake, the prefix block ids) into
 real English text of exactly that many tokens under the target model's tokenizer:
 
-- text comes from a corpus of real prompts (the 500 ShareGPT prompts in ../shared/traces by
+- text comes from a corpus of real prompts (500 ShareGPT prompts shipped in replay/data by
   default), concatenated into one long token stream;
 - each block id maps to a fixed window of that stream, so two requests whose `hash_ids` start
   the same get byte-identical text prefixes, and a prefix cache sees exactly the reuse the trace
@@ -22,7 +22,6 @@ from typing import Any, Sequence
 
 from engine_adapter.errors import InputError
 
-SHARED_SHAREGPT = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "sharegpt_v3_filtered_500.json"
 CORPUS_FILE = Path(__file__).resolve().parent / "data" / "corpus_sharegpt_500.txt"
 
 

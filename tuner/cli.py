@@ -22,7 +22,7 @@ examples:
   tune engine check --eager --speculative ngram --num-speculative-tokens 4 --repeat 3
   tune engine check --model ~/models/my-llama --max-num-seqs 64 --prefix-caching
   tune engine command --kv-cache-dtype fp8 # print the vLLM command a config runs, start nothing
-  tune trace convert --from mooncake ../shared/traces/mooncake_conversation.jsonl m.jsonl --limit 100 --length-scale 0.1
+  tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl m.jsonl --limit 60 --length-scale 0.1
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching --slo "ttft:p99<2s"
   tune dashboard                           # browse the latest study: Pareto front, trials, export
   tune export --best --format k8s -o deploy.yaml

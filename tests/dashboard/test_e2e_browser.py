@@ -67,7 +67,12 @@ def test_dashboard_in_a_real_browser(real_study, artifacts):
             point = page.locator(".js-plotly-plot .scatterlayer .trace .points path").first
             box = point.bounding_box()
             page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            page.get_by_text(re.compile(r"Selected trial \d+")).first.wait_for(timeout=30_000)
+            selected_box = page.get_by_text(re.compile(r"Selected trial \d+")).first
+            selected_box.wait_for(timeout=30_000)
+            # The click selects that trial for Trial detail and Export (which trial the first
+            # plotted point is depends on what this machine measured: read it off the page).
+            selected = int(re.search(r"Selected trial (\d+)", selected_box.inner_text()).group(1))
+            assert selected in measured
 
             # Trial table: a row per trial
             _goto(page, "Trials")
@@ -103,6 +108,5 @@ def test_dashboard_in_a_real_browser(real_study, artifacts):
 
     for doc in docs:
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
-    best = max((t for t in study.front), key=lambda t: t.metric("output_tps"))
-    assert docs[0]["metadata"]["annotations"]["tracetune.io/trial"] == str(best.number)
+    assert docs[0]["metadata"]["annotations"]["tracetune.io/trial"] == str(selected)
     assert docs[0]["metadata"]["annotations"]["tracetune.io/measured-platform"] == "cpu"

@@ -14,7 +14,7 @@ import pytest
 from replay.trace import load_trace
 
 pytestmark = pytest.mark.integration
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "examples" / "public_traces"  # shipped samples
 
 
 def tune(*args, timeout=900):
@@ -25,7 +25,7 @@ def tune(*args, timeout=900):
 def mooncake_slice(tmp_path_factory, default_model):
     out = tmp_path_factory.mktemp("trace") / "mooncake.jsonl"
     # 16 requests; 512-token blocks scaled to 128 (vLLM-CPU's block) and inputs capped at 384 tokens.
-    res = tune("trace", "convert", "--from", "mooncake", str(TRACES / "mooncake_conversation.jsonl"), str(out),
+    res = tune("trace", "convert", "--from", "mooncake", str(TRACES / "mooncake_conversation_60.jsonl"), str(out),
                "--limit", "16", "--length-scale", "0.25", "--max-input-tokens", "384", "--max-output-tokens", "8")
     assert res.returncode == 0, res.stderr
     assert "trace implies" in res.stdout

@@ -87,7 +87,9 @@ def faults(tmp_path_factory, default_model):
     run("crash_mid_replay", 4, "--try", config(7), "--time-scale", "6")
     stop.set()
     runs["crash_mid_replay"]["killed"] = bool(killed)
-    run("request_timeout", 5, "--try", config(9), "--request-timeout", "0.5")
+    # 1 ms: shorter than any engine's answer to a 32-token request, however fast the machine
+    # (0.5 s fired on a 2-core AVX2 CPU, not on one with AVX-512, where every request finished in time).
+    run("request_timeout", 5, "--try", config(9), "--request-timeout", "0.001")
     url = f"sqlite:///{run_dir / 'study.db'}"
     study = optuna.load_study(study_name="faults", storage=make_storage(url, 30))
     by_seqs = {t.params.get("max_num_seqs"): t for t in study.trials}
@@ -101,7 +103,7 @@ FAULTS = [  # (run, max_num_seqs of its trial, status, words the reason must con
     ("exit_at_start", 5, "engine_failed", "unrecognized arguments: --no-such-vllm-flag"),
     ("never_healthy", 6, "engine_failed", "did not become healthy within 4s"),
     ("crash_mid_replay", 7, "engine_failed", "crashed during the replay"),
-    ("request_timeout", 9, "engine_failed", "timed out after 0.5s"),
+    ("request_timeout", 9, "engine_failed", "timed out after 0.001s"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Importers on the real public traces in ../shared/traces, plus malformed inputs."""
+"""Importers on samples of the real public traces (examples/public_traces), plus malformed inputs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from engine_adapter.errors import InputError
 from replay.importers import ConvertOptions, convert
 from replay.synth import PromptSynthesizer, implied_reuse_ratio
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "examples" / "public_traces"  # shipped samples
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,10 @@ def count(tokenizer, text):
 
 
 def test_mooncake_exact_lengths_and_shared_prefixes(tokenizer):
-    records, report = convert("mooncake", TRACES / "mooncake_conversation.jsonl", tokenizer,
+    records, report = convert("mooncake", TRACES / "mooncake_conversation_60.jsonl", tokenizer,
                               ConvertOptions(max_input_tokens=2000, limit=40, length_scale=0.1))
     assert report.read == 40 and report.written == 40 and report.block_tokens == 51
-    source = [json.loads(line) for line in (TRACES / "mooncake_conversation.jsonl").read_text().splitlines()[:40]]
+    source = [json.loads(line) for line in (TRACES / "mooncake_conversation_60.jsonl").read_text().splitlines()[:40]]
     for rec, src in zip(records, source):
         assert rec.timestamp == pytest.approx(src["timestamp"] / 1000.0)
         assert count(tokenizer, rec.prompt) == min(round(src["input_length"] * 0.1), 2000)
@@ -45,14 +45,14 @@ def test_mooncake_exact_lengths_and_shared_prefixes(tokenizer):
 
 
 def test_no_accidental_sharing_without_hash_ids(tokenizer):
-    records, _ = convert("azure", TRACES / "azure2023_conv.csv", tokenizer,
+    records, _ = convert("azure", TRACES / "azure2023_conv_60.csv", tokenizer,
                          ConvertOptions(max_input_tokens=4000, limit=30, length_scale=0.2))
     prefixes = {r.prompt[:60] for r in records}
     assert len(prefixes) == len(records)
 
 
 def test_azure_timestamps_lengths(tokenizer):
-    records, report = convert("azure", TRACES / "azure2023_conv.csv", tokenizer,
+    records, report = convert("azure", TRACES / "azure2023_conv_60.csv", tokenizer,
                               ConvertOptions(max_input_tokens=8000, limit=20))
     assert records[0].timestamp == 0.0
     # Second row of the file: 18:15:50.9951690 - 18:15:46.6805900 = 4.314579 s
@@ -63,7 +63,7 @@ def test_azure_timestamps_lengths(tokenizer):
 
 @pytest.mark.parametrize("policy", ["truncate", "drop", "scale"])
 def test_overlong_policies_are_applied_and_reported(tokenizer, policy):
-    records, report = convert("azure", TRACES / "azure2023_conv.csv", tokenizer,
+    records, report = convert("azure", TRACES / "azure2023_conv_60.csv", tokenizer,
                               ConvertOptions(max_input_tokens=400, overlong=policy, limit=25))
     lengths = [count(tokenizer, r.prompt) for r in records]
     assert max(lengths) <= 400
@@ -76,13 +76,13 @@ def test_overlong_policies_are_applied_and_reported(tokenizer, policy):
 
 
 def test_overlong_error_policy_names_line(tokenizer):
-    with pytest.raises(InputError, match=r"azure2023_conv.csv:\d+: field 'input_length'"):
-        convert("azure", TRACES / "azure2023_conv.csv", tokenizer,
+    with pytest.raises(InputError, match=r"azure2023_conv_60.csv:\d+: field 'input_length'"):
+        convert("azure", TRACES / "azure2023_conv_60.csv", tokenizer,
                 ConvertOptions(max_input_tokens=100, overlong="error", limit=25))
 
 
 def test_sharegpt_real_prompts_with_poisson_arrivals(tokenizer):
-    records, report = convert("sharegpt", TRACES / "sharegpt_v3_filtered_500.json", tokenizer,
+    records, report = convert("sharegpt", TRACES / "sharegpt_v3_filtered_250.json", tokenizer,
                               ConvertOptions(max_input_tokens=8000, limit=200, rate=4.0, output_length=50))
     assert len(records) == 200 and all(r.messages and r.output_length == 50 for r in records)
     gaps = [b.timestamp - a.timestamp for a, b in zip(records, records[1:])]
