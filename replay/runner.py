@@ -101,6 +101,11 @@ class ReplayResult:
     options: ReplayOptions
     engine_delta: EngineMetrics | None = None
     warmup_errors: int = 0
+    # A replay stopped early by its `stop_when` (its outcome was already certain): `records` then
+    # holds only the requests that finished; `planned` how many the full replay would have sent.
+    abandoned: bool = False
+    sent: int = 0
+    planned: int = 0
 
     def write_records(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +148,18 @@ def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> li
 Clock = Callable[[], float]
 
 
+@dataclasses.dataclass
+class InFlight:
+    """A request sent and not finished: clock readings of its send and of its first output event."""
+
+    send: float
+    first_output: float | None = None
+
+
+# Called while a replay runs with (finished records, requests in flight, clock now); True stops it.
+StopWhen = Callable[[Sequence[RequestRecord], Sequence[InFlight], float], bool]
+
+
 class Replayer:
     """Runs prepared requests against one endpoint and collects `RequestRecord`s."""
 
@@ -157,44 +174,92 @@ class Replayer:
         self.on_progress = on_progress
         self._done = 0
         self._in_flight = 0
+        self._live: dict[int, InFlight] = {}
+        self._finished: list[RequestRecord] = []
+        self.abandoned = False
+        self.sent = 0
 
-    async def _send(self, session, request: PreparedRequest) -> StreamedCompletion:
+    async def _send(self, session, request: PreparedRequest, on_text: Callable[[str], None] | None = None
+                    ) -> StreamedCompletion:
         temperature = request.extra_body.get("temperature", 0.0)
         extra = {k: v for k, v in request.extra_body.items() if k != "temperature"}
         return await stream_completion(
             session, self.base_url, model=self.model, prompt=request.prompt, messages=request.messages,
             max_tokens=request.max_tokens, ignore_eos=self.options.ignore_eos, temperature=temperature,
             extra_body=extra, timeout_s=self.options.request_timeout_s, headers=self.headers, clock=self.clock,
+            on_text=on_text,
         )
 
     async def _measured(self, session, request: PreparedRequest, start: float, total: int,
                         scheduled_s: float) -> RequestRecord:
         send = self.clock()
+        live = self._live[request.index] = InFlight(send)
+
+        def first_output(_: str) -> None:
+            if live.first_output is None:
+                live.first_output = self.clock()
+
         self._in_flight += 1
+        self.sent += 1
         try:
-            out = await self._send(session, request)
+            out = await self._send(session, request, first_output)
         finally:
             self._in_flight -= 1
             self._done += 1
+            del self._live[request.index]
         if self.on_progress:
             self.on_progress(self._done, total, self._in_flight)
-        return RequestRecord(
+        record = RequestRecord(
             index=request.index, id=request.id, scheduled_s=scheduled_s, send_s=send - start,
             lag_s=(send - start) - scheduled_s, success=out.success, error=out.error, ttft_s=out.ttft_s,
             e2e_s=out.e2e_s, itl_s=out.itl_s, prompt_tokens=out.prompt_tokens, output_tokens=out.output_tokens,
             requested_tokens=request.max_tokens, finish_reason=out.finish_reason,
             text=out.text if self.options.keep_text else None,
         )
+        self._finished.append(record)
+        return record
 
     async def warmup(self, session, requests: Sequence[PreparedRequest]) -> int:
         """Send the warm-up requests (concurrently, unmeasured); return how many failed."""
         outs = await asyncio.gather(*(self._send(session, r) for r in requests))
         return sum(not o.success for o in outs)
 
-    async def run(self, requests: Sequence[PreparedRequest],
-                  between: Callable[[], Any] | None = None) -> tuple[list[RequestRecord], float, int]:
+    async def _open_loop(self, session, measured: Sequence[PreparedRequest], start: float,
+                         stop_when: StopWhen | None) -> list[RequestRecord]:
+        """Send each request at its scheduled time; with `stop_when`, stop sending and cancel what is
+        in flight as soon as it says the outcome is certain."""
+        total = len(measured)
+        t_first = measured[0].scheduled_s
+        tasks = []
+
+        async def send_all() -> None:
+            for request in measured:
+                scheduled = request.scheduled_s - t_first
+                delay = start + scheduled - self.clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(self._measured(session, request, start, total, scheduled)))
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        sender = asyncio.create_task(send_all())
+        if stop_when is None:
+            await sender
+        else:
+            while not sender.done():
+                await asyncio.wait({sender}, timeout=0.05)
+                if not sender.done() and stop_when(self._finished, list(self._live.values()), self.clock()):
+                    self.abandoned = True
+                    sender.cancel()
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(sender, *tasks, return_exceptions=True)
+        return sorted(self._finished, key=lambda r: r.index)
+
+    async def run(self, requests: Sequence[PreparedRequest], between: Callable[[], Any] | None = None,
+                  stop_when: StopWhen | None = None) -> tuple[list[RequestRecord], float, int]:
         """Warm up, call `between()` (e.g. snapshot engine counters), then replay; return records,
-        measured duration and warm-up failures."""
+        measured duration and warm-up failures. `stop_when` (open loop only) may end the replay
+        early: `self.abandoned` then says so and the records are those that finished."""
         n_warm = min(self.options.warmup_requests, len(requests))
         warm, measured = list(requests[:n_warm]), list(requests[n_warm:])
         if not measured:
@@ -203,18 +268,10 @@ class Replayer:
             warm_failed = await self.warmup(session, warm) if warm else 0
             if between is not None:
                 await between()
-            t_first = measured[0].scheduled_s
             total = len(measured)
             start = self.clock()
             if self.options.mode == "open":
-                tasks = []
-                for request in measured:
-                    scheduled = request.scheduled_s - t_first
-                    delay = start + scheduled - self.clock()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    tasks.append(asyncio.create_task(self._measured(session, request, start, total, scheduled)))
-                records = list(await asyncio.gather(*tasks))
+                records = await self._open_loop(session, measured, start, stop_when)
             else:
                 queue: asyncio.Queue[PreparedRequest] = asyncio.Queue()
                 for request in measured:
@@ -235,9 +292,11 @@ class Replayer:
 
 def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], options: ReplayOptions, *,
            engine: Any = None, headers: dict[str, str] | None = None,
-           on_progress: Callable[[int, int, int], None] | None = None) -> ReplayResult:
-    """Run a replay to completion (uvloop when available). `engine`, if given, supplies
-    `metrics()` snapshots taken after the warm-up and at the end."""
+           on_progress: Callable[[int, int, int], None] | None = None,
+           stop_when: StopWhen | None = None) -> ReplayResult:
+    """Run a replay to completion, or until `stop_when` says its outcome is certain (uvloop when
+    available). `engine`, if given, supplies `metrics()` snapshots taken after the warm-up and at
+    the end."""
     replayer = Replayer(base_url, model, options, headers=headers, on_progress=on_progress)
     before: list[EngineMetrics] = []
 
@@ -246,7 +305,7 @@ def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], optio
             before.append(await asyncio.to_thread(engine.metrics))
 
     async def main() -> tuple[list[RequestRecord], float, int, EngineMetrics | None]:
-        records, duration, warm_failed = await replayer.run(requests, between=snapshot)
+        records, duration, warm_failed = await replayer.run(requests, between=snapshot, stop_when=stop_when)
         delta = None
         if engine is not None and before:
             delta = (await asyncio.to_thread(engine.metrics)).delta(before[0])
@@ -258,5 +317,6 @@ def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], optio
     except ImportError:
         run_loop = asyncio.run
     records, duration, warm_failed, delta = run_loop(main())
+    planned = max(len(requests) - min(options.warmup_requests, len(requests)), 0)
     return ReplayResult(records=records, duration_s=duration, options=options, engine_delta=delta,
-                        warmup_errors=warm_failed)
+                        warmup_errors=warm_failed, abandoned=replayer.abandoned, sent=replayer.sent, planned=planned)

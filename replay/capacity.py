@@ -1,0 +1,366 @@
+"""Capacity at an SLO: the highest load at which a configuration still serves its users' traffic
+within their latency targets. This module owns the definitions; everything else reads them here.
+
+- A request is *good* when it succeeded and meets every per-request threshold of the SLO
+  (`replay.metrics.meets_slos`: its own TTFT, TPOT, E2E, ITL under each threshold). An errored,
+  timed-out or never-finished request is not good.
+- *Attainment* of a load level = good requests / requests the level planned to send.
+- A load level *passes* when attainment >= the attainment target (default 0.95) and every
+  percentile target of the SLO holds over all its requests (a failed request counts as
+  infinitely slow there).
+- *Load level k*: the trace replayed with its arrival times divided by k (k = 2: twice the
+  recorded rate); content, lengths and prefixes unchanged.
+- *Capacity*: the highest passing k, reported as k, as the offered requests/s and output tokens/s
+  at that level, and per GPU. It is a bracket: [highest confirmed pass, lowest fail].
+
+The search runs on one running engine: exponential bracketing from a start level (k = 1, or an
+earlier trial's capacity), then bisection (geometric midpoints) until the bracket is within the
+precision, then the highest pass is repeated once; a repeat that fails marks the result
+*unstable* and lowers the capacity to the next passing level. A level is abandoned as soon as
+its outcome is certain (more requests certainly missed than the target allows). A level whose
+client could not keep the schedule (`client_overloaded`) says nothing about the engine: the
+search stops there and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from engine_adapter.errors import InputError
+from replay.metrics import SLO, meets_slos, slo_value
+from replay.runner import InFlight, PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, replay
+
+# Schedule lag beyond which a level measures the client, not the engine: 10 ms, or 1% of the
+# tightest SLO threshold when that is larger.
+LAG_BOUND_S = 0.010
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityOptions:
+    slos: tuple[SLO, ...]
+    attainment: float = 0.95
+    precision: float = 0.05
+    start_scale: float = 1.0
+    max_scale: float = 256.0
+    min_scale: float = 1.0 / 64
+    confirm: bool = True
+    max_steps: int = 20
+    abandon: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.slos:
+            raise InputError("capacity needs --slo: the latency targets a load level must meet, "
+                             "e.g. --slo 'ttft:p99<2s,tpot:p99<100ms'")
+        if not 0 < self.attainment <= 1:
+            raise InputError(f"--attainment must be in (0, 1], got {self.attainment}")
+        if not 0 < self.precision < 1:
+            raise InputError(f"--precision must be in (0, 1), e.g. 0.05 for 5%, got {self.precision}")
+        if not self.min_scale <= self.start_scale <= self.max_scale:
+            raise InputError(f"the start level {self.start_scale:g} must lie in [{self.min_scale:g}, {self.max_scale:g}]")
+
+    @property
+    def lag_bound_s(self) -> float:
+        return max(LAG_BOUND_S, 0.01 * min(s.threshold_s for s in self.slos))
+
+
+@dataclasses.dataclass
+class Step:
+    """One load level as measured: `requests` were sent of `planned`, `duration_s` of wall time."""
+
+    scale: float
+    rps: float  # offered requests/s at this level
+    output_tps: float  # offered output tokens/s at this level
+    attainment: float
+    passed: bool
+    abandoned: bool
+    requests: int
+    planned: int
+    good: int
+    duration_s: float
+    lag_p99_s: float = 0.0
+    client_overloaded: bool = False
+    repeat: bool = False
+    errors: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CapacityResult:
+    attainment_target: float
+    precision: float
+    slos: list[str]
+    steps: list[Step]
+    capacity_scale: float | None  # highest passing level (None: not even the lowest level passed)
+    bracket_high: float | None  # lowest failing level above it (None: no level failed up to the maximum)
+    base_rps: float  # offered requests/s at k = 1
+    base_output_tps: float
+    gpus: int = 1
+    unstable: bool = False
+    verdict: str = "ok"  # ok | above_max | below_min | client_overloaded | max_steps
+    search_s: float = 0.0
+
+    @property
+    def capacity_rps(self) -> float:
+        return (self.capacity_scale or 0.0) * self.base_rps
+
+    @property
+    def capacity_output_tps(self) -> float:
+        return (self.capacity_scale or 0.0) * self.base_output_tps
+
+    @property
+    def capacity_rps_per_gpu(self) -> float:
+        return self.capacity_rps / max(self.gpus, 1)
+
+    @property
+    def replay_s(self) -> float:
+        return sum(s.duration_s for s in self.steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        high = self.bracket_high
+        return {
+            "capacity_scale": self.capacity_scale or 0.0, "capacity_rps": self.capacity_rps,
+            "capacity_output_tps": self.capacity_output_tps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
+            "bracket_scale": [self.capacity_scale or 0.0, high],
+            "bracket_rps": [self.capacity_rps, None if high is None else high * self.base_rps],
+            "gpus": self.gpus, "attainment_target": self.attainment_target, "precision": self.precision,
+            "slo": self.slos, "unstable": self.unstable, "verdict": self.verdict,
+            "base_rps": self.base_rps, "base_output_tps": self.base_output_tps,
+            "search_s": self.search_s, "replay_s": self.replay_s,
+            "steps": [s.as_dict() for s in self.steps],
+        }
+
+    def headline(self) -> str:
+        """One line for people: capacity with its bracket and how sure it is."""
+        if self.capacity_scale is None:
+            return (f"capacity 0: not even {self.steps[-1].scale:g}x the trace's rate met the SLO "
+                    f"({self.attainment_target:.0%} attainment)") if self.steps else "capacity not measured"
+        high = "" if self.bracket_high is None else f", {self.bracket_high * self.base_rps:.3g}"
+        text = (f"capacity {self.capacity_rps:.3g} req/s [{self.capacity_rps:.3g}{high}] = {self.capacity_scale:.3g}x "
+                f"the trace's rate, {self.capacity_output_tps:.3g} output tok/s")
+        if self.gpus > 1:
+            text += f", {self.capacity_rps_per_gpu:.3g} req/s per GPU"
+        notes = {"above_max": f"never failed up to {self.capacity_scale:g}x (the search's ceiling)",
+                 "client_overloaded": "the client could not keep the schedule above this level: a lower bound",
+                 "max_steps": "step budget spent before the bracket reached the precision"}
+        if self.verdict in notes:
+            text += f" · {notes[self.verdict]}"
+        if self.unstable:
+            text += " · UNSTABLE: the repeat of the highest passing level failed"
+        return text
+
+
+# -- one load level -------------------------------------------------------------------------------
+def offered_rates(requests: Sequence[PreparedRequest]) -> tuple[float, float]:
+    """(requests/s, output tokens/s) the schedule offers: n-1 gaps over the span between the first
+    and the last arrival (a single request, or all at once: its count per second)."""
+    if not requests:
+        return 0.0, 0.0
+    span = requests[-1].scheduled_s - requests[0].scheduled_s
+    n = len(requests)
+    if span <= 0:
+        return float(n), float(sum(r.max_tokens for r in requests))
+    per_request_tokens = sum(r.max_tokens for r in requests) / n
+    rps = (n - 1) / span
+    return rps, rps * per_request_tokens
+
+
+def at_scale(requests: Sequence[PreparedRequest], scale: float, max_duration_s: float | None) -> list[PreparedRequest]:
+    """The requests with their arrival times divided by `scale`, cut to `max_duration_s` of schedule."""
+    out = []
+    t0 = requests[0].scheduled_s if requests else 0.0
+    for r in requests:
+        scheduled = (r.scheduled_s - t0) / scale
+        if max_duration_s is not None and scheduled > max_duration_s and out:
+            break
+        out.append(dataclasses.replace(r, scheduled_s=scheduled))
+    return out
+
+
+def percentile_targets_met(records: Sequence[RequestRecord], planned: int, slos: Sequence[SLO]) -> bool:
+    """Every percentile (or mean) target of the SLO holds over the planned requests; a request
+    that failed or never finished counts as infinitely slow."""
+    for slo in slos:
+        values = [slo_value(r, slo) if r.success else math.inf for r in records]
+        values += [math.inf] * max(planned - len(records), 0)
+        values = [math.inf if v is None else v for v in values]
+        if not values:
+            return False
+        arr = np.asarray(values, dtype=float)
+        value = float(np.mean(arr)) if slo.stat == "mean" else float(np.percentile(arr, float(slo.stat[1:]),
+                                                                                     method="higher"))
+        if not value < slo.threshold_s:
+            return False
+    return True
+
+
+def allowed_misses(planned: int, attainment: float) -> int:
+    """How many requests of a level may miss the SLO while it can still pass."""
+    return int(math.floor(planned * (1 - attainment) + 1e-9))
+
+
+def certain_misses(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float,
+                   slos: Sequence[SLO]) -> int:
+    """Requests already known to miss: finished ones that missed, and in-flight ones whose
+    first output (TTFT) or whole answer (E2E) is already later than its threshold allows."""
+    missed = sum(not meets_slos(r, slos) for r in finished)
+    ttft = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
+    e2e = min((s.threshold_s for s in slos if s.metric == "e2e"), default=math.inf)
+    for live in in_flight:
+        waited = now - live.send
+        if (live.first_output is None and waited > ttft) or waited > e2e:
+            missed += 1
+    return missed
+
+
+def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
+          duration_s: float, *, repeat: bool = False) -> Step:
+    """A measured level as a `Step`: attainment, pass or fail, and the client's own verdict."""
+    planned = len(requests)
+    good = sum(meets_slos(r, options.slos) for r in result.records)
+    lags = [r.lag_s for r in result.records]
+    lag_p99 = float(np.percentile(lags, 99)) if lags else 0.0
+    attainment = good / planned if planned else 0.0
+    passed = (not result.abandoned and attainment >= options.attainment
+              and percentile_targets_met(result.records, planned, options.slos))
+    rps, tps = offered_rates(requests)
+    return Step(scale=scale, rps=rps, output_tps=tps, attainment=attainment, passed=passed,
+                abandoned=result.abandoned, requests=result.sent or len(result.records), planned=planned, good=good,
+                duration_s=duration_s, lag_p99_s=lag_p99, client_overloaded=lag_p99 > options.lag_bound_s,
+                repeat=repeat, errors=sum(not r.success for r in result.records))
+
+
+# -- the search -----------------------------------------------------------------------------------
+Measure = Callable[[float, bool], Step]  # (scale, is_repeat) -> Step
+
+
+def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: Sequence[Step] = (),
+                    gpus: int = 1, base_rates: tuple[float, float] = (0.0, 0.0),
+                    clock: Callable[[], float] = time.perf_counter) -> CapacityResult:
+    """Find the highest passing level with `measure`; `seed_steps` are levels already measured on
+    this engine (e.g. the trace's own rate), reused instead of measured again."""
+    t0 = clock()
+    steps: list[Step] = list(seed_steps)
+    bounds: dict[str, float | None] = {"lo": None, "hi": None}
+    verdict = "ok"
+
+    def record(step: Step) -> None:
+        if step.passed:
+            if bounds["hi"] is None or step.scale < bounds["hi"]:
+                bounds["lo"] = max(bounds["lo"] or 0.0, step.scale)
+        elif bounds["hi"] is None or step.scale < bounds["hi"]:
+            bounds["hi"] = step.scale
+            if bounds["lo"] is not None and bounds["lo"] >= step.scale:
+                bounds["lo"] = max((s.scale for s in steps if s.passed and s.scale < step.scale), default=None)
+
+    def run(scale: float, repeat: bool = False) -> Step:
+        step = measure(scale, repeat)
+        steps.append(step)
+        return step
+
+    for step in seed_steps:
+        record(step)
+    overloaded = [s for s in steps if s.client_overloaded and not s.passed]
+    scale = options.start_scale
+    # 1. bracketing: double (or halve) until one level passes and a higher one fails
+    while not overloaded and (bounds["lo"] is None or bounds["hi"] is None):
+        if len(steps) >= options.max_steps:
+            verdict = "max_steps"
+            break
+        lo, hi = bounds["lo"], bounds["hi"]
+        if lo is not None and scale <= lo:
+            scale = lo * 2
+        if hi is not None and scale >= hi:
+            scale = hi / 2
+        if scale > options.max_scale:
+            verdict = "above_max"
+            break
+        if scale < options.min_scale:
+            verdict = "below_min"
+            break
+        step = run(scale)
+        if step.client_overloaded and not step.passed:
+            overloaded.append(step)
+            break
+        record(step)
+        scale = scale * 2 if step.passed else scale / 2
+    # 2. bisection on a log scale until the bracket is within the precision
+    while not overloaded and verdict == "ok" and bounds["hi"] / bounds["lo"] - 1 > options.precision:
+        if len(steps) >= options.max_steps:
+            verdict = "max_steps"
+            break
+        step = run(math.sqrt(bounds["lo"] * bounds["hi"]))
+        if step.client_overloaded and not step.passed:
+            overloaded.append(step)
+            break
+        record(step)
+    if overloaded:
+        verdict = "client_overloaded"
+        bounds["hi"] = min(s.scale for s in overloaded)
+    # 3. confirm the highest pass once: noise must not decide the answer
+    unstable = False
+    if options.confirm and bounds["lo"] is not None and verdict in ("ok", "above_max", "max_steps"):
+        again = run(bounds["lo"], repeat=True)
+        if not again.passed:
+            unstable = True
+            failed_at = bounds["lo"]
+            bounds["hi"] = failed_at
+            bounds["lo"] = max((s.scale for s in steps if s.passed and s.scale < failed_at), default=None)
+    return CapacityResult(
+        attainment_target=options.attainment, precision=options.precision, slos=[str(s) for s in options.slos],
+        steps=steps, capacity_scale=bounds["lo"], bracket_high=bounds["hi"], base_rps=base_rates[0],
+        base_output_tps=base_rates[1], gpus=gpus, unstable=unstable, verdict=verdict, search_s=clock() - t0)
+
+
+# -- on a real engine -----------------------------------------------------------------------------
+@dataclasses.dataclass
+class LevelRunner:
+    """Replays load levels against one running engine: warm-up once, the prefix cache reset (and
+    the engine drained) before each level, early abandon when the outcome is certain."""
+
+    base_url: str
+    model: str
+    requests: Sequence[PreparedRequest]  # the measured slice at k = 1, warm-up excluded
+    replay_options: ReplayOptions
+    options: CapacityOptions
+    warmup: Sequence[PreparedRequest] = ()  # sent once, before the first level, unmeasured
+    engine: Any = None  # supplies metrics() for the engine's counters of each level
+    headers: dict[str, str] | None = None
+    before_level: Callable[[], None] | None = None
+    on_level: Callable[[Step], None] | None = None
+    on_progress: Callable[[int, int, int], None] | None = None
+    results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)
+
+    def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
+        requests = at_scale(self.requests, scale, self.replay_options.max_duration_s)
+        warmup = list(self.warmup) if not self.results else []
+        if self.before_level is not None:
+            self.before_level()
+        opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
+                                   max_duration_s=None, time_scale=1.0)
+        slos = self.options.slos
+        budget = allowed_misses(len(requests), self.options.attainment)
+        use_abandon = self.options.abandon if abandon is None else abandon
+
+        def certain(finished, in_flight, now) -> bool:
+            return certain_misses(finished, in_flight, now, slos) > budget
+
+        t0 = time.perf_counter()
+        result = replay(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
+                        headers=self.headers, on_progress=self.on_progress,
+                        stop_when=certain if use_abandon else None)
+        step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat)
+        self.results.setdefault(scale, result)
+        if self.on_level is not None:
+            self.on_level(step)
+        return step
+
+    def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1) -> CapacityResult:
+        return search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
+                               base_rates=offered_rates(self.requests))

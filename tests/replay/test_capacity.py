@@ -1,0 +1,263 @@
+"""The capacity search: against scripted engines whose true capacity is known (pure logic), and
+one real replay loop against an in-process server with a fixed number of slots (early abandon)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+
+import pytest
+from aiohttp import web
+
+from engine_adapter.errors import InputError
+from replay.capacity import (CapacityOptions, LevelRunner, Step, allowed_misses, at_scale, certain_misses,
+                             offered_rates, percentile_targets_met, search_capacity)
+from replay.metrics import parse_slos
+from replay.runner import InFlight, PreparedRequest, ReplayOptions, RequestRecord
+
+SLOS = tuple(parse_slos("ttft:p99<1s"))
+
+
+def options(**kw) -> CapacityOptions:
+    return CapacityOptions(slos=SLOS, **kw)
+
+
+def scripted(true_capacity: float, *, noise: float = 0.0, seed: int = 0, cliff_above: float | None = None,
+             overloaded_above: float | None = None):
+    """A scripted engine: attainment falls off past `true_capacity` (gently, or to zero past a
+    cliff); `noise` shifts the level it sees by a random factor each time."""
+    rng = random.Random(seed)
+    calls: list[tuple[float, bool]] = []
+
+    def measure(scale: float, repeat: bool) -> Step:
+        calls.append((scale, repeat))
+        seen = scale * (1 + rng.uniform(-noise, noise))
+        if cliff_above is not None and seen > cliff_above:
+            attainment = 0.0
+        else:
+            attainment = 1.0 if seen <= true_capacity else max(0.0, 1.0 - (seen / true_capacity - 1.0))
+        passed = attainment >= 0.95
+        over = overloaded_above is not None and scale > overloaded_above
+        return Step(scale=scale, rps=scale * 2, output_tps=scale * 64, attainment=attainment, passed=passed and not over,
+                    abandoned=not passed, requests=20, planned=20, good=int(attainment * 20), duration_s=1.0,
+                    client_overloaded=over, repeat=repeat)
+
+    return measure, calls
+
+
+@pytest.mark.parametrize("true", [0.3, 1.0, 1.7, 5.0, 37.0])
+def test_smooth_engine_capacity_is_within_the_precision(true):
+    measure, calls = scripted(true)
+    result = search_capacity(measure, options(precision=0.05), base_rates=(2.0, 64.0))
+    # passing means attainment >= 0.95, i.e. a level up to 1.05 x the true capacity
+    limit = true * 1.05
+    assert result.capacity_scale <= limit + 1e-9
+    assert result.bracket_high > limit
+    assert result.bracket_high / result.capacity_scale - 1 <= 0.05 + 1e-9
+    assert result.verdict == "ok" and not result.unstable
+    assert calls[0] == (1.0, False)  # starts at the trace's own rate
+    assert calls[-1] == (result.capacity_scale, True)  # the highest pass is confirmed by a repeat
+    assert result.capacity_rps == pytest.approx(2.0 * result.capacity_scale)
+    assert len(calls) <= 14
+
+
+def test_cliff_is_found():
+    measure, _ = scripted(100.0, cliff_above=3.0)
+    result = search_capacity(measure, options(precision=0.05))
+    assert 3.0 / 1.05 <= result.capacity_scale <= 3.0 < result.bracket_high
+
+
+def test_config_that_fails_at_the_trace_rate_is_searched_downward():
+    measure, calls = scripted(0.2)
+    result = search_capacity(measure, options(), base_rates=(2.0, 64.0))
+    assert calls[0][0] == 1.0 and not result.steps[0].passed
+    assert 0.2 / 1.05 <= result.capacity_scale <= 0.21
+    assert result.headline().startswith("capacity 0.403 req/s [0.403, 0.42] = 0.201x")
+
+
+def test_config_that_never_passes_has_capacity_zero():
+    measure, _ = scripted(0.001)
+    result = search_capacity(measure, options(min_scale=1 / 16))
+    assert result.capacity_scale is None and result.verdict == "below_min"
+    assert result.as_dict()["capacity_rps"] == 0.0
+    assert "capacity 0" in result.headline()
+
+
+def test_noise_is_confirmed_or_flagged_never_averaged():
+    outcomes = []
+    for seed in range(40):
+        measure, _ = scripted(4.0, noise=0.08, seed=seed)
+        result = search_capacity(measure, options(precision=0.05))
+        repeat = [s for s in result.steps if s.repeat]
+        assert len(repeat) == 1
+        if result.unstable:
+            # the level that failed its repeat becomes the top of the bracket; the capacity is the
+            # next lower level that passed (honest, and wider)
+            assert not repeat[0].passed and result.bracket_high == repeat[0].scale
+            assert result.capacity_scale is None or result.capacity_scale < repeat[0].scale <= 4.0 * 1.2
+            assert "UNSTABLE" in result.headline()
+        else:
+            assert repeat[0].passed and repeat[0].scale == result.capacity_scale
+            # a confirmed answer stays near the truth (noise +-8%, precision 5%)
+            assert 4.0 * 0.85 <= result.capacity_scale <= 4.0 * 1.2
+        outcomes.append(result.unstable)
+    assert any(outcomes) and not all(outcomes)  # the noise does bite sometimes, and is caught
+
+
+def test_seeded_start_skips_the_climb():
+    measure, calls = scripted(40.0)
+    cold = search_capacity(measure, options())
+    warm_measure, warm_calls = scripted(40.0)
+    warm = search_capacity(warm_measure, options(start_scale=38.0))
+    assert warm.capacity_scale == pytest.approx(cold.capacity_scale, rel=0.06)
+    assert len(warm_calls) < len(calls)
+    assert warm_calls[0][0] == 38.0
+
+
+def test_seed_steps_are_reused_not_measured_again():
+    measure, calls = scripted(3.0)
+    first = measure(1.0, False)
+    calls.clear()
+    result = search_capacity(measure, options(), seed_steps=[first])
+    assert (1.0, False) not in calls and result.steps[0] is first
+
+
+def test_client_overload_stops_the_search_with_a_verdict():
+    measure, _ = scripted(50.0, overloaded_above=6.0)
+    result = search_capacity(measure, options())
+    assert result.verdict == "client_overloaded"
+    assert result.capacity_scale == 4.0 and result.bracket_high == 8.0
+    assert "lower bound" in result.headline()
+
+
+def test_never_fails_up_to_the_ceiling():
+    measure, _ = scripted(1e6)
+    result = search_capacity(measure, options(max_scale=16))
+    assert result.verdict == "above_max" and result.capacity_scale == 16 and result.bracket_high is None
+
+
+def test_step_budget():
+    measure, calls = scripted(3.3)
+    result = search_capacity(measure, options(max_steps=4, precision=0.001))
+    assert result.verdict == "max_steps" and len(calls) == 5  # 4 steps + the confirming repeat
+
+
+@pytest.mark.parametrize("bad", [dict(attainment=0), dict(attainment=1.5), dict(precision=0), dict(start_scale=1e9)])
+def test_bad_options(bad):
+    with pytest.raises(InputError):
+        options(**bad)
+    with pytest.raises(InputError, match="--slo"):
+        CapacityOptions(slos=())
+
+
+# -- definitions -----------------------------------------------------------------------------------
+def record(i, *, ttft=0.1, success=True, e2e=0.5, tokens=10):
+    return RequestRecord(index=i, id=None, scheduled_s=0, send_s=0, lag_s=0, success=success, error="" if success else "x",
+                         ttft_s=ttft if success else None, e2e_s=e2e, itl_s=[], prompt_tokens=5, output_tokens=tokens,
+                         requested_tokens=tokens, finish_reason="length")
+
+
+def test_allowed_misses_and_certain_misses():
+    assert allowed_misses(20, 0.95) == 1 and allowed_misses(19, 0.95) == 0 and allowed_misses(100, 0.9) == 10
+    finished = [record(0), record(1, ttft=2.0), record(2, success=False)]
+    live = [InFlight(send=0.0), InFlight(send=0.0, first_output=0.5), InFlight(send=9.5)]
+    # 2 finished misses + 1 in flight with no first output after 10 s (TTFT 1 s); the one that
+    # already has its first token and the one sent 0.5 s ago are not certain misses
+    assert certain_misses(finished, live, 10.0, SLOS) == 3
+
+
+def test_percentile_targets_count_unfinished_requests_as_misses():
+    slos = parse_slos("ttft:p50<1s")
+    fast = [record(i) for i in range(10)]
+    assert percentile_targets_met(fast, 10, slos)
+    assert not percentile_targets_met(fast[:4], 10, slos)  # 6 never finished: the median is infinite
+
+
+def test_rates_and_scaling():
+    reqs = [PreparedRequest(index=i, id=None, scheduled_s=2.0 + i, max_tokens=8, prompt="p") for i in range(5)]
+    assert offered_rates(reqs) == (1.0, 8.0)
+    fast = at_scale(reqs, 4.0, None)
+    assert [r.scheduled_s for r in fast] == [0, 0.25, 0.5, 0.75, 1.0]
+    assert offered_rates(fast) == (4.0, 32.0)
+    assert len(at_scale(reqs, 0.5, 3.0)) == 2  # 0 s and 2 s; 4 s is past the 3 s cap
+
+
+# -- early abandon on a real replay loop -----------------------------------------------------------
+class SlotServer:
+    """An engine with `slots` concurrent requests, each `service_s` long; the rest wait in a queue:
+    its capacity is slots / service_s requests per second."""
+
+    def __init__(self, slots: int, service_s: float):
+        self.slots, self.service_s = slots, service_s
+        self.started = 0
+        self.cancelled = 0
+        self.base_url = ""
+        self._ready = threading.Event()
+
+    async def handle(self, request):
+        await request.json()
+        async with self._sem:
+            self.started += 1
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            try:
+                await asyncio.sleep(self.service_s / 2)
+                await response.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+                await asyncio.sleep(self.service_s / 2)
+                usage = {"prompt_tokens": 3, "completion_tokens": 2}
+                await response.write(b'data: {"choices": [{"text": "b"}]}\n\n')
+                await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+            except (asyncio.CancelledError, ConnectionResetError):
+                self.cancelled += 1  # the client hung up: an abandoned level
+            return response
+
+    def _serve(self):
+        async def main():
+            self._sem = asyncio.Semaphore(self.slots)
+            app = web.Application()
+            app.router.add_post("/v1/completions", self.handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await self._stop.wait()
+            await runner.cleanup()
+
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(main())
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+def test_level_runner_finds_a_slot_servers_capacity_and_abandons_hopeless_levels():
+    # 4 slots x 0.1 s = 40 req/s. The trace offers 10 req/s for 20 s; each level replays 1.5 s of it.
+    requests = [PreparedRequest(index=i, id=None, scheduled_s=i * 0.1, max_tokens=2, prompt="p") for i in range(200)]
+    opts = CapacityOptions(slos=tuple(parse_slos("ttft:p99<300ms")), precision=0.25, max_scale=32)
+    steps = []
+    with SlotServer(slots=4, service_s=0.1) as server:
+        runner = LevelRunner(server.base_url, "m", requests, ReplayOptions(max_duration_s=1.5), opts,
+                             on_level=steps.append)
+        t0 = time.perf_counter()
+        result = runner.search()
+        elapsed = time.perf_counter() - t0
+    # capacity 40 req/s = 4x; a slightly higher level still passes while the queue builds up
+    assert 2.5 <= result.capacity_scale <= 8.0, result.as_dict()
+    assert result.capacity_rps == pytest.approx(result.capacity_scale * 10.0, rel=0.01)
+    failed = [s for s in steps if not s.passed]
+    assert failed and any(s.abandoned and s.requests < s.planned for s in failed), [s.as_dict() for s in steps]
+    assert server.cancelled > 0  # what was in flight when a level was abandoned was cancelled
+    assert elapsed < 60
