@@ -114,6 +114,21 @@ class VLLMConfig(BaseModel):
     def name(self) -> str:
         return self.served_model_name or Path(self.model).name
 
+    def gpus(self) -> int:
+        """Accelerators one replica of this config occupies (tensor x pipeline parallel, from
+        `extra_args`; 1 when neither is set)."""
+        sizes = {"tensor": 1, "pipeline": 1}
+        flags = {"--tensor-parallel-size": "tensor", "-tp": "tensor", "--pipeline-parallel-size": "pipeline",
+                 "-pp": "pipeline"}
+        args = list(self.extra_args)
+        for i, arg in enumerate(args):
+            flag, eq, value = arg.partition("=")
+            if flag in flags:
+                value = value if eq else (args[i + 1] if i + 1 < len(args) else "1")
+                if value.isdigit() and int(value) > 0:
+                    sizes[flags[flag]] = int(value)
+        return sizes["tensor"] * sizes["pipeline"]
+
 
 def platform_problems(config: VLLMConfig, platform: Platform) -> list[str]:
     """Reasons `config` cannot run on `platform` (empty when it can)."""

@@ -90,6 +90,16 @@ class Step:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def line(self, label: str = "") -> str:
+        """This level in one line, for progress output."""
+        verdict = "pass" if self.passed else ("abandoned" if self.abandoned else "fail")
+        if self.client_overloaded and not self.passed:
+            verdict = f"client overloaded (schedule lag p99 {self.lag_p99_s * 1000:.0f} ms): not counted"
+        sent = f", sent {self.requests}" if self.requests < self.planned else ""
+        return (f"{label + ': ' if label else ''}load {self.scale:.3g}x = {self.rps:.3g} req/s · attainment "
+                f"{self.attainment:.0%} ({self.good}/{self.planned}{sent}) · {verdict}"
+                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s")
+
 
 @dataclasses.dataclass
 class CapacityResult:
@@ -102,6 +112,7 @@ class CapacityResult:
     base_rps: float  # offered requests/s at k = 1
     base_output_tps: float
     gpus: int = 1
+    mean_prompt_tokens: float = 0.0  # of the requests measured, as the engine counted them
     unstable: bool = False
     verdict: str = "ok"  # ok | above_max | below_min | client_overloaded | max_steps
     search_s: float = 0.0
@@ -132,6 +143,7 @@ class CapacityResult:
             "gpus": self.gpus, "attainment_target": self.attainment_target, "precision": self.precision,
             "slo": self.slos, "unstable": self.unstable, "verdict": self.verdict,
             "base_rps": self.base_rps, "base_output_tps": self.base_output_tps,
+            "capacity_input_tps": self.capacity_rps * self.mean_prompt_tokens,
             "search_s": self.search_s, "replay_s": self.replay_s,
             "steps": [s.as_dict() for s in self.steps],
         }
@@ -171,16 +183,11 @@ def offered_rates(requests: Sequence[PreparedRequest]) -> tuple[float, float]:
     return rps, rps * per_request_tokens
 
 
-def at_scale(requests: Sequence[PreparedRequest], scale: float, max_duration_s: float | None) -> list[PreparedRequest]:
-    """The requests with their arrival times divided by `scale`, cut to `max_duration_s` of schedule."""
-    out = []
+def at_scale(requests: Sequence[PreparedRequest], scale: float) -> list[PreparedRequest]:
+    """The same requests with their arrival times (from the first) divided by `scale`. Every level
+    replays the same requests: only the pace changes."""
     t0 = requests[0].scheduled_s if requests else 0.0
-    for r in requests:
-        scheduled = (r.scheduled_s - t0) / scale
-        if max_duration_s is not None and scheduled > max_duration_s and out:
-            break
-        out.append(dataclasses.replace(r, scheduled_s=scheduled))
-    return out
+    return [dataclasses.replace(r, scheduled_s=(r.scheduled_s - t0) / scale) for r in requests]
 
 
 def percentile_targets_met(records: Sequence[RequestRecord], planned: int, slos: Sequence[SLO]) -> bool:
@@ -319,6 +326,23 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
 
 
 # -- on a real engine -----------------------------------------------------------------------------
+def settle(engine: Any, *, reset_prefix_cache: bool, timeout_s: float = 30.0) -> None:
+    """Before a level: wait until the engine runs and queues nothing (an abandoned level leaves
+    aborted requests behind for a moment), then empty its prefix cache, so every level starts
+    alike. Engines without metrics are not waited for."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            m = engine.metrics()
+        except Exception:  # no /metrics (an endpoint we do not run): nothing to wait for
+            break
+        if m.requests_running + m.requests_waiting == 0:
+            break
+        time.sleep(0.1)
+    if reset_prefix_cache:
+        engine.reset_prefix_cache()
+
+
 @dataclasses.dataclass
 class LevelRunner:
     """Replays load levels against one running engine: warm-up once, the prefix cache reset (and
@@ -326,7 +350,7 @@ class LevelRunner:
 
     base_url: str
     model: str
-    requests: Sequence[PreparedRequest]  # the measured slice at k = 1, warm-up excluded
+    requests: Sequence[PreparedRequest]  # the measured slice at k = 1 (same at every level), warm-up excluded
     replay_options: ReplayOptions
     options: CapacityOptions
     warmup: Sequence[PreparedRequest] = ()  # sent once, before the first level, unmeasured
@@ -338,7 +362,7 @@ class LevelRunner:
     results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)
 
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
-        requests = at_scale(self.requests, scale, self.replay_options.max_duration_s)
+        requests = at_scale(self.requests, scale)
         warmup = list(self.warmup) if not self.results else []
         if self.before_level is not None:
             self.before_level()
@@ -362,5 +386,12 @@ class LevelRunner:
         return step
 
     def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1) -> CapacityResult:
-        return search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
-                               base_rates=offered_rates(self.requests))
+        if len(self.requests) < 2 or self.requests[-1].scheduled_s <= self.requests[0].scheduled_s:
+            raise InputError("every measured request of the trace arrives at the same moment, so no load level "
+                             "differs from another: a capacity search needs a trace with arrival times spread "
+                             "over time (or more requests: --max-requests / --max-duration)")
+        result = search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
+                                 base_rates=offered_rates(self.requests))
+        prompts = [r.prompt_tokens for res in self.results.values() for r in res.records if r.prompt_tokens]
+        result.mean_prompt_tokens = float(np.mean(prompts)) if prompts else 0.0
+        return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
@@ -163,13 +164,85 @@ def print_summary(summary, console) -> None:
         console.print(f"[red]error example:[/] {example}", highlight=False, markup=True)
 
 
+@contextlib.contextmanager
+def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console):
+    """The engine to measure: `--endpoint URL` (already running) or a vLLM server started here
+    (and always stopped). Yields (engine, tokenizer directory or None, what to record about it)."""
+    engine = None
+    try:
+        if args.endpoint:
+            from engine_adapter.openai_endpoint import OpenAIEndpoint, OpenAIEndpointConfig
+
+            engine = OpenAIEndpoint()
+            engine.start(OpenAIEndpointConfig(base_url=args.endpoint, model=args.served_model,
+                                              api_key_env=args.api_key_env))
+            engine.wait_healthy(60)
+            yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
+        else:
+            from engine_adapter.vllm_server import VLLMServer
+
+            engine = VLLMServer(out_dir)
+            with console.status("starting vLLM…") as status:
+                t0 = time.perf_counter()
+                engine.launch(config, args.start_timeout,
+                              on_tick=lambda s: status.update(f"starting vLLM… {s:.0f}s (log: {engine.log_path})"))
+            console.print(f"vLLM healthy after {time.perf_counter() - t0:.1f}s (log: {engine.log_path})")
+            yield engine, Path(config.model), {"engine": "vllm", "config": json.loads(config.model_dump_json()),
+                                                "platform": engine.platform.value}
+    finally:
+        if engine is not None:
+            engine.stop()
+
+
+def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, Any, Path]:
+    """Checks every input before anything starts: (trace, engine config or None, results dir)."""
+    from engine_adapter.errors import InputError
+    from replay.trace import load_trace
+
+    trace = load_trace(args.trace)
+    needs_tokens = any(r.input_length is not None for r in trace.records)
+    if args.endpoint and needs_tokens and not args.tokenizer:
+        raise InputError(f"{args.trace} has length-only requests: pass --tokenizer DIR (the served model's "
+                         f"tokenizer) so prompts of the right token counts can be made")
+    config = None
+    if not args.endpoint:  # a bad --model or engine flag fails here, before the results directory exists
+        from engine_adapter.cli_options import resolve_engine_config
+
+        config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
+    out_dir = args.out or Path("runs") / f"{args.command}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir}: is a file, not a directory")
+    return trace, config, out_dir
+
+
+def prepared_requests(trace: Any, options: Any, tokenizer_dir: Path | None, console) -> list:
+    """The trace's requests with their text (prompts synthesised for length-only requests)."""
+    from replay.runner import prepare
+
+    synthesizer = None
+    if any(r.input_length is not None for r in trace.records):
+        from replay.synth import PromptSynthesizer
+
+        with console.status("synthesising prompts for length-only requests…"):
+            synthesizer = PromptSynthesizer(_tokenizer(tokenizer_dir))
+    return prepare(trace, options, synthesizer)
+
+
+def engine_with_metrics(engine: Any) -> Any:
+    """`engine` if it serves Prometheus metrics (for its counters), else None."""
+    try:
+        engine.metrics()
+        return engine
+    except Exception:  # an endpoint without /metrics: measure without engine counters
+        return None
+
+
 def replay_command(args: argparse.Namespace, console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine_adapter.errors import InputError
     from replay.metrics import parse_slos, summarize
-    from replay.runner import ReplayOptions, prepare, replay
-    from replay.trace import load_trace
+    from replay.runner import ReplayOptions, replay
 
     slos = parse_slos(args.slo)
     if args.time_scale is not None and args.rate_scale is not None:
@@ -181,54 +254,11 @@ def replay_command(args: argparse.Namespace, console) -> int:
                             warmup_requests=args.warmup, mode=args.mode, concurrency=args.concurrency,
                             ignore_eos=not args.no_ignore_eos, max_output_tokens=args.max_output_tokens,
                             request_timeout_s=args.request_timeout, keep_text=args.keep_text)
-    trace = load_trace(args.trace)
-    needs_tokens = any(r.input_length is not None for r in trace.records)
-    if args.endpoint and needs_tokens and not args.tokenizer:
-        raise InputError(f"{args.trace} has length-only requests: pass --tokenizer DIR (the served model's "
-                         f"tokenizer) so prompts of the right token counts can be made")
-    config = None
-    if not args.endpoint:  # a bad --model or engine flag fails here, before the results directory exists
-        from engine_adapter.cli_options import resolve_engine_config
-
-        config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
-    out_dir = args.out or Path("runs") / f"replay-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir}: is a file, not a directory")
+    trace, config, out_dir = prepare_run(args, options, console)
     out_dir.mkdir(parents=True, exist_ok=True)
-
-    engine = None
-    try:
-        if args.endpoint:
-            from engine_adapter.openai_endpoint import OpenAIEndpoint, OpenAIEndpointConfig
-
-            engine = OpenAIEndpoint()
-            engine.start(OpenAIEndpointConfig(base_url=args.endpoint, model=args.served_model,
-                                              api_key_env=args.api_key_env))
-            engine.wait_healthy(60)
-            tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None
-            engine_info: dict[str, Any] = {"endpoint": args.endpoint}
-        else:
-            from engine_adapter.vllm_server import VLLMServer
-
-            tokenizer_dir = Path(config.model)
-            engine = VLLMServer(out_dir)
-            with console.status("starting vLLM…") as status:
-                t0 = time.perf_counter()
-                engine.launch(config, args.start_timeout,
-                              on_tick=lambda s: status.update(f"starting vLLM… {s:.0f}s (log: {engine.log_path})"))
-            console.print(f"vLLM healthy after {time.perf_counter() - t0:.1f}s (log: {engine.log_path})")
-            engine_info = {"engine": "vllm", "config": json.loads(config.model_dump_json()),
-                           "platform": engine.platform.value}
-
-        synthesizer = None
-        if needs_tokens:
-            from replay.synth import PromptSynthesizer
-
-            with console.status("synthesising prompts for length-only requests…"):
-                synthesizer = PromptSynthesizer(_tokenizer(tokenizer_dir))
-        requests = prepare(trace, options, synthesizer)
+    with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
+        requests = prepared_requests(trace, options, tokenizer_dir, console)
         measured = max(len(requests) - options.warmup_requests, 0)
-
         with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                       TimeElapsedColumn(), console=console, transient=False) as progress:
             task = progress.add_task("replay", total=measured, info="warming up")
@@ -236,16 +266,9 @@ def replay_command(args: argparse.Namespace, console) -> int:
             def on_progress(done: int, total: int, in_flight: int) -> None:
                 progress.update(task, completed=done, info=f"in flight {in_flight}")
 
-            metrics_engine = engine if hasattr(engine, "metrics") else None
-            try:
-                metrics_engine.metrics()
-            except Exception:  # an endpoint without /metrics: replay without engine counters
-                metrics_engine = None
             result = replay(engine.endpoint.base_url, engine.endpoint.model, requests, options,
-                            engine=metrics_engine, headers=engine.endpoint.headers or None, on_progress=on_progress)
-    finally:
-        if engine is not None:
-            engine.stop()
+                            engine=engine_with_metrics(engine), headers=engine.endpoint.headers or None,
+                            on_progress=on_progress)
 
     summary = summarize(result, slos)
     result.write_records(out_dir / "requests.jsonl")

@@ -142,6 +142,7 @@ class Summary:
     slo_met: dict[str, bool] = dataclasses.field(default_factory=dict)
     engine: dict[str, float] | None = None
     error_examples: list[str] = dataclasses.field(default_factory=list)
+    capacity: dict[str, Any] | None = None  # replay.capacity.CapacityResult.as_dict(), when searched
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -156,6 +157,8 @@ class Summary:
         if self.goodput_rps is not None:
             out["goodput_rps"] = self.goodput_rps.as_dict()
             out["slo_attainment"] = self.slo_attainment
+        if self.capacity is not None:
+            out["capacity"] = self.capacity
         return out
 
 

@@ -24,6 +24,7 @@ examples:
   tune engine command --kv-cache-dtype fp8 # print the vLLM command a config runs, start nothing
   tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl m.jsonl --limit 60 --length-scale 0.1
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching --slo "ttft:p99<2s"
+  tune capacity --trace examples/traffic.jsonl --eager --slo "ttft:p99<2s,tpot:p99<200ms" --json cap.json
   tune dashboard                           # browse the latest study: Pareto front, trials, export
   tune export --best --format k8s -o deploy.yaml
 """
@@ -71,6 +72,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from replay.cli import add_parsers as add_replay_parsers
 
     add_replay_parsers(sub)
+    from replay.capacity_cli import add_parser as add_capacity_parser
+
+    add_capacity_parser(sub)
     from replay.record import add_record_parser
 
     add_record_parser(sub)
@@ -118,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             from replay.cli import replay_command
             from tuner.commands import console
             return replay_command(args, console)
+        if args.command == "capacity":
+            from replay.capacity_cli import capacity_command
+            from tuner.commands import console
+            return capacity_command(args, console)
         if args.command == "record":
             from replay.record import record_command
             from tuner.commands import console

@@ -39,7 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", metavar="SPEC", help="constraints, e.g. 'ttft:p99<500ms,tpot:p50<50ms'")
     p.add_argument("--max-quality-loss", type=float, metavar="NATS",
                    help="quality gate: max mean NLL increase per token vs the reference")
-    p.add_argument("--objectives", metavar="LIST", help="default: ttft_p99,output_tps (goodput with --slo),quality_loss")
+    p.add_argument("--objectives", metavar="LIST",
+                   help="default: ttft_p99,capacity,quality_loss with --slo (ttft_p99,output_tps,quality_loss "
+                        "without); also goodput, request_tps, tpot_p50, e2e_p99, ...")
+    p.add_argument("--attainment", type=float, default=0.95, metavar="F",
+                   help="capacity: share of requests that must meet every --slo threshold at a load level "
+                        "(default 0.95)")
+    p.add_argument("--precision", type=float, default=0.05, metavar="F",
+                   help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
+    p.add_argument("--max-duration", type=float, metavar="S",
+                   help="measure only the requests of the trace's first S seconds (after --time-scale)")
+    p.add_argument("--gpu-hour-cost", type=float, metavar="USD",
+                   help="price of one GPU hour: adds $ per 1M output (and input) tokens at capacity")
+    p.add_argument("--target-rate", type=float, metavar="RPS",
+                   help="requests/s of this traffic to serve: adds the replicas and GPUs each config needs")
     p.add_argument("--sampler", choices=["nsga2", "tpe", "gp", "random"], default="nsga2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine", dest="engine_type", choices=["vllm", "openai"], default="vllm",
@@ -73,6 +86,8 @@ def _default_study_name(trace: Path) -> str:
 def _fmt(name: str, value: float) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if name == "capacity":
+        return f"{value:.3g} req/s"
     if name.endswith(("_p50", "_p90", "_p99", "_mean")):
         return f"{value * 1000:.0f} ms"
     if name == "quality_loss":
@@ -93,6 +108,10 @@ def main(argv: list[str], console) -> int:
         raise InputError(f"--heartbeat must be >= 1 second, got {args.heartbeat}")
     if not args.request_timeout > 0:
         raise InputError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    for flag, value in (("--gpu-hour-cost", args.gpu_hour_cost), ("--target-rate", args.target_rate),
+                        ("--max-duration", args.max_duration)):
+        if value is not None and not value > 0:
+            raise InputError(f"{flag} must be > 0, got {value}")
     import os
 
     api_key = None
@@ -148,7 +167,13 @@ def main(argv: list[str], console) -> int:
             elif arg.startswith("--api-key="):
                 api_key = arg.split("=", 1)[1]
     replay_options = ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests,
-                                   warmup_requests=args.warmup, request_timeout_s=args.request_timeout)
+                                   max_duration_s=args.max_duration, warmup_requests=args.warmup,
+                                   request_timeout_s=args.request_timeout)
+    capacity_options = None
+    if "capacity" in objectives:
+        from replay.capacity import CapacityOptions
+
+        capacity_options = CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision)
     # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the
     # storage URL, the environment tracetune runs in) are scrubbed from everything stored.
     secrets = secret_values(env=base_config.env, process_env=dict(os.environ), args=base_config.extra_args,
@@ -156,7 +181,8 @@ def main(argv: list[str], console) -> int:
                             extra=[api_key] if api_key else [])
     settings = StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
                              slos=slos, max_quality_loss=args.max_quality_loss, sampler=args.sampler,
-                             seed=args.seed, replay=replay_options, probe_prompts=args.probe_prompts,
+                             seed=args.seed, replay=replay_options, capacity=capacity_options,
+                             probe_prompts=args.probe_prompts,
                              probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout,
                              timeout_s=args.timeout, enqueue=enqueue, heartbeat_s=args.heartbeat,
                              engine_port=args.engine_port, secrets=secrets, api_key=api_key)
@@ -189,7 +215,11 @@ def main(argv: list[str], console) -> int:
         elif event == "reference_done":
             s = f["summary"]
             console.print(f"reference: TTFT p99 {_fmt('ttft_p99', s.latency['ttft']['p99'].value)} · "
-                          f"{s.output_throughput_tps.value:.1f} tok/s")
+                          f"{s.output_throughput_tps.value:.1f} tok/s at the trace's rate")
+        elif event == "capacity_step":
+            console.print("  " + f["step"].line(f["label"]), highlight=False)
+        elif event == "capacity_done":
+            console.print(f"  {f['label']}: {f['capacity'].headline()}", highlight=False)
         elif event == "trial_start":
             diff = {k: v for k, v in f["values"].items()}
             console.print(f"\n[bold]trial {f['number']}[/] {diff}")
@@ -267,29 +297,116 @@ def main(argv: list[str], console) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-    reference = tuner.store.reference(study_name)
+    report_results(tuner, study, args, console, run_dir)
+    return 0
+
+
+def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, args) -> dict:
+    """One candidate of the final table: the reference or a trial, with what it was measured."""
+    from tuner.front import economics
+    from tuner.study import config_diff
+
+    config = result.get("config") or {}
+    summary = result.get("summary") or {}
+    diff = {} if label == "reference" else config_diff(config, ref_config) if config else {}
+    return {"trial": label, "values": values, "config": config, "differs_from_reference": diff, "summary": summary,
+            "quality": result.get("quality") or {}, "capacity": summary.get("capacity"),
+            "economics": economics(summary.get("capacity"), gpu_hour_cost=args.gpu_hour_cost,
+                                   target_rate=args.target_rate)}
+
+
+def report_results(tuner, study, args, console, run_dir: Path) -> None:
+    """The front (vLLM's defaults competing like any trial), the verdict in plain words, failures
+    grouped by reason, and best.json / pareto.json."""
+    from tuner.front import REFERENCE, Candidate, decide
+    from tuner.study import OBJECTIVES, pareto_trials
+
+    name, objectives = tuner.s.study_name, tuner.s.objectives
+    directions = [OBJECTIVES[o] for o in objectives]
+    reference = tuner.store.reference(name)
     ref_config = reference["config"] if reference else {}
-    front = pareto_trials(study)
-    results = {r["trial_number"]: r for r in tuner.store.trials(study_name)}
-    table = Table(title=f"Pareto front of study {study_name} ({len(front)} of {len(study.trials)} trials)")
+    if tuner.reference_values is None and reference and reference.get("summary"):
+        tuner._set_reference_values(reference["summary"])
+    results = {r["trial_number"]: r for r in tuner.store.trials(name)}
+    trials = {t.number: t for t in pareto_trials(study)}
+    ref_candidate = None
+    if tuner.reference_values is not None:
+        ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
+    decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
+                      objectives, directions)
+    rows = []
+    for c in decision.front:
+        result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
+            if c.label == REFERENCE else results.get(c.label, {})
+        rows.append(_row(c.label, dict(zip(objectives, c.values)), result, ref_config, args))
+    console.print(_front_table(rows, objectives, name, len(study.trials), args))
+    console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
+    if decision.dominated_by_reference:
+        console.print(f"  vLLM's defaults beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
+                      f"objective: they are not on the front.", highlight=False)
+    _print_failures(study, console)
+    (run_dir / "pareto.json").write_text(json.dumps({"study": name, "objectives": objectives, "trials": rows,
+                                                     "verdict": decision.verdict()}, indent=2, default=str))
+    if decision.best is None:
+        console.print("no feasible measured trial yet: nothing on the front.")
+        return
+    best = next(r for r in rows if r["trial"] == decision.best.label)
+    best = {**best, "verdict": decision.verdict(), "by": decision.by,
+            "reference_is_best": decision.reference_is_best}
+    (run_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
+    which = "vLLM's defaults (the reference)" if decision.reference_is_best else f"trial {best['trial']}"
+    console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / 'best.json'} and "
+                  f"{run_dir / 'pareto.json'}", highlight=False)
+
+
+def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
+    from rich.table import Table
+
+    has_capacity = any(r["capacity"] for r in rows)
+    table = Table(title=f"Pareto front of study {name} ({len(rows)} of {n_trials} trials + vLLM's defaults)")
     table.add_column("trial", justify="right")
     table.add_column("differs from reference", overflow="fold")
-    for name in objectives:
-        table.add_column(name, justify="right")
-    rows = []
-    for t in sorted(front, key=lambda t: t.number):
-        res = results.get(t.number, {})
-        diff = config_diff(res.get("config") or {}, ref_config) if res.get("config") else {}
-        summary = res.get("summary") or {}
-        quality = res.get("quality") or {}
+    for objective in objectives:
+        table.add_column(objective, justify="right")
+    if has_capacity:
+        table.add_column("capacity bracket", justify="right")
+    if args.gpu_hour_cost is not None:
+        table.add_column("$/1M out tok", justify="right")
+    if args.target_rate is not None:
+        table.add_column(f"GPUs for {args.target_rate:g} req/s", justify="right")
+    for r in rows:
         cells = []
-        for name, value in zip(objectives, t.values):
-            ci = _ci_of(name, summary, quality)
-            cells.append(_fmt(name, value) + (f" [dim][{_fmt(name, ci[0])}, {_fmt(name, ci[1])}][/]" if ci else ""))
-        table.add_row(str(t.number), ", ".join(f"{k}={v}" for k, v in diff.items() if k != "model") or "(none)", *cells)
-        rows.append({"trial": t.number, "values": dict(zip(objectives, t.values)), "config": res.get("config"),
-                     "differs_from_reference": diff, "summary": summary, "quality": quality})
-    console.print(table)
+        for objective in objectives:
+            value = r["values"][objective]
+            ci = _ci_of(objective, r["summary"], r["quality"]) if r["trial"] != "reference" or objective != "quality_loss" else None
+            cells.append(_fmt(objective, value) + (f" [dim][{_fmt(objective, ci[0])}, {_fmt(objective, ci[1])}][/]" if ci else ""))
+        if has_capacity:
+            cells.append(_bracket(r["capacity"]))
+        econ = r["economics"]
+        if args.gpu_hour_cost is not None:
+            cells.append(f"{econ.get('usd_per_1m_output_tokens', math.nan):.3g}")
+        if args.target_rate is not None:
+            cells.append(f"{econ.get('gpus_total', math.nan):g}")
+        label = "ref" if r["trial"] == "reference" else str(r["trial"])
+        diff = "(vLLM's defaults)" if r["trial"] == "reference" else \
+            ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
+        table.add_row(label, diff, *cells)
+    return table
+
+
+def _bracket(capacity: dict | None) -> str:
+    if not capacity:
+        return "-"
+    low, high = capacity["bracket_rps"]
+    text = f"[{low:.3g}, {'-' if high is None else f'{high:.3g}'}] req/s"
+    if capacity.get("unstable"):
+        text += " unstable"
+    if capacity.get("verdict") == "client_overloaded":
+        text += " (client-limited)"
+    return text
+
+
+def _print_failures(study, console) -> None:
     failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed")
               or (t.user_attrs.get("status") == "measured" and t.user_attrs.get("failure_reason"))]
     by_reason: dict[tuple[str, str], list[int]] = {}
@@ -299,16 +416,6 @@ def main(argv: list[str], console) -> int:
     for (status, reason), numbers in sorted(by_reason.items(), key=lambda kv: kv[1][0]):
         console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"
                       f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)
-    (run_dir / "pareto.json").write_text(json.dumps({"study": study_name, "objectives": objectives,
-                                                     "trials": rows}, indent=2, default=str))
-    if rows:
-        best = _pick_best(rows, objectives)
-        (run_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
-        console.print(f"best (by {objectives[1] if len(objectives) > 1 else objectives[0]} on the front): trial "
-                      f"{best['trial']} · wrote {run_dir / 'best.json'} and {run_dir / 'pareto.json'}")
-    else:
-        console.print("no feasible measured trial yet: nothing on the front.")
-    return 0
 
 
 def _ci_of(name: str, summary: dict, quality: dict):
@@ -320,15 +427,10 @@ def _ci_of(name: str, summary: dict, quality: dict):
             e = summary["latency_s"][metric][name.split("_", 1)[1]]
             return e["ci_low"], e["ci_high"]
     key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}.get(name)
+    if name == "capacity" and summary.get("capacity"):
+        low, high = summary["capacity"]["bracket_rps"]
+        gpus = max(summary["capacity"].get("gpus") or 1, 1)
+        return low / gpus, (math.inf if high is None else high / gpus)
     if key and summary.get(key):
         return summary[key]["ci_low"], summary[key]["ci_high"]
     return None
-
-
-def _pick_best(rows: list[dict], objectives: list[str]) -> dict:
-    """The front's best on the first throughput-like objective (else the first objective)."""
-    from tuner.study import OBJECTIVES
-
-    key = next((o for o in objectives if OBJECTIVES[o] == "maximize"), objectives[0])
-    sign = 1 if OBJECTIVES[key] == "maximize" else -1
-    return max(rows, key=lambda r: sign * r["values"][key])

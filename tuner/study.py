@@ -28,8 +28,9 @@ from typing import Any, Callable
 from engine_adapter.errors import EngineError, InputError, TuneError
 from engine_adapter.platform import Platform
 from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+from replay.capacity import CapacityOptions, LevelRunner, settle
 from replay.metrics import SLO, STATS, Summary, summarize
-from replay.runner import ReplayOptions, prepare, replay
+from replay.runner import ReplayOptions, ReplayResult, prepare, replay
 from replay.trace import Trace
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
@@ -40,19 +41,22 @@ SAMPLERS = ("nsga2", "tpe", "gp", "random")
 _METRIC_STAT = {f"{m}_{s}": (m, s) for m in ("ttft", "tpot", "itl", "e2e") for s in STATS}
 OBJECTIVES: dict[str, str] = {**{name: "minimize" for name in _METRIC_STAT},
                               "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize",
-                              "quality_loss": "minimize"}
+                              "capacity": "maximize", "quality_loss": "minimize"}
 
 
 def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
-    """`ttft_p99,output_tps,quality_loss` -> names; default depends on whether SLOs were given."""
+    """`ttft_p99,output_tps,quality_loss` -> names. Default: latency at the trace's own rate,
+    capacity at the SLO (with --slo; throughput at the trace's rate without), quality loss."""
     if not spec:
-        return ["ttft_p99", "goodput" if has_slo else "output_tps", "quality_loss"]
+        return ["ttft_p99", "capacity" if has_slo else "output_tps", "quality_loss"]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in OBJECTIVES]
     if unknown:
         raise InputError(f"--objectives: unknown {unknown}; choose from {sorted(OBJECTIVES)}")
-    if "goodput" in names and not has_slo:
-        raise InputError("--objectives goodput needs --slo (goodput counts requests meeting the SLOs)")
+    for needs_slo in ("goodput", "capacity"):
+        if needs_slo in names and not has_slo:
+            raise InputError(f"--objectives {needs_slo} needs --slo (it counts requests meeting the SLO), "
+                             f"e.g. --slo 'ttft:p99<2s,tpot:p99<100ms'")
     if len(set(names)) != len(names):
         raise InputError("--objectives: each objective once")
     return names
@@ -71,6 +75,8 @@ def objective_value(name: str, summary: Summary | dict, quality: QualityResult |
         return s["request_throughput_rps"]["value"]
     if name == "goodput":
         return s["goodput_rps"]["value"] if s.get("goodput_rps") else 0.0
+    if name == "capacity":  # requests/s per GPU at the SLO (replay.capacity)
+        return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
     if name == "quality_loss":
         return q["nll_delta_per_token"]["value"] if q else math.nan
     raise KeyError(name)
@@ -157,6 +163,7 @@ class StudySettings:
     sampler: str
     seed: int | None
     replay: ReplayOptions
+    capacity: CapacityOptions | None = None  # search each config's capacity at the SLO
     probe_prompts: int = 8
     probe_tokens: int = 24
     start_timeout_s: float = 900.0
@@ -284,11 +291,12 @@ class Tuner:
         self.reference: Reference | None = None
         self.reference_config: VLLMConfig | None = None
         self.reference_values: list[float] | None = None
+        self.reference_capacity: float | None = None  # the reference's capacity level k
         self.worker = worker_id()
         self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
     # -- one engine run: start, replay, probe, stop ------------------------------------------
-    def _measure(self, config: VLLMConfig, label: str, *, with_quality: bool) -> dict[str, Any]:
+    def _measure(self, config: VLLMConfig, label: str, *, with_quality: bool, start: float = 1.0) -> dict[str, Any]:
         server = VLLMServer(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
         out: dict[str, Any] = {}
         phase = "start"
@@ -300,9 +308,17 @@ class Tuner:
             self.report("engine_ready", label=label, startup_s=out["startup_s"])
             phase = "replay"
             server.reset_prefix_cache()
-            result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
-                            engine=server, headers=self.headers or None, on_progress=self.on_replay_progress)
-            out["summary"] = summarize(result, self.s.slos)
+            if self.s.capacity is None:
+                result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
+                                engine=server, headers=self.headers or None, on_progress=self.on_replay_progress)
+                out["summary"] = summarize(result, self.s.slos)
+            else:
+                runner = self._level_runner(server, label, start)
+                result = self._trace_rate_level(runner, server, out)
+                phase = "capacity search"
+                capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus())
+                out["summary"].capacity = capacity.as_dict()
+                self.report("capacity_done", label=label, capacity=capacity)
             out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
             self._check_alive(server, phase)
             if out["summary"].succeeded == 0:
@@ -324,6 +340,37 @@ class Tuner:
             out["log_tail"] = server.process.log_tail() if server.process else ""
             server.stop()
         return out
+
+    def _level_runner(self, server: VLLMServer, label: str, start_scale: float) -> LevelRunner:
+        """Load levels on this running engine; each starts drained with an empty prefix cache."""
+        n_warm = min(self.s.replay.warmup_requests, len(self.requests))
+        options = dataclasses.replace(self.s.capacity, start_scale=start_scale)
+        return LevelRunner(server.endpoint.base_url, server.endpoint.model, self.requests[n_warm:], self.s.replay,
+                           options, warmup=self.requests[:n_warm], engine=server, headers=self.headers or None,
+                           before_level=lambda: settle(server, reset_prefix_cache=True),
+                           on_progress=self.on_replay_progress,
+                           on_level=lambda step: self.report("capacity_step", label=label, step=step))
+
+    def _trace_rate_level(self, runner: LevelRunner, server: VLLMServer, out: dict[str, Any]) -> ReplayResult:
+        """The trace at its own rate, replayed in full (never abandoned): the latency objectives
+        come from it, and it is the capacity search's first level."""
+        step = runner.level(1.0, abandon=False)
+        result = runner.results[1.0]
+        out["summary"] = summarize(result, self.s.slos)
+        out["seed_steps"] = [step]
+        self._check_alive(server, "replay")
+        if out["summary"].succeeded == 0:
+            raise EngineError(f"every request failed, e.g. {out['summary'].error_examples[:1]}",
+                              log_tail=server.process.log_tail())
+        return result
+
+    @property
+    def capacity_start(self) -> float:
+        """Where a trial's capacity search starts: the reference's capacity (most configurations
+        land near it, so the bracket closes in a few levels), else the trace's own rate."""
+        if self.s.capacity is None or not self.reference_capacity:
+            return 1.0
+        return min(max(self.reference_capacity, self.s.capacity.min_scale), self.s.capacity.max_scale)
 
     @staticmethod
     def _check_alive(server: VLLMServer, phase: str, cause: Exception | None = None) -> None:
@@ -363,8 +410,7 @@ class Tuner:
         if stored is not None:
             self.reference = Reference.from_json(stored["probe"])
             if stored.get("summary"):
-                self.reference_values = [objective_value(n, stored["summary"], None) if n != "quality_loss" else 0.0
-                                         for n in self.s.objectives]
+                self._set_reference_values(stored["summary"])
             self.report("reference_reused")
             return
         self.report("reference_start", config=self.reference_config)
@@ -377,9 +423,15 @@ class Tuner:
         self.store.save_reference(self.s.study_name, config=json.loads(self.reference_config.model_dump_json()),
                                   probe=self.reference.to_json(), summary=measured["summary"].as_dict())
         self.store.finish_claim(self.s.study_name, "reference", self.worker, -1)
-        self.reference_values = [objective_value(n, measured["summary"], None) if n != "quality_loss" else 0.0
-                                 for n in self.s.objectives]
+        self._set_reference_values(measured["summary"].as_dict())
         self.report("reference_done", summary=measured["summary"], quality=measured["quality"])
+
+    def _set_reference_values(self, summary: dict[str, Any]) -> None:
+        """The reference as a candidate: its objective values (quality loss 0 by definition) and
+        its capacity level, where trials start their capacity search."""
+        self.reference_values = [objective_value(n, summary, None) if n != "quality_loss" else 0.0
+                                 for n in self.s.objectives]
+        self.reference_capacity = (summary.get("capacity") or {}).get("capacity_scale") or None
 
     # -- the Optuna objective ------------------------------------------------------------------
     def objective(self, trial: Any) -> list[float]:
@@ -414,7 +466,8 @@ class Tuner:
     def _measured(self, trial: Any, config: VLLMConfig, config_json: dict, values: dict, t0: float) -> list[float]:
         self.report("trial_start", number=trial.number, values=values, config=config)
         try:
-            measured = self._measure(config, f"trial-{trial.number:04d}", with_quality=True)
+            measured = self._measure(config, f"trial-{trial.number:04d}", with_quality=True,
+                                     start=self.capacity_start)
         except EngineError as exc:
             return self._infeasible(trial, "engine_failed", exc.reason, values=values, config=config_json,
                                     log_tail=exc.log_tail, t0=t0)

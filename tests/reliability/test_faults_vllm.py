@@ -42,14 +42,22 @@ def config(seqs: int, *, batched: int = 2048, chunked: bool = True, kv: float = 
             '"kv_cache_space_gib": %s}' % (seqs, batched, "true" if chunked else "false", kv))
 
 
+def _running_requests(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
 def crash_once_serving(tag: str, stop: threading.Event, log: list) -> None:
-    """SIGKILL the engine (not its watchdog) 3 s after it first answers /health: mid-replay."""
+    """SIGKILL the engine (not its watchdog) once it runs the replay's first requests: mid-replay
+    however fast the machine (a fixed delay after /health hit the quality probe on a fast CPU)."""
     while not stop.is_set():
         for pid, cmd in engines(tag):
             port = engine_port(cmd)
             try:
                 if port and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    time.sleep(3)
+                    while not stop.is_set() and _running_requests(port) == 0:
+                        time.sleep(0.02)
                     for victim, _ in engines(tag):
                         try:
                             os.kill(victim, signal.SIGKILL)

@@ -9,7 +9,7 @@ import pytest
 from engine_adapter.errors import InputError
 from replay.metrics import Estimate, Summary, parse_slos
 from tuner.quality import QualityResult, Reference, ProbeItem, _agreement
-from tuner.run import _pick_best
+from tuner.front import REFERENCE, Candidate, decide, dominates, economics
 from tuner.storage import ResultStore
 from tuner.study import config_diff, constraint_values, objective_value, parse_objectives
 
@@ -33,11 +33,12 @@ def quality(loss):
 
 def test_default_objectives_follow_slo_presence():
     assert parse_objectives(None, has_slo=False) == ["ttft_p99", "output_tps", "quality_loss"]
-    assert parse_objectives(None, has_slo=True) == ["ttft_p99", "goodput", "quality_loss"]
+    assert parse_objectives(None, has_slo=True) == ["ttft_p99", "capacity", "quality_loss"]
     assert parse_objectives("e2e_p50, output_tps", has_slo=False) == ["e2e_p50", "output_tps"]
 
 
-@pytest.mark.parametrize(("spec", "msg"), [("speed", "unknown"), ("goodput", "needs --slo"), ("ttft_p99,ttft_p99", "once")])
+@pytest.mark.parametrize(("spec", "msg"), [("speed", "unknown"), ("goodput", "needs --slo"), ("capacity", "needs --slo"),
+                                             ("ttft_p99,ttft_p99", "once")])
 def test_bad_objectives(spec, msg):
     with pytest.raises(InputError, match=msg):
         parse_objectives(spec, has_slo=False)
@@ -50,6 +51,9 @@ def test_objective_values():
     assert objective_value("goodput", s, q) == 2.5
     assert objective_value("quality_loss", s, q) == 0.03
     assert math.isnan(objective_value("quality_loss", s, None))
+    assert math.isnan(objective_value("capacity", s, q))  # not searched
+    s.capacity = {"capacity_rps_per_gpu": 1.5}
+    assert objective_value("capacity", s, q) == 1.5
 
 
 def test_constraints_are_negative_when_met():
@@ -67,11 +71,51 @@ def test_config_diff_flattens_speculation():
     assert config_diff(ref, ref) == {}
 
 
-def test_pick_best_maximises_the_throughput_objective():
-    rows = [{"trial": 1, "values": {"ttft_p99": 0.1, "output_tps": 50}},
-            {"trial": 2, "values": {"ttft_p99": 0.3, "output_tps": 90}}]
-    assert _pick_best(rows, ["ttft_p99", "output_tps"])["trial"] == 2
-    assert _pick_best(rows, ["ttft_p99"])["trial"] == 1
+DIRS = ["minimize", "maximize", "minimize"]  # ttft_p99, capacity, quality_loss
+OBJS = ["ttft_p99", "capacity", "quality_loss"]
+
+
+def test_best_maximises_the_deciding_objective_on_the_front():
+    trials = [Candidate(1, (0.1, 5.0, 0.0)), Candidate(2, (0.3, 9.0, 0.0))]
+    d = decide(trials, Candidate(REFERENCE, (0.2, 4.0, 0.0)), OBJS, DIRS)
+    assert d.best.label == 2 and d.by == "capacity" and not d.reference_is_best
+    assert [c.label for c in d.front] == [1, 2]  # the reference is dominated by trial 1
+    assert "trial 2 is best by capacity" in d.verdict()
+    assert decide(trials, None, ["ttft_p99"], ["minimize"]).best.label == 1
+
+
+def test_a_config_the_reference_dominates_is_never_recommended():
+    # the quickstart case: the defaults beat trial 7 on every objective
+    ref = Candidate(REFERENCE, (0.698, 134.7, 0.0))
+    d = decide([Candidate(7, (1.182, 125.0, 0.157))], ref, OBJS, DIRS)
+    assert d.reference_is_best and d.trials_on_front == [] and d.dominated_by_reference == [7]
+    assert "no configuration beats vLLM's defaults" in d.verdict() and "Keep the defaults" in d.verdict()
+
+
+def test_reference_best_on_capacity_but_a_trade_off_exists():
+    ref = Candidate(REFERENCE, (0.5, 10.0, 0.0))
+    d = decide([Candidate(3, (0.2, 8.0, 0.0))], ref, OBJS, DIRS)
+    assert d.reference_is_best and d.trials_on_front == [3]
+    assert "unless the trade-off of a front trial (3)" in d.verdict()
+
+
+def test_dominance_and_ties():
+    assert dominates((1, 2), (1, 1), ["minimize", "maximize"])
+    assert not dominates((1, 1), (1, 1), ["minimize", "maximize"])  # equal: neither dominates
+    assert dominates((1, 1), (1, math.nan), ["minimize", "maximize"])  # unmeasured is worst
+    d = decide([Candidate(1, (0.2, 4.0, 0.0))], Candidate(REFERENCE, (0.2, 4.0, 0.0)), OBJS, DIRS)
+    assert d.reference_is_best  # a tie goes to the defaults: a change must earn its place
+
+
+def test_economics_from_a_capacity_result():
+    cap = {"capacity_rps": 2.0, "capacity_output_tps": 200.0, "capacity_input_tps": 1000.0, "gpus": 2}
+    e = economics(cap, gpu_hour_cost=3.6, target_rate=9.0)
+    # 2 GPUs x $3.6/h = $7.2/h; 200 tok/s = 720,000 tok/h -> $10 per 1M output tokens
+    assert e["usd_per_1m_output_tokens"] == pytest.approx(10.0)
+    assert e["usd_per_1m_input_tokens"] == pytest.approx(2.0)
+    assert e["replicas"] == 5 and e["gpus_total"] == 10  # ceil(9 / 2) replicas of 2 GPUs
+    assert economics(None, gpu_hour_cost=1.0) == {}
+    assert economics({"capacity_rps": 0.0, "gpus": 1}, target_rate=1.0)["replicas"] == math.inf
 
 
 def test_agreement_is_prefix_share():

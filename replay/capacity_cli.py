@@ -1,0 +1,106 @@
+"""`tune capacity`: the highest load one configuration carries at the SLO, on an endpoint that is
+already running or on a vLLM server tracetune starts (one engine for the whole search)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+CAPACITY_EPILOG = """\
+examples:
+  tune capacity --trace examples/traffic.jsonl --slo "ttft:p99<2s,tpot:p99<200ms" --eager --json cap.json
+  tune capacity --trace t.jsonl --endpoint http://127.0.0.1:8000 --slo "ttft:p99<500ms" --attainment 0.99
+  tune capacity --trace t.jsonl --slo "e2e:p90<10s" --max-num-seqs 64 --precision 0.1 --max-duration 60
+
+A request is good when it meets every threshold of --slo (errors are misses); a load level (the
+trace's arrival times divided by k) passes when at least --attainment of its requests are good
+and every percentile target holds; capacity is the highest passing k, reported with its bracket.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from engine_adapter.cli_options import add_engine_options
+
+    cp = sub.add_parser("capacity", help="highest request rate a configuration serves within the SLO",
+                        epilog=CAPACITY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cp.add_argument("--trace", required=True, type=Path, metavar="FILE", help="native JSONL trace")
+    cp.add_argument("--slo", required=True, metavar="SPEC",
+                    help="per-request thresholds and percentile targets, e.g. 'ttft:p99<2s,tpot:p99<100ms'")
+    cp.add_argument("--attainment", type=float, default=0.95, metavar="F",
+                    help="share of requests that must be good at a passing level (default 0.95)")
+    cp.add_argument("--precision", type=float, default=0.05, metavar="F",
+                    help="stop when the bracket [pass, fail] is within this ratio (default 0.05)")
+    cp.add_argument("--start-scale", type=float, default=1.0, metavar="K",
+                    help="first load level, as a multiple of the trace's rate (default 1)")
+    cp.add_argument("--max-scale", type=float, default=256.0, metavar="K", help="highest level tried (default 256)")
+    cp.add_argument("--max-requests", type=int, metavar="N", help="at most N requests of the trace per level")
+    cp.add_argument("--max-duration", type=float, default=60.0, metavar="S",
+                    help="replay the first S seconds of the trace (its own time) at every level (default 60)")
+    cp.add_argument("--warmup", type=int, default=2, metavar="N",
+                    help="requests sent once before the first level, unmeasured (default 2)")
+    cp.add_argument("--no-repeat", action="store_true", help="do not confirm the highest passing level")
+    cp.add_argument("--no-abandon", action="store_true", help="replay every level to the end")
+    cp.add_argument("--max-output-tokens", type=int, metavar="N", help="cap each request's output length")
+    cp.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
+    target = cp.add_mutually_exclusive_group()
+    target.add_argument("--endpoint", metavar="URL", help="an already running OpenAI-compatible server")
+    target.add_argument("--engine", choices=["vllm"], default=None, help="start this engine (default: vllm)")
+    cp.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
+    cp.add_argument("--served-model", metavar="NAME", help="model name to request from --endpoint")
+    cp.add_argument("--tokenizer", metavar="DIR", help="tokenizer for length-only traces with --endpoint")
+    cp.add_argument("--json", type=Path, metavar="FILE", help="write the result (every level) as JSON")
+    cp.add_argument("--out", type=Path, metavar="DIR", help="engine logs (default runs/capacity-TIMESTAMP)")
+    add_engine_options(cp)
+
+
+def capacity_command(args: argparse.Namespace, console) -> int:
+    from engine_adapter.errors import InputError
+    from replay.capacity import CapacityOptions, LevelRunner, settle
+    from replay.cli import engine_with_metrics, prepare_run, prepared_requests
+    from replay.metrics import parse_slos
+    from replay.runner import ReplayOptions
+
+    options = CapacityOptions(slos=tuple(parse_slos(args.slo)), attainment=args.attainment, precision=args.precision,
+                              start_scale=args.start_scale, max_scale=args.max_scale, confirm=not args.no_repeat,
+                              abandon=not args.no_abandon)
+    if args.max_duration is not None and not args.max_duration > 0:
+        raise InputError(f"--max-duration must be > 0, got {args.max_duration}")
+    replay_options = ReplayOptions(max_requests=args.max_requests, max_duration_s=args.max_duration,
+                                   warmup_requests=args.warmup, max_output_tokens=args.max_output_tokens,
+                                   request_timeout_s=args.request_timeout)
+    trace, config, out_dir = prepare_run(args, replay_options, console)
+    if args.json is not None and args.json.is_dir():
+        raise InputError(f"--json {args.json}: is a directory; name a file")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from replay.cli import serving_target
+
+    with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
+        everything = prepared_requests(trace, replay_options, tokenizer_dir, console)
+        n_warm = min(args.warmup, len(everything))
+        if len(everything) - n_warm < 2:
+            raise InputError(f"{args.trace}: a capacity search needs at least 2 measured requests; lower --warmup "
+                             f"or raise --max-requests")
+        # Levels start drained; on a server started here also with an empty prefix cache.
+        ours = bool(engine_info.get("engine"))
+        metrics_engine = engine_with_metrics(engine)
+
+        def before_level() -> None:
+            if metrics_engine is not None:
+                settle(engine, reset_prefix_cache=ours)
+
+        console.print(f"searching the capacity of {engine_info.get('endpoint') or 'vLLM'} at SLO {args.slo} "
+                      f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)
+        runner = LevelRunner(engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:], replay_options,
+                             options, warmup=everything[:n_warm], engine=None,
+                             headers=engine.endpoint.headers or None, before_level=before_level,
+                             on_level=lambda step: console.print("  " + step.line(), highlight=False))
+        gpus = config.gpus() if config is not None else 1
+        result = runner.search(gpus=gpus)
+    console.print(f"[bold]{result.headline()}[/]", highlight=False)
+    payload = {"trace": str(args.trace), **engine_info, **result.as_dict()}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2, default=str))
+        console.print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,118 @@
+"""The Pareto front with vLLM's defaults as a competitor, and the one rule that picks "best".
+
+The reference (the engine's defaults, measured the same way as every trial) is a candidate like
+any trial: a trial it dominates is not on the front and is never recommended; when the
+reference itself has the best value of the deciding objective, the answer is "keep the
+defaults", said in plain words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+REFERENCE = "reference"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    label: Any  # a trial number, or REFERENCE
+    values: tuple[float, ...]
+
+
+def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
+    """`a` is at least as good as `b` on every objective and better on one (NaN is worst)."""
+    def better_or_equal(x: float, y: float, direction: str) -> bool:
+        if math.isnan(y):
+            return True
+        if math.isnan(x):
+            return False
+        return x >= y if direction == "maximize" else x <= y
+
+    if not all(better_or_equal(x, y, d) for x, y, d in zip(a, b, directions)):
+        return False
+    return any(x != y and not (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+def front(candidates: Sequence[Candidate], directions: Sequence[str]) -> list[Candidate]:
+    """The candidates no other candidate dominates, in the given order."""
+    return [c for c in candidates
+            if not any(dominates(o.values, c.values, directions) for o in candidates if o is not c)]
+
+
+def deciding_objective(objectives: Sequence[str], directions: Sequence[str]) -> int:
+    """Index of the objective "best" is judged by: the first one to maximise (capacity or
+    throughput), else the first objective."""
+    return next((i for i, d in enumerate(directions) if d == "maximize"), 0)
+
+
+@dataclasses.dataclass
+class Decision:
+    objectives: list[str]
+    front: list[Candidate]  # reference included when nothing dominates it
+    best: Candidate | None
+    dominated_by_reference: list[Any]  # trial labels the defaults beat on every objective
+    by: str
+
+    @property
+    def reference_is_best(self) -> bool:
+        return self.best is not None and self.best.label == REFERENCE
+
+    @property
+    def trials_on_front(self) -> list[Any]:
+        return [c.label for c in self.front if c.label != REFERENCE]
+
+    def verdict(self) -> str:
+        """The answer in one sentence."""
+        if self.best is None:
+            return "nothing measured yet: no recommendation."
+        if self.reference_is_best:
+            if not self.trials_on_front:
+                return ("no configuration beats vLLM's defaults: every measured trial is worse on at least one "
+                        "objective and no better on any. Keep the defaults.")
+            return (f"no configuration beats vLLM's defaults on {self.by}: keep the defaults, unless the "
+                    f"trade-off of a front trial ({', '.join(map(str, self.trials_on_front))}) suits you better.")
+        return f"trial {self.best.label} is best by {self.by} on the front (vLLM's defaults included)."
+
+
+def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
+           directions: Sequence[str]) -> Decision:
+    """The front of the feasible trials and the reference, and the best of it by the deciding
+    objective (ties go to the reference: a change must earn its place)."""
+    candidates = ([reference] if reference is not None else []) + list(trials)
+    on_front = front(candidates, directions)
+    beaten = [t.label for t in trials if reference is not None and dominates(reference.values, t.values, directions)]
+    key = deciding_objective(objectives, directions)
+    sign = 1 if directions[key] == "maximize" else -1
+    best = None
+    for c in on_front:
+        value = c.values[key]
+        if math.isnan(value):
+            continue
+        if best is None or sign * value > sign * best.values[key]:
+            best = c
+    return Decision(objectives=list(objectives), front=on_front, best=best, dominated_by_reference=beaten,
+                    by=objectives[key] if objectives else "")
+
+
+def economics(capacity: dict[str, Any] | None, *, gpu_hour_cost: float | None = None,
+              target_rate: float | None = None) -> dict[str, float]:
+    """What a stored capacity result means in money and machines: $ per 1M output (and input)
+    tokens when the GPUs run at capacity (the whole GPU hour charged to each kind of token), and
+    the replicas and GPUs needed for `target_rate` requests/s of this traffic."""
+    if not capacity:
+        return {}
+    out: dict[str, float] = {}
+    gpus = max(int(capacity.get("gpus") or 1), 1)
+    rps, out_tps, in_tps = (capacity.get("capacity_rps") or 0.0, capacity.get("capacity_output_tps") or 0.0,
+                            capacity.get("capacity_input_tps") or 0.0)
+    if gpu_hour_cost is not None:
+        per_hour = gpu_hour_cost * gpus
+        out["usd_per_1m_output_tokens"] = per_hour / (out_tps * 3600) * 1e6 if out_tps > 0 else math.inf
+        out["usd_per_1m_input_tokens"] = per_hour / (in_tps * 3600) * 1e6 if in_tps > 0 else math.inf
+    if target_rate is not None:
+        replicas = math.ceil(target_rate / rps - 1e-9) if rps > 0 else math.inf
+        out["replicas"] = replicas
+        out["gpus_total"] = replicas * gpus if rps > 0 else math.inf
+    return out
