@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from dashboard import capacity
 from dashboard.data import (StudyView, TrialView, diff_text, display_value, front_line, latency_cdfs, metric_label,
                             request_records, thresholds, timeline)
 
@@ -20,7 +21,8 @@ PALETTE = ["#1f6feb", "#d97706", "#16a34a", "#9333ea"]
 def _hover(study: StudyView, t: TrialView) -> str:
     values = "<br>".join(f"{o}: {display_value(o, t.metric(o))}" for o in study.objectives)
     diff = diff_text(t.diff).replace(", ", "<br>  ")
-    return f"<b>trial {t.number}</b> ({t.category})<br>{values}<br>config vs reference:<br>  {diff}"
+    beaten = "<br>vLLM's defaults beat it on every objective" if t.beaten_by_reference else ""
+    return f"<b>trial {t.number}</b> ({t.category}){beaten}<br>{values}<br>config vs reference:<br>  {diff}"
 
 
 def _scaled(values: Sequence[float], name: str) -> list[float | None]:
@@ -57,6 +59,8 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
                           line=dict(width=1, color="#14532d"))
         hover = "<b>reference</b> (unquantized weights, auto KV cache, no speculation)<br>" + "<br>".join(
             f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
+        if study.decision is not None and study.decision.reference_is_best:
+            hover += f"<br><b>best by {study.decision.by}</b>: no trial beats vLLM's defaults"
         common = dict(mode="markers+text", name=REFERENCE_STYLE["name"], text=["ref"], textposition="bottom center",
                       hovertext=[hover], hoverinfo="text")
         if z:
@@ -132,6 +136,85 @@ def timeline_figure(trial: TrialView):
                                  hovertext=[r["error"][:200] for r in bad], hoverinfo="text"))
     fig.update_layout(title="request timeline", xaxis_title="send time since replay start (s)",
                       yaxis_title="latency (ms)", height=340, margin=dict(l=10, r=10, t=40, b=10),
+                      template="plotly_white", legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+# How each kind of load level is drawn on the attainment-versus-load chart.
+STEP_STYLE = {
+    "passed": dict(symbol="circle", size=10),
+    "failed": dict(symbol="x", size=11),
+    "abandoned": dict(symbol="triangle-down-open", size=12),
+    "client-limited": dict(symbol="diamond-open", size=12),
+}
+REFERENCE_CURVE = "reference (vLLM's defaults)"
+
+
+def capacity_curves(study: StudyView, trials: Sequence[TrialView]) -> list[tuple[str, dict]]:
+    """(label, stored capacity) for each trial that has one, then the reference's when it has one."""
+    curves = [(f"trial {t.number}", capacity.capacity_of(t.summary)) for t in trials if t.measured]
+    curves.append((REFERENCE_CURVE, capacity.capacity_of((study.reference or {}).get("summary"))))
+    return [(label, cap) for label, cap in curves if cap]
+
+
+def _curve_traces(label: str, cap: dict, color: str, dash: str) -> list[Any]:
+    """One run's search: a line through its levels in load order, a marker per level by how it
+    ended, repeats ringed, and its capacity as a star."""
+    import plotly.graph_objects as go
+
+    steps = capacity.steps(cap)
+    line = sorted((s for s in steps if not s["repeat"]), key=lambda s: s["scale"])
+    traces = [go.Scatter(x=[s["rps"] for s in line], y=[s["attainment"] for s in line], mode="lines", name=label,
+                         line=dict(color=color, dash=dash, width=1.5), hoverinfo="skip", legendgroup=label)]
+    for kind, style in STEP_STYLE.items():
+        chosen = [s for s in steps if s["kind"] == kind]
+        if chosen:
+            traces.append(go.Scatter(
+                x=[s["rps"] for s in chosen], y=[s["attainment"] for s in chosen], mode="markers",
+                name=f"{label}: {kind} ({len(chosen)})", legendgroup=label, hovertext=[s["hover"] for s in chosen],
+                hoverinfo="text", marker=dict(color=color, line=dict(width=1.5, color=color), **style)))
+    repeats = [s for s in steps if s["repeat"]]
+    if repeats:
+        traces.append(go.Scatter(x=[s["rps"] for s in repeats], y=[s["attainment"] for s in repeats], mode="markers",
+                                 name=f"{label}: repeat ({len(repeats)})", legendgroup=label, hoverinfo="skip",
+                                 marker=dict(symbol="circle-open", size=20, color=color, line=dict(width=2))))
+    point = capacity.capacity_point(cap)
+    if point:
+        traces.append(go.Scatter(x=[point[0]], y=[point[1]], mode="markers", legendgroup=label,
+                                 name=f"{label}: capacity {point[0]:.3g} req/s", hovertext=[capacity.headline(cap)],
+                                 hoverinfo="text", marker=dict(symbol="star", size=22, color=color,
+                                                               line=dict(width=1.5, color="#111827"))))
+    return traces
+
+
+def attainment_figure(curves: Sequence[tuple[str, dict]], title: str = "attainment versus load"):
+    """Attainment (share of requests within the SLO) at each load level a capacity search measured,
+    one curve per run, the attainment target as a line and each run's capacity as a star; a single
+    run's bracket [highest pass, lowest fail] is shaded."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    colors = iter(PALETTE * 4)
+    for label, cap in curves:
+        is_ref = label == REFERENCE_CURVE
+        for trace in _curve_traces(label, cap, REFERENCE_STYLE["color"] if is_ref else next(colors),
+                                   "dash" if is_ref else "solid"):
+            fig.add_trace(trace)
+    if curves:
+        target = curves[0][1].get("attainment_target") or 0.95
+        slo = ", ".join(curves[0][1].get("slo") or [])
+        fig.add_hline(y=target, line=dict(color="#dc2626", dash="dash"), annotation_position="bottom right",
+                      annotation_text=f"target {target:.0%} within {slo}" if slo else f"target {target:.0%}")
+    if len(curves) == 1:
+        low, high = capacity.bracket_rps(curves[0][1])
+        if high is not None and not math.isnan(low) and low > 0:
+            fig.add_vrect(x0=low, x1=high, fillcolor="#1f6feb", opacity=0.08, line_width=0,
+                          annotation_text="bracket", annotation_position="top left")
+    loads = [s["rps"] for _, cap in curves for s in capacity.steps(cap) if s["rps"] > 0]
+    log = bool(loads) and max(loads) / min(loads) > 4
+    fig.update_layout(title=title, xaxis_title="offered load (req/s)" + (", log scale" if log else ""),
+                      yaxis_title="attainment (requests within the SLO)", yaxis=dict(range=[0, 1.05], tickformat=".0%"),
+                      xaxis_type="log" if log else "linear", height=380, margin=dict(l=10, r=10, t=40, b=10),
                       template="plotly_white", legend=dict(orientation="h", y=-0.25))
     return fig
 

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from dashboard import capacity
 from engine_adapter.errors import InputError
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -25,6 +26,7 @@ METRICS: dict[str, str] = {
     **{f"{m}_{s}": "minimize" for m in LATENCY_METRICS for s in LATENCY_STATS},
     "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize", "quality_loss": "minimize",
     "error_rate": "minimize", "prefix_cache_hit_rate": "maximize", "spec_acceptance_rate": "maximize",
+    "capacity": "maximize", "capacity_scale": "maximize",  # at the SLO: req/s per GPU, and the load factor k
 }
 # Categories of a trial in the Pareto view, in drawing order.
 CATEGORIES = ("pareto", "dominated", "infeasible", "failed", "running")
@@ -42,6 +44,8 @@ def metric_label(name: str) -> tuple[str, float]:
         "goodput": ("goodput (req/s meeting SLOs)", 1.0), "quality_loss": ("quality_loss (nats/token vs reference)", 1.0),
         "error_rate": ("error_rate", 1.0), "prefix_cache_hit_rate": ("prefix-cache hit rate", 1.0),
         "spec_acceptance_rate": ("speculative acceptance rate", 1.0),
+        "capacity": ("capacity (req/s per GPU at the SLO)", 1.0),
+        "capacity_scale": ("capacity_scale (x the trace's rate at the SLO)", 1.0),
     }.get(name, (name, 1.0))
 
 
@@ -78,6 +82,9 @@ def metric_value(name: str, summary: dict | None, quality: dict | None, engine: 
         return _num(engine.get("prefix_cache_hit_rate"))
     if name == "spec_acceptance_rate":
         return _num(engine.get("spec_decode_acceptance_rate"))
+    if name in ("capacity", "capacity_scale"):  # replay.capacity's result, stored by the tuner
+        stored = capacity.capacity_of(summary) or {}
+        return _num(stored.get("capacity_rps_per_gpu" if name == "capacity" else "capacity_scale"))
     raise InputError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
 
 
@@ -118,6 +125,7 @@ class TrialView:
     startup_s: float | None = None
     wall_s: float | None = None
     on_front: bool = False
+    beaten_by_reference: bool = False  # vLLM's defaults are at least as good on every objective
 
     @property
     def measured(self) -> bool:
@@ -152,6 +160,7 @@ class StudyView:
     trials: list[TrialView]
     reference: dict[str, Any] | None    # {"config", "summary"}
     platform: str                       # the platform the study measured on (cpu | cuda | unknown)
+    decision: Any = None                # tuner.front.Decision over the study objectives (reference included)
 
     def trial(self, number: int) -> TrialView:
         for t in self.trials:
@@ -298,19 +307,31 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
     """One row per trial: number, category, status, each objective, throughput/latency extras,
     the difference from the reference, and the failure reason."""
     rows = []
+    with_capacity = has_capacity(study)
     for t in (study.trials if trials is None else trials):
         row: dict[str, Any] = {"trial": t.number, "category": t.category, "status": t.status}
         for name in study.objectives:
             row[name] = t.metric(name)
+        if with_capacity:
+            row.setdefault("capacity", t.metric("capacity"))
+            row.update(capacity.table_columns(t.summary if t.measured else None))
         for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate"):
             if extra not in row:
                 row[extra] = t.metric(extra)
+        if study.decision is not None and study.decision.dominated_by_reference:
+            row["vs defaults"] = "defaults beat it on every objective" if t.beaten_by_reference else ""
         row["differs from reference"] = (diff_text(t.diff) if t.config else
                                          "sampled: " + ", ".join(f"{k}={v}" for k, v in t.params.items()))
         row["startup_s"] = t.startup_s
         row["failure"] = (t.failure_reason or "")[:200]
         rows.append(row)
     return rows
+
+
+def has_capacity(study: StudyView) -> bool:
+    """Whether any run of the study (the reference included) has a capacity measurement."""
+    summaries = [t.summary for t in study.trials if t.measured] + [(study.reference or {}).get("summary")]
+    return any(capacity.capacity_of(s) for s in summaries)
 
 
 def sort_for_table(trials: Iterable[TrialView]) -> list[TrialView]:
@@ -361,6 +382,9 @@ def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]
             continue
         rows.append({"field": name, "a": display_value(name, va), "b": display_value(name, vb),
                      "differs": display_value(name, va) != display_value(name, vb)})
+    ba, bb = (capacity.bracket_text(capacity.capacity_of(t.summary)) for t in (a, b))
+    if ba or bb:
+        rows.append({"field": "capacity bracket", "a": ba or "-", "b": bb or "-", "differs": ba != bb})
     ca, cb = flat_config(a.config), flat_config(b.config)
     for key in list(dict.fromkeys([*ca, *cb])):
         va, vb = ca.get(key), cb.get(key)
@@ -529,6 +553,15 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     return view
 
 
+def _unpack_records(stored: str | None) -> str | None:
+    """A trial's request records as JSON lines (newer tuners store them compressed)."""
+    try:
+        from tuner.storage import unpack_records
+    except ImportError:  # older storage module: plain JSON lines
+        return stored
+    return unpack_records(stored)
+
+
 def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
     """tracetune's rows for a study, read with plain SELECTs (tuner.storage's ResultStore would
     create missing tables: the dashboard never writes)."""
@@ -551,6 +584,7 @@ def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], di
             query = select(trial_results).where(trial_results.c.study_name == name)
             for row in conn.execute(query).mappings():
                 item = decoded(row, ("values", "config", "summary", "quality", "engine"))
+                item["requests_jsonl"] = _unpack_records(item.get("requests_jsonl"))
                 rows[item["trial_number"]] = item
         if references.name in tables:
             row = conn.execute(select(references).where(references.c.study_name == name)).mappings().first()
@@ -559,11 +593,30 @@ def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], di
     return rows, reference
 
 
+def reference_values(study: StudyView) -> tuple[float, ...] | None:
+    """The reference's values of the study objectives, as the tuner counts them (None: no reference yet)."""
+    if not study.reference or not study.reference.get("summary"):
+        return None
+    values = tuple(study.reference_metric(o) if o in METRICS else math.nan for o in study.objectives)
+    return None if all(math.isnan(v) for v in values) else values
+
+
 def mark_front(study: StudyView) -> None:
-    """Set `on_front` for feasible measured trials on the study's own Pareto front."""
+    """Set `on_front` for the feasible measured trials on the study's Pareto front, with vLLM's
+    defaults (the reference) competing like a trial: `tuner.front.decide`, the tuner's own rule."""
+    from tuner.front import REFERENCE, Candidate, decide
+
     candidates = [t for t in study.trials if t.measured and t.state == "COMPLETE" and t.feasible]
-    points = [[t.objective_values.get(o, math.nan) for o in study.objectives] for t in candidates]
     for t in study.trials:
-        t.on_front = False
-    for t, on in zip(candidates, pareto_mask(points, study.directions)):
-        t.on_front = on
+        t.on_front = t.beaten_by_reference = False
+    if not study.directions:
+        return
+    points = [Candidate(t.number, tuple(t.objective_values.get(o, math.nan) for o in study.objectives))
+              for t in candidates]
+    ref = reference_values(study)
+    study.decision = decide(points, None if ref is None else Candidate(REFERENCE, ref), study.objectives,
+                            study.directions)
+    on_front = set(study.decision.trials_on_front)
+    beaten = set(study.decision.dominated_by_reference)
+    for t in candidates:
+        t.on_front, t.beaten_by_reference = t.number in on_front, t.number in beaten

@@ -26,6 +26,7 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
+from dashboard import capacity
 from dashboard.data import METRICS, Condition, StudyView, TrialView, display_value, parse_conditions
 from engine_adapter.errors import InputError
 
@@ -126,9 +127,13 @@ def parse_pick(expr: str) -> PickRule:
     return PickRule(goal, metric, tuple(parse_conditions(where, what="--pick")))
 
 
+class ReferenceIsBest(InputError):
+    """`--best` (or the best rule) when vLLM's defaults win: there is no trial to recommend."""
+
+
 def best_rule(study: StudyView) -> PickRule:
     """What `--best` means: the front's best on the first objective to maximize (else the first
-    objective), the same rule `tune --trace` uses for best.json."""
+    objective), the same rule `tune --trace` uses for best.json (`tuner.front.deciding_objective`)."""
     key = next((o for o, d in zip(study.objectives, study.directions) if d == "maximize"), study.objectives[0])
     direction = dict(zip(study.objectives, study.directions))[key]
     return PickRule("max" if direction == "maximize" else "min", key)
@@ -150,6 +155,24 @@ def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
     return max(ok, key=lambda t: (sign * t.metric(rule.metric), -t.number))
 
 
+def best_trial(study: StudyView) -> TrialView:
+    """The trial `--best` exports: the tuner's best (`tuner.front.decide`, vLLM's defaults competing).
+    Raises ReferenceIsBest when the defaults are best: no trial beats them, so none is recommended."""
+    decision = study.decision
+    if decision is not None and decision.reference_is_best:
+        verdict = decision.verdict()
+        raise ReferenceIsBest(f"vLLM's defaults are best in study {study.name!r} (by {decision.by}), so there is no "
+                              f"trial to export: {verdict} (To export a trial anyway, name it with --trial N.)")
+    if decision is not None and decision.best is not None:
+        return study.trial(decision.best.label)
+    return pick_trial(study, best_rule(study))
+
+
+def pick_for(study: StudyView, rule: PickRule) -> TrialView:
+    """`pick_trial`, except that the best rule itself answers as `--best` does (vLLM's defaults may win)."""
+    return best_trial(study) if rule == best_rule(study) else pick_trial(study, rule)
+
+
 def select_trial(study: StudyView, *, trial: int | None = None, best: bool = False, pick: str | None = None) -> TrialView:
     """The trial `--trial N`, `--best` or `--pick EXPR` names (exactly one of them)."""
     if sum(x is not None and x is not False for x in (trial, best or None, pick)) != 1:
@@ -161,7 +184,7 @@ def select_trial(study: StudyView, *, trial: int | None = None, best: bool = Fal
             raise InputError(f"trial {trial} of study {study.name!r} is {chosen.status}, so there is no measured "
                              f"config to export{reason}")
         return chosen
-    return pick_trial(study, best_rule(study) if best else parse_pick(pick))
+    return best_trial(study) if best else pick_for(study, parse_pick(pick))
 
 
 # -- the server command --------------------------------------------------------------------------
@@ -259,6 +282,10 @@ def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions
         lines.append("differs from the reference: " + ", ".join(f"{k}={v}" for k, v in trial.diff.items()))
     if trial.category == "infeasible":
         lines.append("WARNING: this trial violates the study's SLOs or quality gate")
+    if trial.beaten_by_reference:
+        lines.append("WARNING: vLLM's defaults (the reference) are at least as good on every objective: "
+                     "prefer the defaults")
+    lines += capacity.header_lines(capacity.capacity_of(trial.summary))
     if fmt != "vllm-cmd":
         lines.append(f"image: {_image(options)}; port {options.port}; GPUs: {options.gpus}")
         for host, target in spec.mounts.items():
@@ -449,6 +476,8 @@ def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
         "serve": {"argv": ["vllm", "serve", *spec.args], "env": spec.env},
         "left_out": spec.dropped,
     }
+    if capacity.capacity_of(trial.summary):
+        doc["capacity"] = capacity.capacity_of(trial.summary)
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 

@@ -9,9 +9,10 @@ import time
 
 import streamlit as st
 
-from dashboard import charts, data
+from dashboard import capacity, charts, data
 from dashboard.cli import ENV_STORAGE, ENV_STUDY
-from dashboard.export import FILE_NAMES, FORMATS, ExportOptions, best_rule, export, parse_pick, pick_trial
+from dashboard.export import (FILE_NAMES, FORMATS, ExportOptions, ReferenceIsBest, best_rule, best_trial, export,
+                              parse_pick, pick_for)
 from engine_adapter.errors import TuneError
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
@@ -42,11 +43,32 @@ def _pick_trial(study: data.StudyView, label: str, options: list[int], default: 
 
 def _default_trial(study: data.StudyView) -> int | None:
     try:
-        return pick_trial(study, best_rule(study)).number
-    except TuneError:  # nothing on the front yet
+        return best_trial(study).number
+    except TuneError:  # nothing on the front yet, or vLLM's defaults are best
         pass
-    measured = [t for t in study.trials if t.measured]
+    measured = study.front + [t for t in study.trials if t.measured]
     return measured[0].number if measured else (study.trials[0].number if study.trials else None)
+
+
+def _reference_banner(study: data.StudyView) -> None:
+    """The verdict when vLLM's defaults win, and which trials they beat on every objective."""
+    decision = study.decision
+    if decision is None:
+        return
+    if decision.reference_is_best:
+        st.warning(decision.verdict()[:1].upper() + decision.verdict()[1:], icon=":material/star:")
+    elif decision.dominated_by_reference:
+        st.info(f"vLLM's defaults beat trial(s) {', '.join(map(str, decision.dominated_by_reference))} on every "
+                "objective: they are drawn as dominated, not on the front.")
+
+
+def _capacity_chart(study: data.StudyView, trials: list[data.TrialView], key: str) -> None:
+    """Attainment versus load for the trials that measured capacity, with the reference's curve."""
+    if not any(capacity.capacity_of(t.summary) for t in trials if t.measured):
+        return
+    curves = charts.capacity_curves(study, trials)
+    title = "attainment versus load: " + " vs ".join(label for label, _ in curves)
+    st.plotly_chart(charts.attainment_figure(curves, title), key=key)
 
 
 # -- pages ---------------------------------------------------------------------------------------
@@ -64,6 +86,7 @@ def page_pareto(study: data.StudyView) -> None:
     z = None
     if three_d:
         z = c4.selectbox("z axis", metrics, index=index(2, "quality_loss"), key="pareto_z")
+    _reference_banner(study)
     fig = charts.pareto_figure(study, x, y, z)
     if z:
         st.plotly_chart(fig, key="pareto_chart_3d")
@@ -130,6 +153,10 @@ def page_trials(study: data.StudyView) -> None:
             config[col] = st.column_config.NumberColumn(col, format="%+.4f")
         elif col == "error_rate":
             config[col] = st.column_config.NumberColumn(col, format="percent")
+        elif col.startswith("capacity") and col in data.METRICS:
+            config[col] = st.column_config.NumberColumn(data.metric_label(col)[0], format="%.3f")
+        elif col in ("capacity bracket", "capacity notes", "vs defaults"):
+            config[col] = st.column_config.TextColumn(col, width="medium")
     st.dataframe(frame, hide_index=True, key="trials_table", column_config=config,
                  height=min(35 * (len(frame) + 1) + 3, 740))
     if study.reference and study.reference.get("summary"):
@@ -165,6 +192,10 @@ def page_detail(study: data.StudyView) -> None:
                        delta_color="off")
         cols[-2].metric("engine start", f"{t.startup_s:.0f} s" if t.startup_s else "-")
         cols[-1].metric("trial wall time", f"{t.wall_s:.0f} s" if t.wall_s else "-")
+        if capacity.capacity_of(t.summary):
+            st.caption(capacity.headline(capacity.capacity_of(t.summary)))
+        if t.beaten_by_reference:
+            st.warning(f"vLLM's defaults beat trial {t.number} on every objective: keep the defaults over it.")
     else:
         st.error(t.failure_reason or "no reason stored")
     st.markdown("**Differs from the reference:** " + (data.diff_text(t.diff) if t.config else
@@ -174,6 +205,7 @@ def page_detail(study: data.StudyView) -> None:
         for col, metric in zip((c1, c2, c3), ("ttft", "itl", "e2e")):
             col.plotly_chart(charts.cdf_figure([t], metric), key=f"detail_cdf_{metric}")
         st.plotly_chart(charts.timeline_figure(t), key="detail_timeline")
+        _capacity_chart(study, [t], key="detail_capacity")
         left, right = st.columns(2)
         with left:
             st.markdown("**Engine counters** (measured phase)")
@@ -229,6 +261,7 @@ def page_compare(study: data.StudyView) -> None:
         c1, c2, c3 = st.columns(3)
         for col, metric in zip((c1, c2, c3), ("ttft", "itl", "e2e")):
             col.plotly_chart(charts.cdf_figure(both, metric), key=f"compare_cdf_{metric}")
+        _capacity_chart(study, both, key="compare_capacity")
 
 
 def page_export(study: data.StudyView) -> None:
@@ -236,6 +269,8 @@ def page_export(study: data.StudyView) -> None:
     if not measured:
         st.info("no measured trial to export yet")
         return
+    if study.decision is not None and study.decision.reference_is_best:
+        _reference_banner(study)
     c1, c2 = st.columns([2, 3])
     how = c1.radio("Choose the trial", ["by number", "by rule (--pick)"], horizontal=True, key="export_how")
     trial = None
@@ -245,14 +280,19 @@ def page_export(study: data.StudyView) -> None:
                              key="export_trial")
         trial = study.trial(number)
         cli_choice = f"--trial {number}"
+        if trial.beaten_by_reference:
+            st.warning(f"vLLM's defaults beat trial {number} on every objective: prefer the defaults.")
     else:
         rule_text = c2.text_input("Rule", value=str(best_rule(study)), key="export_rule",
                                   help="max:METRIC or min:METRIC, then optionally 'where' conditions, "
                                        "e.g. max:output_tps where ttft_p99<500ms")
         try:
-            trial = pick_trial(study, parse_pick(rule_text))
+            trial = pick_for(study, parse_pick(rule_text))
             st.success(f"rule picks trial {trial.number}: {data.diff_text(trial.diff)}")
             cli_choice = f"--pick {shlex.quote(rule_text)}"
+        except ReferenceIsBest as exc:
+            st.warning(str(exc))
+            return
         except TuneError as exc:
             st.error(str(exc))
             return

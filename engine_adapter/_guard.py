@@ -62,6 +62,21 @@ def _kill_group(pgid: int, sig: int) -> None:
             pass
 
 
+# The engine runs a little below the tuner's CPU priority: where client and engine share a machine
+# (a CPU host, or a GPU host whose engine keeps its cores busy), the replay client must never be the
+# one that waits for a core, or a load level would measure the client. On an idle machine the
+# engine runs at full speed all the same. TRACETUNE_ENGINE_NICE=0 turns this off.
+ENGINE_NICENESS = 5
+
+
+def _server_preexec() -> None:
+    _set_parent_death_signal(signal.SIGKILL)
+    try:
+        os.nice(int(os.environ.get("TRACETUNE_ENGINE_NICE", ENGINE_NICENESS)))
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -80,8 +95,7 @@ def main(argv: list[str]) -> int:
 
     # The server gets SIGKILL if this guard dies, even by SIGKILL (nothing else would stop it then).
     # No thread runs yet, so a preexec function is safe here.
-    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                              preexec_fn=lambda: _set_parent_death_signal(signal.SIGKILL))
+    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_server_preexec)
 
     def watch_parent() -> None:
         # Blocks until the tuner closes its end of the pipe or dies.

@@ -17,9 +17,10 @@ The search runs on one running engine: exponential bracketing from a start level
 earlier trial's capacity), then bisection (geometric midpoints) until the bracket is within the
 precision, then the highest pass is repeated once; a repeat that fails marks the result
 *unstable* and lowers the capacity to the next passing level. A level is abandoned as soon as
-its outcome is certain (more requests certainly missed than the target allows). A level whose
-client could not keep the schedule (`client_overloaded`) says nothing about the engine: the
-search stops there and says so.
+its outcome is certain (more requests certainly missed than the target allows). A failed level
+whose client could not keep the schedule (`client_overloaded`) says nothing about the engine: it
+is measured once more, and if the client falls behind again the search stops there and says so
+(the capacity is then a lower bound).
 """
 
 from __future__ import annotations
@@ -92,12 +93,15 @@ class Step:
 
     def line(self, label: str = "") -> str:
         """This level in one line, for progress output."""
-        verdict = "pass" if self.passed else ("abandoned" if self.abandoned else "fail")
+        verdict = "pass" if self.passed else "fail"
         if self.client_overloaded and not self.passed:
             verdict = f"client overloaded (schedule lag p99 {self.lag_p99_s * 1000:.0f} ms): not counted"
-        sent = f", sent {self.requests}" if self.requests < self.planned else ""
-        return (f"{label + ': ' if label else ''}load {self.scale:.3g}x = {self.rps:.3g} req/s · attainment "
-                f"{self.attainment:.0%} ({self.good}/{self.planned}{sent}) · {verdict}"
+        if self.abandoned:
+            attained = (f"attainment <= {self.attainment:.0%} · abandoned ({self.requests} of {self.planned} sent): "
+                        f"already more misses than the target allows")
+        else:
+            attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
+        return (f"{label + ': ' if label else ''}load {self.scale:.3g}x = {self.rps:.3g} req/s · {attained} · {verdict}"
                 f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s")
 
 
@@ -227,13 +231,17 @@ def certain_misses(finished: Sequence[RequestRecord], in_flight: Sequence[InFlig
 
 
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
-          duration_s: float, *, repeat: bool = False) -> Step:
-    """A measured level as a `Step`: attainment, pass or fail, and the client's own verdict."""
+          duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0) -> Step:
+    """A measured level as a `Step`: attainment, pass or fail, and the client's own verdict. An
+    abandoned level's attainment is the most it could still have reached (its certain misses
+    counted, everything else assumed good)."""
     planned = len(requests)
     good = sum(meets_slos(r, options.slos) for r in result.records)
     lags = [r.lag_s for r in result.records]
     lag_p99 = float(np.percentile(lags, 99)) if lags else 0.0
     attainment = good / planned if planned else 0.0
+    if result.abandoned and planned:
+        attainment = (planned - misses_at_stop) / planned
     passed = (not result.abandoned and attainment >= options.attainment
               and percentile_targets_met(result.records, planned, options.slos))
     rps, tps = offered_rates(requests)
@@ -269,6 +277,10 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
     def run(scale: float, repeat: bool = False) -> Step:
         step = measure(scale, repeat)
         steps.append(step)
+        if step.client_overloaded and not step.passed and not repeat:
+            # A failure the client may have caused says nothing yet: measure the level once more.
+            step = measure(scale, False)
+            steps.append(step)
         return step
 
     for step in seed_steps:
@@ -359,7 +371,8 @@ class LevelRunner:
     before_level: Callable[[], None] | None = None
     on_level: Callable[[Step], None] | None = None
     on_progress: Callable[[int, int, int], None] | None = None
-    results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)
+    results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)  # first replay per level
+    measured: list[tuple[Step, ReplayResult]] = dataclasses.field(default_factory=list)  # every replay, in order
 
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
         requests = at_scale(self.requests, scale)
@@ -372,15 +385,20 @@ class LevelRunner:
         budget = allowed_misses(len(requests), self.options.attainment)
         use_abandon = self.options.abandon if abandon is None else abandon
 
+        misses = [0]
+
         def certain(finished, in_flight, now) -> bool:
-            return certain_misses(finished, in_flight, now, slos) > budget
+            misses[0] = certain_misses(finished, in_flight, now, slos)
+            return misses[0] > budget
 
         t0 = time.perf_counter()
         result = replay(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
                         headers=self.headers, on_progress=self.on_progress,
                         stop_when=certain if use_abandon else None)
-        step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat)
+        step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
+                     misses_at_stop=misses[0])
         self.results.setdefault(scale, result)
+        self.measured.append((step, result))
         if self.on_level is not None:
             self.on_level(step)
         return step

@@ -167,6 +167,34 @@ class SearchSpace(BaseModel):
                              f"{drop[emptied[0]]} are removed; give it a choice this machine can run")
         return SearchSpace.model_validate({**self.model_dump(exclude={"parameters"}), "parameters": params})
 
+    def pinned(self, settings: dict[str, Any]) -> tuple[SearchSpace, list[str]]:
+        """This space without the parameters that `settings` (engine flags the user gave) already
+        set: they hold for every trial. A parameter conditioned on a pinned one stays when the
+        pinned value meets its condition, else it goes too. Returns the space and the names pinned."""
+        names = [n for n in self.parameters if n in settings]
+        if not names:
+            return self, []
+        params: dict[str, Any] = {}
+        for name, p in self.parameters.items():
+            if name in names:
+                continue
+            data = p.model_dump(by_alias=True, exclude_none=True)
+            when = dict(p.when or {})
+            if any(settings[other] not in allowed for other, allowed in when.items() if other in names):
+                continue
+            when = {other: allowed for other, allowed in when.items() if other not in names}
+            if any(other not in params for other in when):
+                continue
+            data.pop("when", None)
+            if when:
+                data["when"] = when
+            params[name] = data
+        if not params:
+            raise SpaceError(f"search space {self.name!r}: the engine flags given ({', '.join(names)}) set every "
+                             f"parameter, so there is nothing left to search; drop a flag or widen the space")
+        space = SearchSpace.model_validate({**self.model_dump(exclude={"parameters"}), "parameters": params})
+        return space, names
+
     def sample(self, trial: Any) -> dict[str, Any]:
         """Suggest values through an Optuna trial (define-by-run, conditions respected)."""
         values: dict[str, Any] = {}

@@ -260,6 +260,11 @@ def main(argv: list[str], console) -> int:
                           highlight=False)
     if never:
         space = space.without({name: list(choices) for name, choices in never.items()})
+    # An engine flag given on the command line (e.g. --eager) holds for the whole study.
+    space, pinned = space.pinned(base)
+    for name in pinned:
+        console.print(f"[dim]·[/] search space: {name}={base[name]} for every trial (set on the command line)",
+                      highlight=False)
     unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
     if unknown:
         raise InputError(f"--try names {unknown}, which are not parameters of the search space {space.name!r}")
@@ -378,7 +383,9 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
         cells = []
         for objective in objectives:
             value = r["values"][objective]
-            ci = _ci_of(objective, r["summary"], r["quality"]) if r["trial"] != "reference" or objective != "quality_loss" else None
+            # (capacity's interval is its bracket, a column of its own)
+            ci = None if objective == "capacity" or (r["trial"] == "reference" and objective == "quality_loss") \
+                else _ci_of(objective, r["summary"], r["quality"])
             cells.append(_fmt(objective, value) + (f" [dim][{_fmt(objective, ci[0])}, {_fmt(objective, ci[1])}][/]" if ci else ""))
         if has_capacity:
             cells.append(_bracket(r["capacity"]))

@@ -25,8 +25,8 @@ import socket
 import time
 from typing import Any, Iterable
 
-from sqlalchemy import (Column, DateTime, Float, Integer, MetaData, String, Table, Text, UniqueConstraint,
-                        create_engine, select)
+from sqlalchemy import (Boolean, Column, DateTime, Float, Integer, LargeBinary, MetaData, String, Table, Text,
+                        UniqueConstraint, create_engine, select)
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 metadata = MetaData()
@@ -73,7 +73,77 @@ claims = Table(
     UniqueConstraint("study_name", "key", name="uq_tracetune_claim"),
 )
 
+# Every load level of a capacity search (the reference's with trial_number -1), its request records
+# as compressed columns (`encode_levels`): a level of 500 requests takes a few kB, not megabytes.
+level_records = Table(
+    "tracetune_level_records", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("study_name", String(512), nullable=False, index=True),
+    Column("trial_number", Integer, nullable=False),
+    Column("position", Integer, nullable=False),  # order in which the search measured the levels
+    Column("scale", Float, nullable=False),
+    Column("repeat", Boolean, nullable=False),
+    Column("records", LargeBinary, nullable=False),
+    UniqueConstraint("study_name", "trial_number", "position", name="uq_tracetune_level"),
+)
+
 _JSON_FIELDS = ("values", "config", "summary", "quality", "engine")
+# Per-request records of the trace-rate replay are stored zlib-compressed (JSON lines compress about
+# 8x); text without this prefix is plain JSON lines from an older tracetune.
+_PACKED = "zlib+b64:"
+
+
+def pack_records(jsonl: str | None) -> str | None:
+    """JSON lines as they are stored: compressed, base64 (fits any SQL text column)."""
+    if not jsonl:
+        return jsonl
+    import base64
+    import zlib
+
+    return _PACKED + base64.b64encode(zlib.compress(jsonl.encode("utf-8"), 6)).decode("ascii")
+
+
+def unpack_records(stored: str | None) -> str | None:
+    """The JSON lines of `pack_records`' output (plain text is returned as it is)."""
+    if not stored or not stored.startswith(_PACKED):
+        return stored
+    import base64
+    import zlib
+
+    return zlib.decompress(base64.b64decode(stored[len(_PACKED):])).decode("utf-8")
+
+
+_COLUMNS = ("index", "scheduled_s", "lag_s", "ttft_s", "e2e_s", "tpot_s", "prompt_tokens", "output_tokens")
+
+
+def encode_levels(records: Iterable[Any]) -> bytes:
+    """A level's request records (replay.runner.RequestRecord) as compressed float columns: the
+    values the metrics need (NaN where absent), every ITL gap, success flags and error texts."""
+    import io
+
+    import numpy as np
+
+    records = list(records)
+    nan = float("nan")
+    cols = {c: np.asarray([nan if getattr(r, c) is None else getattr(r, c) for r in records], dtype=np.float64
+                          if c in ("scheduled_s", "lag_s") else np.float32) for c in _COLUMNS}
+    cols["success"] = np.asarray([r.success for r in records], dtype=bool)
+    cols["itl_s"] = np.asarray([g for r in records for g in r.itl_s], dtype=np.float32)
+    cols["itl_count"] = np.asarray([len(r.itl_s) for r in records], dtype=np.int32)
+    cols["error"] = np.asarray([r.error for r in records], dtype=str)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **cols)
+    return buf.getvalue()
+
+
+def decode_levels(blob: bytes) -> dict[str, Any]:
+    """The columns of `encode_levels` as numpy arrays (`itl_s` flat, split by `itl_count`)."""
+    import io
+
+    import numpy as np
+
+    with np.load(io.BytesIO(blob), allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
 
 
 def normalize_url(url: str) -> str:
@@ -219,7 +289,8 @@ class ResultStore:
         row = {
             "study_name": study_name, "trial_number": trial_number, "status": status,
             "values_json": r(_dump(values)), "config_json": r(_dump(config)), "summary_json": r(_dump(summary)),
-            "quality_json": _dump(quality), "engine_json": _dump(engine), "requests_jsonl": r(requests_jsonl),
+            "quality_json": _dump(quality), "engine_json": _dump(engine),
+            "requests_jsonl": pack_records(r(requests_jsonl)),
             "failure_reason": r(failure_reason), "log_tail": r(log_tail), "startup_s": startup_s, "wall_s": wall_s,
             "created_at": _now(),
         }
@@ -240,8 +311,28 @@ class ResultStore:
             for name in _JSON_FIELDS:
                 raw = item.pop(f"{name}_json")
                 item[name] = json.loads(raw) if raw else None
+            item["requests_jsonl"] = unpack_records(item["requests_jsonl"])
             out.append(item)
         return out
+
+    def save_levels(self, study_name: str, trial_number: int, levels: Iterable[tuple[float, bool, Any]]) -> None:
+        """Every load level a capacity search measured: (scale, is_repeat, request records)."""
+        rows = [{"study_name": study_name, "trial_number": trial_number, "position": i, "scale": scale,
+                 "repeat": repeat, "records": encode_levels(records)}
+                for i, (scale, repeat, records) in enumerate(levels)]
+        with self.engine.begin() as conn:
+            conn.execute(level_records.delete().where(level_records.c.study_name == study_name,
+                                                      level_records.c.trial_number == trial_number))
+            if rows:
+                conn.execute(level_records.insert(), rows)
+
+    def levels(self, study_name: str, trial_number: int) -> list[dict[str, Any]]:
+        """The stored levels of one trial (-1: the reference), in search order, decoded."""
+        query = select(level_records).where(level_records.c.study_name == study_name,
+                                            level_records.c.trial_number == trial_number)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(level_records.c.position)).mappings().all()
+        return [{"scale": row["scale"], "repeat": row["repeat"], **decode_levels(row["records"])} for row in rows]
 
     def save_reference(self, study_name: str, *, config: dict, probe: list, summary: dict | None) -> None:
         with self.engine.begin() as conn:

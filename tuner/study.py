@@ -318,6 +318,7 @@ class Tuner:
                 phase = "capacity search"
                 capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus())
                 out["summary"].capacity = capacity.as_dict()
+                out["levels"] = [(step.scale, step.repeat, res.records) for step, res in runner.measured]
                 self.report("capacity_done", label=label, capacity=capacity)
             out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
             self._check_alive(server, phase)
@@ -422,6 +423,7 @@ class Tuner:
             raise
         self.store.save_reference(self.s.study_name, config=json.loads(self.reference_config.model_dump_json()),
                                   probe=self.reference.to_json(), summary=measured["summary"].as_dict())
+        self.store.save_levels(self.s.study_name, -1, measured.get("levels", []))
         self.store.finish_claim(self.s.study_name, "reference", self.worker, -1)
         self._set_reference_values(measured["summary"].as_dict())
         self.report("reference_done", summary=measured["summary"], quality=measured["quality"])
@@ -480,6 +482,7 @@ class Tuner:
                               summary=summary.as_dict(), quality=quality.as_dict(), engine=summary.engine,
                               requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
                               startup_s=measured["startup_s"], wall_s=wall)
+        self.store.save_levels(self.s.study_name, trial.number, measured.get("levels", []))
         if any(math.isnan(v) for v in objectives):
             return self._infeasible(trial, "failed", "an objective could not be measured (NaN)", values=values,
                                     config=config_json, t0=t0, saved=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.synthetic import make_study
+from tests.dashboard.synthetic import make_capacity_studies, make_study
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,6 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def synthetic_url(tmp_path_factory) -> str:
     """A study database with known numbers (every trial kind, an SLO and a quality gate)."""
     return make_study(tmp_path_factory.mktemp("synthetic") / "study.db")
+
+
+@pytest.fixture(scope="session")
+def capacity_url(tmp_path_factory) -> str:
+    """Studies with capacity objectives and stored capacity searches: "cap" (a trial is best; the
+    reference dominates trial 2) and "cap_defaults" (vLLM's defaults beat every trial)."""
+    return make_capacity_studies(tmp_path_factory.mktemp("capacity") / "study.db")
 
 
 @pytest.fixture(scope="session")

@@ -139,3 +139,95 @@ def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_s
                                  user_attrs={"values": params, "status": "measured", "constraints": constraints,
                                              "feasible": all(c <= 0 for c in constraints), "config": cfg}))
     return number
+
+
+# -- a study with capacity objectives (`tune --trace ... --slo`) ---------------------------------
+CAPACITY_SLO = "ttft:p99<2000ms"
+
+
+def capacity(scale: float, base_rps: float, steps: list[tuple], *, high: float | None, gpus: int = 1,
+             unstable: bool = False, verdict: str = "ok") -> dict:
+    """`CapacityResult.as_dict()` with known numbers; steps are (scale, attainment, kind[, "repeat"]),
+    kind one of pass | fail | abandon | overload (50 requests planned per level)."""
+    rows = []
+    for scale_i, attainment, kind, *repeat in steps:
+        rows.append({"scale": scale_i, "rps": scale_i * base_rps, "output_tps": scale_i * base_rps * 64,
+                     "attainment": attainment, "passed": kind == "pass", "abandoned": kind == "abandon",
+                     "requests": 30 if kind == "abandon" else 50, "planned": 50, "good": round(attainment * 50),
+                     "duration_s": 20.0 / scale_i, "lag_p99_s": 0.05 if kind == "overload" else 0.002,
+                     "client_overloaded": kind == "overload", "repeat": bool(repeat), "errors": 0})
+    rps = scale * base_rps
+    return {"capacity_scale": scale, "capacity_rps": rps, "capacity_output_tps": rps * 64,
+            "capacity_input_tps": rps * 100, "capacity_rps_per_gpu": rps / gpus, "bracket_scale": [scale, high],
+            "bracket_rps": [rps, None if high is None else high * base_rps], "gpus": gpus, "attainment_target": 0.95,
+            "precision": 0.05, "slo": [CAPACITY_SLO], "unstable": unstable, "verdict": verdict, "base_rps": base_rps,
+            "base_output_tps": base_rps * 64, "search_s": 120.0, "replay_s": 100.0, "steps": rows}
+
+
+# The reference: 4.0 req/s per GPU at the SLO, bracket [4.0, 4.2] req/s.
+REFERENCE_CAPACITY = capacity(1.6, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.6, "fail"), (1.41, 1.0, "pass"),
+                                         (1.68, 0.9, "fail"), (1.6, 0.97, "pass"), (1.6, 0.96, "pass", "repeat")],
+                              high=1.68)
+# study name -> trial number -> (ttft_p99 s, capacity dict, quality_loss); the reference is (0.8 s, 4.0, 0.0)
+CAPACITY_STUDIES = {
+    "cap": {
+        0: (0.6, capacity(2.0, 3.0, [(1.0, 1.0, "pass"), (2.0, 0.98, "pass"), (4.0, 0.4, "abandon"),
+                                     (2.83, 0.8, "fail"), (2.38, 0.9, "fail"), (2.0, 0.97, "pass", "repeat")],
+                          high=2.38), 0.01),                               # front, best by capacity (6.0)
+        1: (0.5, capacity(1.2, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.5, "abandon"), (1.2, 0.96, "pass")],
+                          high=2.0), 0.0),                                 # front (faster than the defaults)
+        2: (0.85, capacity(1.56, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.7, "fail"), (1.56, 0.95, "pass")],
+                           high=2.0), 0.0),                                # only the reference dominates it
+        3: (0.4, capacity(2.0, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.96, "pass"), (4.0, 0.3, "abandon"),
+                                     (2.83, 0.6, "abandon"), (2.38, 0.95, "pass"), (2.38, 0.9, "fail", "repeat")],
+                          high=2.38, gpus=2, unstable=True), 0.03),        # unstable, 2 GPUs: 2.5 per GPU
+        4: (0.45, capacity(2.0, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.99, "pass"), (4.0, 0.2, "overload")],
+                           high=None, verdict="client_overloaded"), 0.04),  # client-limited (a lower bound)
+    },
+    "cap_defaults": {  # vLLM's defaults beat every trial on every objective
+        0: (0.9, capacity(1.4, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.5, "fail"), (1.4, 0.95, "pass")], high=2.0), 0.01),
+        1: (1.2, capacity(0.8, 2.5, [(1.0, 0.7, "fail"), (0.5, 1.0, "pass"), (0.8, 0.96, "pass")], high=1.0), 0.0),
+    },
+}
+
+
+def make_capacity_studies(path: Path) -> str:
+    """Write the studies of CAPACITY_STUDIES (objectives ttft_p99, capacity, quality_loss; one SLO) and a
+    trial whose engine failed to each; returns the database URL."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.storage import ResultStore
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = f"sqlite:///{path}"
+    store = ResultStore(url)
+    dist = {"max_num_seqs": IntDistribution(1, 128)}
+    for name, trials in CAPACITY_STUDIES.items():
+        study = optuna.create_study(study_name=name, storage=url, directions=["minimize", "maximize", "minimize"])
+        study.set_user_attr("objectives", ["ttft_p99", "capacity", "quality_loss"])
+        study.set_user_attr("slos", [CAPACITY_SLO])
+        study.set_user_attr("max_quality_loss", 0.05)
+        store.save_reference(name, config=config(), probe=[], summary={**summary(0.8, 20.0), "capacity": REFERENCE_CAPACITY})
+        for number, (ttft, cap, loss) in trials.items():
+            params = {"max_num_seqs": 8 * (number + 1)}
+            cfg = config(**params)
+            constraints = [ttft - 2.0, loss - 0.05]
+            study.add_trial(create_trial(
+                state=TrialState.COMPLETE, values=[ttft, cap["capacity_rps_per_gpu"], loss], params=params,
+                distributions=dist, user_attrs={"values": params, "status": "measured", "constraints": constraints,
+                                                "feasible": all(c <= 0 for c in constraints), "config": cfg}))
+            store.save_trial(name, number, "measured", values=params, config=cfg,
+                             summary={**summary(ttft, 30.0), "capacity": cap}, quality=quality(loss),
+                             engine=summary(ttft, 30.0)["engine"],
+                             requests_jsonl=requests_jsonl([ttft * f for f in (0.2, 0.5, 0.8, 1.0, 0.9)]),
+                             startup_s=30.0, wall_s=200.0)
+        failed = len(trials)
+        attrs = {"values": {"max_num_seqs": 1}, "status": "engine_failed", "feasible": False,
+                 "failure_reason": "engine exited at start: no memory for the KV cache", "config": config()}
+        study.add_trial(create_trial(state=TrialState.FAIL, params={"max_num_seqs": 1}, distributions=dist,
+                                     user_attrs=attrs))
+        store.save_trial(name, failed, "engine_failed", values={"max_num_seqs": 1}, config=config(),
+                         failure_reason=attrs["failure_reason"])
+    return url

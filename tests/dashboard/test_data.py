@@ -213,3 +213,12 @@ def test_loading_never_writes_measurements(synthetic_url, tmp_path):
     before = copy.read_bytes()
     data.load_study(f"sqlite:///{copy}", "synth")
     assert copy.read_bytes() == before
+
+
+def test_request_records_read_packed_and_plain_storage(study):
+    from tuner.storage import pack_records
+
+    plain = study.trial(0).requests_jsonl
+    assert plain.startswith("{")  # unpacked on load
+    assert data._unpack_records(pack_records(plain)) == plain
+    assert data._unpack_records(plain) == plain  # written by an older tracetune

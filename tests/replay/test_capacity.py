@@ -126,11 +126,28 @@ def test_seed_steps_are_reused_not_measured_again():
 
 
 def test_client_overload_stops_the_search_with_a_verdict():
-    measure, _ = scripted(50.0, overloaded_above=6.0)
+    measure, calls = scripted(50.0, overloaded_above=6.0)
     result = search_capacity(measure, options())
     assert result.verdict == "client_overloaded"
     assert result.capacity_scale == 4.0 and result.bracket_high == 8.0
+    assert calls.count((8.0, False)) == 2  # measured once more before giving up
     assert "lower bound" in result.headline()
+
+
+def test_a_passing_retry_after_client_overload_counts():
+    measure, _ = scripted(3.0)
+    first = {"seen": False}
+
+    def flaky(scale, repeat):
+        step = measure(scale, repeat)
+        if scale == 4.0 and not first["seen"]:
+            first["seen"] = True
+            step.client_overloaded = True
+        return step
+
+    result = search_capacity(flaky, options())
+    assert result.verdict == "ok" and 2.85 <= result.capacity_scale <= 3.15
+    assert sum(1 for s in result.steps if s.scale == 4.0) == 2
 
 
 def test_never_fails_up_to_the_ceiling():

@@ -182,3 +182,17 @@ def test_choices_a_platform_can_never_run_are_found_and_removed():
     # Conditions follow the removed choices.
     no_spec = space.without({"speculative": ["ngram"]})
     assert "num_speculative_tokens" not in no_spec.parameters
+
+
+def test_engine_flags_pin_their_parameters():
+    from search_spaces.space import DEFAULT_SPACE, load_space
+
+    space = load_space(DEFAULT_SPACE)
+    pinned, names = space.pinned({"enforce_eager": True, "speculative": "ngram", "dtype": "float32"})
+    assert names == ["speculative", "enforce_eager"]
+    assert "enforce_eager" not in pinned.parameters and "speculative" not in pinned.parameters
+    # conditioned on the pinned value, which meets the condition: still searched, unconditionally
+    assert "num_speculative_tokens" in pinned.parameters and not pinned.parameters["num_speculative_tokens"].when
+    off, _ = space.pinned({"speculative": "none"})
+    assert "num_speculative_tokens" not in off.parameters
+    assert space.pinned({"dtype": "float32"}) == (space, [])

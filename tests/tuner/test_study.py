@@ -178,3 +178,37 @@ def test_secret_values_and_redaction():
     assert "pw-db-secret" not in display_url("postgresql://tuner:pw-db-secret@db:5432/tt")
     assert normalize_url("sqlite:///x.db") == "sqlite:///x.db"
     assert normalize_url("postgresql://u@h/db").startswith("postgresql+psycop")
+
+
+def test_request_records_are_stored_compressed_and_read_back(tmp_path):
+    import sqlalchemy
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    store = ResultStore(url)
+    jsonl = "".join(f'{{"index": {i}, "itl_s": [0.0123, 0.0456, 0.0789]}}\n' for i in range(500))
+    store.save_trial("s", 0, "measured", requests_jsonl=jsonl)
+    assert store.trials("s")[0]["requests_jsonl"] == jsonl
+    with sqlalchemy.create_engine(url).connect() as conn:
+        raw = conn.execute(sqlalchemy.text("select requests_jsonl from tracetune_trial_results")).scalar()
+    assert raw.startswith("zlib+b64:") and len(raw) < len(jsonl) / 5
+
+
+def test_levels_round_trip_as_columns(tmp_path):
+    from replay.runner import RequestRecord
+
+    def rec(i, ok=True):
+        return RequestRecord(index=i, id=None, scheduled_s=i * 0.5, send_s=i * 0.5, lag_s=0.001, success=ok,
+                             error="" if ok else "HTTP 500: boom", ttft_s=0.2 if ok else None, e2e_s=1.0,
+                             itl_s=[0.1] * (i % 3), prompt_tokens=10, output_tokens=4 if ok else None,
+                             requested_tokens=4, finish_reason="length")
+
+    store = ResultStore(f"sqlite:///{tmp_path / 'study.db'}")
+    store.save_levels("s", -1, [(1.0, False, [rec(0), rec(1), rec(2, ok=False)]), (2.0, True, [rec(3)])])
+    levels = store.levels("s", -1)
+    assert [(lv["scale"], lv["repeat"]) for lv in levels] == [(1.0, False), (2.0, True)]
+    first = levels[0]
+    assert list(first["index"]) == [0, 1, 2] and list(first["success"]) == [True, True, False]
+    assert math.isnan(first["ttft_s"][2]) and first["ttft_s"][0] == pytest.approx(0.2)
+    assert list(first["itl_count"]) == [0, 1, 2] and len(first["itl_s"]) == 3
+    assert list(first["error"]) == ["", "", "HTTP 500: boom"]
+    assert store.levels("s", 5) == []

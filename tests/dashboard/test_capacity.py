@@ -1,0 +1,203 @@
+"""Capacity at the SLO in the dashboard and exports, and vLLM's defaults competing on the front:
+the synthetic capacity studies (known numbers) through the data functions, chart builders, exporters
+and `tune export --best`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dashboard import capacity, charts, data
+from dashboard.export import ReferenceIsBest, best_rule, best_trial, export, parse_pick, pick_for, select_trial
+from engine_adapter.errors import InputError
+from tests.dashboard.synthetic import CAPACITY_SLO, CAPACITY_STUDIES, REFERENCE_CAPACITY
+from tests.dashboard.test_cli import tune
+
+
+@pytest.fixture(scope="module")
+def cap_study(capacity_url):
+    return data.load_study(capacity_url, "cap")
+
+
+@pytest.fixture(scope="module")
+def defaults_study(capacity_url):
+    return data.load_study(capacity_url, "cap_defaults")
+
+
+# -- metrics -------------------------------------------------------------------------------------
+def test_capacity_is_a_metric_to_maximize(cap_study):
+    assert data.METRICS["capacity"] == "maximize" and data.METRICS["capacity_scale"] == "maximize"
+    assert data.metric_label("capacity") == ("capacity (req/s per GPU at the SLO)", 1.0)
+    assert cap_study.objectives == ["ttft_p99", "capacity", "quality_loss"]
+    assert cap_study.trial(0).metric("capacity") == pytest.approx(6.0)
+    assert cap_study.trial(3).metric("capacity") == pytest.approx(2.5)      # 5 req/s on 2 GPUs
+    assert cap_study.trial(3).metric("capacity_scale") == pytest.approx(2.0)
+    assert cap_study.reference_metric("capacity") == pytest.approx(4.0)
+    assert math.isnan(data.metric_value("capacity", {"latency_s": {}}, None))  # a run without capacity
+    assert [c.metric for c in data.parse_conditions("capacity>=3 and capacity_scale>1")] == ["capacity", "capacity_scale"]
+
+
+def test_studies_without_capacity_keep_their_table(synthetic_url):
+    study = data.load_study(synthetic_url, "synth")
+    assert not data.has_capacity(study)
+    row = data.trial_table(study)[0]
+    assert not {"capacity", "capacity bracket", "capacity notes", "vs defaults"} & set(row)
+
+
+# -- the reference as a competitor ---------------------------------------------------------------
+def test_the_reference_dominates_trial_2_so_it_is_not_on_the_front(cap_study):
+    cats = {t.number: t.category for t in cap_study.trials}
+    assert cats == {0: "pareto", 1: "pareto", 2: "dominated", 3: "pareto", 4: "pareto", 5: "failed"}
+    assert cap_study.trial(2).beaten_by_reference and not cap_study.trial(0).beaten_by_reference
+    # without the reference, nothing among the trials dominates trial 2
+    trials = [t for t in cap_study.trials if t.measured]
+    points = [[t.metric(o) for o in cap_study.objectives] for t in trials]
+    assert dict(zip([t.number for t in trials], data.pareto_mask(points, cap_study.directions)))[2]
+    assert cap_study.decision.dominated_by_reference == [2]
+    assert cap_study.decision.best.label == 0 and not cap_study.decision.reference_is_best
+
+
+def test_categories_agree_with_tuner_front(cap_study, defaults_study):
+    from tuner.front import REFERENCE, Candidate, front
+
+    for study in (cap_study, defaults_study):
+        ref = Candidate(REFERENCE, data.reference_values(study))
+        trials = [Candidate(t.number, tuple(t.objective_values[o] for o in study.objectives))
+                  for t in study.trials if t.measured and t.feasible]
+        labels = {c.label for c in front([ref, *trials], study.directions)}
+        assert {t.number for t in study.front} == labels - {REFERENCE}
+
+
+def test_when_the_defaults_beat_every_trial(defaults_study):
+    assert {t.number: t.category for t in defaults_study.trials} == {0: "dominated", 1: "dominated", 2: "failed"}
+    assert defaults_study.front == []
+    assert defaults_study.decision.reference_is_best
+    assert "no configuration beats vLLM's defaults" in defaults_study.decision.verdict()
+    rows = {r["trial"]: r for r in data.trial_table(defaults_study)}
+    assert rows[0]["vs defaults"] == "defaults beat it on every objective" and rows[2]["vs defaults"] == ""
+
+
+# -- capacity shaping ----------------------------------------------------------------------------
+def test_bracket_and_flags():
+    cap = CAPACITY_STUDIES["cap"][3][1]  # unstable, 2 GPUs, bracket [5, 5.95] req/s
+    assert capacity.bracket_rps(cap) == (pytest.approx(5.0), pytest.approx(5.95))
+    assert capacity.bracket_text(cap) == "[5, 5.95] req/s"
+    assert capacity.bracket_text(cap, per_gpu=True) == "[2.5, 2.97] req/s per GPU"
+    assert capacity.flags(cap) == ["unstable (the repeat of the highest pass failed)"]
+    client = CAPACITY_STUDIES["cap"][4][1]
+    assert capacity.bracket_text(client) == "[5, -) req/s"
+    assert capacity.flags(client) == ["client-limited (a lower bound)"]
+    assert capacity.capacity_of({"latency_s": {}}) is None and capacity.table_columns(None) == {
+        "capacity bracket": "", "capacity notes": ""}
+
+
+def test_trial_table_has_capacity_columns(cap_study):
+    rows = {r["trial"]: r for r in data.trial_table(cap_study)}
+    assert rows[0]["capacity"] == pytest.approx(6.0)
+    assert rows[0]["capacity bracket"] == "[6, 7.14] req/s per GPU"
+    assert rows[3]["capacity bracket"] == "[2.5, 2.97] req/s per GPU ([5, 5.95] req/s on 2 GPUs)"
+    assert rows[3]["capacity notes"].startswith("unstable")
+    assert rows[4]["capacity notes"] == "client-limited (a lower bound)"
+    assert rows[2]["vs defaults"] == "defaults beat it on every objective"
+    assert rows[5]["capacity bracket"] == "" and math.isnan(rows[5]["capacity"])
+
+
+def test_steps_kinds_and_capacity_point():
+    cap = CAPACITY_STUDIES["cap"][3][1]
+    got = [(s["scale"], s["kind"], s["repeat"]) for s in capacity.steps(cap)]
+    assert got == [(1.0, "passed", False), (2.0, "passed", False), (4.0, "abandoned", False),
+                   (2.83, "abandoned", False), (2.38, "passed", False), (2.38, "failed", True)]
+    assert "after 30 of 50 sent" in capacity.steps(cap)[2]["hover"]
+    assert capacity.capacity_point(cap) == (pytest.approx(5.0), pytest.approx(0.96))
+    assert capacity.steps(CAPACITY_STUDIES["cap"][4][1])[-1]["kind"] == "client-limited"
+    assert capacity.capacity_point({**cap, "capacity_scale": 0.0}) is None
+
+
+def test_compare_rows_include_capacity(cap_study):
+    rows = {r["field"]: r for r in data.compare(cap_study, cap_study.trial(0), cap_study.trial(3))}
+    assert rows["capacity"]["a"] == "6" and rows["capacity"]["b"] == "2.5"
+    assert rows["capacity bracket"] == {"field": "capacity bracket", "a": "[6, 7.14] req/s", "b": "[5, 5.95] req/s",
+                                        "differs": True}
+
+
+# -- charts --------------------------------------------------------------------------------------
+def test_attainment_figure_of_one_trial(cap_study):
+    curves = charts.capacity_curves(cap_study, [cap_study.trial(3)])
+    assert [label for label, _ in curves] == ["trial 3", charts.REFERENCE_CURVE]
+    fig = charts.attainment_figure(curves[:1])
+    counts = charts.figure_summary(fig)
+    assert counts == {"trial 3": 5, "trial 3: passed (3)": 3, "trial 3: failed (1)": 1, "trial 3: abandoned (2)": 2,
+                      "trial 3: repeat (1)": 1, "trial 3: capacity 5 req/s": 1}
+    markers = {t.name: t.marker.symbol for t in fig.data if t.mode == "markers"}
+    assert markers["trial 3: passed (3)"] != markers["trial 3: failed (1)"] != markers["trial 3: abandoned (2)"]
+    star = next(t for t in fig.data if t.name.startswith("trial 3: capacity"))
+    assert (star.x[0], star.y[0], star.marker.symbol) == (pytest.approx(5.0), pytest.approx(0.96), "star")
+    line = next(t for t in fig.data if t.name == "trial 3")
+    assert list(line.x) == sorted(line.x) and len(line.x) == 5  # through the levels by load, repeat left out
+    target = [s for s in fig.layout.shapes if s.type == "line" and s.y0 == s.y1]
+    assert target and target[0].y0 == pytest.approx(0.95)
+    bracket = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert (bracket[0].x0, bracket[0].x1) == (pytest.approx(5.0), pytest.approx(5.95))
+    assert CAPACITY_SLO in fig.layout.annotations[0].text
+    assert fig.layout.yaxis.tickformat == ".0%" and fig.layout.xaxis.type == "linear"
+
+
+def test_attainment_figure_overlays_trials_and_the_reference(cap_study):
+    fig = charts.attainment_figure(charts.capacity_curves(cap_study, [cap_study.trial(0), cap_study.trial(4)]))
+    names = charts.figure_summary(fig)
+    assert {"trial 0", "trial 4", charts.REFERENCE_CURVE, "trial 4: client-limited (1)",
+            "reference (vLLM's defaults): capacity 4 req/s"} <= set(names)
+    ref_line = next(t for t in fig.data if t.name == charts.REFERENCE_CURVE)
+    assert ref_line.line.dash == "dash"
+    assert not [s for s in fig.layout.shapes if s.type == "rect"]  # brackets are shaded for one run only
+    assert fig.layout.xaxis.type == "log"  # the loads span 2.5 to 12 req/s
+
+
+def test_pareto_figure_can_plot_capacity(cap_study):
+    fig = charts.pareto_figure(cap_study, "ttft_p99", "capacity")
+    counts = charts.figure_summary(fig)
+    assert counts["Pareto front (4)"] == 4 and counts["dominated (1)"] == 1
+    dominated = next(t for t in fig.data if t.name.startswith("dominated"))
+    assert "defaults beat it on every objective" in dominated.hovertext[0]
+    assert fig.layout.yaxis.title.text == "capacity (req/s per GPU at the SLO)"
+
+
+# -- export --------------------------------------------------------------------------------------
+def test_export_header_carries_the_capacity(cap_study):
+    text = export(cap_study, cap_study.trial(3), "k8s")
+    assert f"# SLO: {CAPACITY_SLO}; attainment target 95% of requests" in text
+    assert ("# capacity at the SLO: 5 req/s on 2 GPU(s) = 2.5 req/s per GPU (2x the trace's rate); "
+            "bracket [5, 5.95] req/s = [2.5, 2.97] req/s per GPU") in text
+    assert "# capacity caveats: unstable" in text
+    assert json.loads(export(cap_study, cap_study.trial(0), "json"))["capacity"]["capacity_rps"] == pytest.approx(6.0)
+    assert "vLLM's defaults (the reference) are at least as good" in export(cap_study, cap_study.trial(2), "vllm-cmd")
+
+
+def test_best_is_the_tuners_best(cap_study):
+    assert str(best_rule(cap_study)) == "max:capacity"
+    assert best_trial(cap_study).number == 0 == select_trial(cap_study, best=True).number
+    # a rule can never pick a trial the defaults dominate: trial 2 (the only one above 800 ms) is off the front
+    with pytest.raises(InputError, match="no trial on the front meets it"):
+        pick_for(cap_study, parse_pick("max:capacity where ttft_p99>0.8"))
+
+
+def test_best_refuses_when_the_defaults_win(defaults_study):
+    with pytest.raises(ReferenceIsBest, match="vLLM's defaults are best.*no configuration beats vLLM's defaults"):
+        select_trial(defaults_study, best=True)
+    with pytest.raises(ReferenceIsBest):
+        pick_for(defaults_study, parse_pick("max:capacity"))
+    assert select_trial(defaults_study, trial=0).number == 0  # by number it still exports
+
+
+def test_tune_export_best_exits_2_when_the_defaults_win(capacity_url):
+    out = tune("export", "--storage", capacity_url, "--study", "cap_defaults", "--best", "--format", "json")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "vLLM's defaults are best" in out.stderr and "Traceback" not in out.stderr
+    out = tune("export", "--storage", capacity_url, "--study", "cap", "--best", "--format", "json")
+    assert out.returncode == 0 and json.loads(out.stdout)["trial"] == 0
+
+
+def test_reference_capacity_is_read(cap_study):
+    assert capacity.capacity_of(cap_study.reference["summary"]) == REFERENCE_CAPACITY

