@@ -90,10 +90,12 @@ def steps(cap: dict[str, Any] | None) -> list[dict[str, Any]]:
         kind = step_kind(step)
         sent = step.get("requests", 0)
         planned = step.get("planned", 0)
+        # An abandoned level stopped once it could no longer pass: its attainment is the most it could reach.
+        attained = (f"attainment <= {_number(step.get('attainment')):.0%} (abandoned after {sent} of {planned} sent: "
+                    f"more certain misses than the target allows)" if step.get("abandoned") else
+                    f"attainment {_number(step.get('attainment')):.0%} ({step.get('good', '?')}/{planned} good)")
         hover = (f"step {i + 1}: load {_number(step.get('scale')):.3g}x = {_number(step.get('rps')):.3g} req/s"
-                 f"<br>attainment {_number(step.get('attainment')):.0%} ({step.get('good', '?')}/{planned} good)"
-                 f"<br>{kind}" + (f" after {sent} of {planned} sent" if kind == "abandoned" else "")
-                 + (" (repeat)" if step.get("repeat") else "")
+                 f"<br>{attained}<br>{kind}" + (" (repeat)" if step.get("repeat") else "")
                  + f"<br>schedule lag p99 {_number(step.get('lag_p99_s')) * 1000:.0f} ms")
         out.append({"index": i, "scale": _number(step.get("scale")), "rps": _number(step.get("rps")),
                     "attainment": _number(step.get("attainment")), "kind": kind, "repeat": bool(step.get("repeat")),

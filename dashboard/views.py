@@ -100,7 +100,8 @@ def page_pareto(study: data.StudyView) -> None:
             st.info(f"Selected trial {chosen.number} ({chosen.category}): {data.diff_text(chosen.diff)}. "
                     f"Trial detail and Export now open on it.")
     counts = {c: sum(1 for t in study.trials if t.category == c) for c in data.CATEGORIES}
-    st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, non-dominated) · "
+    st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by another trial "
+               f"or by vLLM's defaults) · "
                f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
                f"{counts['failed']} failed or rejected (no measurements, listed below) · {counts['running']} running. "
                "Hover a point for its config" + ("." if three_d else "; click it to open it in Trial detail and Export; "
@@ -161,6 +162,9 @@ def page_trials(study: data.StudyView) -> None:
                  height=min(35 * (len(frame) + 1) + 3, 740))
     if study.reference and study.reference.get("summary"):
         ref = ", ".join(f"{o} {data.display_value(o, study.reference_metric(o))}" for o in study.objectives)
+        ref_capacity = capacity.capacity_of(study.reference["summary"])
+        if ref_capacity:
+            ref += f", capacity bracket {capacity.bracket_text(ref_capacity)}"
         st.caption(f"Reference (unquantized weights, auto KV cache, no speculation): {ref}. "
                    f"Click a column header to sort.")
 

@@ -36,9 +36,12 @@ from engine_adapter.errors import InputError
 from replay.metrics import SLO, meets_slos, slo_value
 from replay.runner import InFlight, PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, replay
 
-# Schedule lag beyond which a level measures the client, not the engine: 10 ms, or 1% of the
-# tightest SLO threshold when that is larger.
+# Schedule lag beyond which a level measures the client, not the engine: 10 ms, or 5% of the
+# tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the
+# level claims; its TTFT and E2E count from the actual send, so a lag of 5% of their threshold can
+# only move requests that were already within 5% of it. TPOT and ITL do not depend on the send time.
 LAG_BOUND_S = 0.010
+LAG_SHARE_OF_THRESHOLD = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +69,8 @@ class CapacityOptions:
 
     @property
     def lag_bound_s(self) -> float:
-        return max(LAG_BOUND_S, 0.01 * min(s.threshold_s for s in self.slos))
+        timed = [s.threshold_s for s in self.slos if s.metric in ("ttft", "e2e")]
+        return max(LAG_BOUND_S, LAG_SHARE_OF_THRESHOLD * min(timed)) if timed else LAG_BOUND_S
 
 
 @dataclasses.dataclass
@@ -154,6 +158,10 @@ class CapacityResult:
 
     def headline(self) -> str:
         """One line for people: capacity with its bracket and how sure it is."""
+        if self.capacity_scale is None and self.verdict == "client_overloaded":
+            return (f"capacity not measurable: the client could not keep the schedule at "
+                    f"{self.bracket_high:g}x the trace's rate (schedule lag p99 "
+                    f"{max(s.lag_p99_s for s in self.steps) * 1000:.0f} ms)")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {self.steps[-1].scale:g}x the trace's rate met the SLO "
                     f"({self.attainment_target:.0%} attainment)") if self.steps else "capacity not measured"
@@ -274,18 +282,28 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
             if bounds["lo"] is not None and bounds["lo"] >= step.scale:
                 bounds["lo"] = max((s.scale for s in steps if s.passed and s.scale < step.scale), default=None)
 
-    def run(scale: float, repeat: bool = False) -> Step:
+    def run(scale: float, repeat: bool = False, retry: bool = True) -> Step:
         step = measure(scale, repeat)
         steps.append(step)
-        if step.client_overloaded and not step.passed and not repeat:
+        if retry and step.client_overloaded and not step.passed and not repeat:
             # A failure the client may have caused says nothing yet: measure the level once more.
             step = measure(scale, False)
             steps.append(step)
         return step
 
+    overloaded: list[Step] = []
+    suspect = []
     for step in seed_steps:
-        record(step)
-    overloaded = [s for s in steps if s.client_overloaded and not s.passed]
+        if step.client_overloaded and not step.passed:
+            suspect.append(step.scale)
+        else:
+            record(step)
+    for scale in suspect:  # a seed level the client may have failed: measured once more
+        step = run(scale, retry=False)
+        if step.client_overloaded and not step.passed:
+            overloaded.append(step)
+        else:
+            record(step)
     scale = options.start_scale
     # 1. bracketing: double (or halve) until one level passes and a higher one fails
     while not overloaded and (bounds["lo"] is None or bounds["hi"] is None):
@@ -371,7 +389,7 @@ class LevelRunner:
     before_level: Callable[[], None] | None = None
     on_level: Callable[[Step], None] | None = None
     on_progress: Callable[[int, int, int], None] | None = None
-    results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)  # first replay per level
+    results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)  # one replay per level
     measured: list[tuple[Step, ReplayResult]] = dataclasses.field(default_factory=list)  # every replay, in order
 
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
@@ -397,7 +415,8 @@ class LevelRunner:
                         stop_when=certain if use_abandon else None)
         step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
                      misses_at_stop=misses[0])
-        self.results.setdefault(scale, result)
+        if scale not in self.results or not (step.client_overloaded and not step.passed):
+            self.results[scale] = result  # the latest replay of this level the client kept up with
         self.measured.append((step, result))
         if self.on_level is not None:
             self.on_level(step)

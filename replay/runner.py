@@ -87,8 +87,13 @@ class RequestRecord:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
     def to_json(self) -> str:
+        """One JSON line; times rounded to the microsecond (far below what a clock over HTTP resolves)."""
         data = dataclasses.asdict(self)
         data["tpot_s"] = self.tpot_s
+        for key in ("scheduled_s", "send_s", "lag_s", "ttft_s", "e2e_s", "tpot_s"):
+            if data[key] is not None:
+                data[key] = round(data[key], 6)
+        data["itl_s"] = [round(gap, 6) for gap in data["itl_s"]]
         if data["text"] is None:
             del data["text"]
         return json.dumps(data)

@@ -118,7 +118,8 @@ _COLUMNS = ("index", "scheduled_s", "lag_s", "ttft_s", "e2e_s", "tpot_s", "promp
 
 def encode_levels(records: Iterable[Any]) -> bytes:
     """A level's request records (replay.runner.RequestRecord) as compressed float columns: the
-    values the metrics need (NaN where absent), every ITL gap, success flags and error texts."""
+    values the metrics need (NaN where absent), every ITL gap (half precision), success flags and
+    error texts."""
     import io
 
     import numpy as np
@@ -128,7 +129,9 @@ def encode_levels(records: Iterable[Any]) -> bytes:
     cols = {c: np.asarray([nan if getattr(r, c) is None else getattr(r, c) for r in records], dtype=np.float64
                           if c in ("scheduled_s", "lag_s") else np.float32) for c in _COLUMNS}
     cols["success"] = np.asarray([r.success for r in records], dtype=bool)
-    cols["itl_s"] = np.asarray([g for r in records for g in r.itl_s], dtype=np.float32)
+    # Inter-token gaps are most of a level's numbers: half precision keeps 3 significant digits
+    # (a 6 ms gap to within 3 us) at half the size.
+    cols["itl_s"] = np.asarray([g for r in records for g in r.itl_s], dtype=np.float16)
     cols["itl_count"] = np.asarray([len(r.itl_s) for r in records], dtype=np.int32)
     cols["error"] = np.asarray([r.error for r in records], dtype=str)
     buf = io.BytesIO()

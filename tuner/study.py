@@ -317,6 +317,9 @@ class Tuner:
                 result = self._trace_rate_level(runner, server, out)
                 phase = "capacity search"
                 capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus())
+                if runner.results[1.0] is not result:  # the trace's rate was measured again (client lag)
+                    result = runner.results[1.0]
+                    out["summary"] = summarize(result, self.s.slos)
                 out["summary"].capacity = capacity.as_dict()
                 out["levels"] = [(step.scale, step.repeat, res.records) for step, res in runner.measured]
                 self.report("capacity_done", label=label, capacity=capacity)

@@ -109,7 +109,7 @@ def test_steps_kinds_and_capacity_point():
     got = [(s["scale"], s["kind"], s["repeat"]) for s in capacity.steps(cap)]
     assert got == [(1.0, "passed", False), (2.0, "passed", False), (4.0, "abandoned", False),
                    (2.83, "abandoned", False), (2.38, "passed", False), (2.38, "failed", True)]
-    assert "after 30 of 50 sent" in capacity.steps(cap)[2]["hover"]
+    assert "attainment <= 30% (abandoned after 30 of 50 sent" in capacity.steps(cap)[2]["hover"]
     assert capacity.capacity_point(cap) == (pytest.approx(5.0), pytest.approx(0.96))
     assert capacity.steps(CAPACITY_STUDIES["cap"][4][1])[-1]["kind"] == "client-limited"
     assert capacity.capacity_point({**cap, "capacity_scale": 0.0}) is None
@@ -201,3 +201,24 @@ def test_tune_export_best_exits_2_when_the_defaults_win(capacity_url):
 
 def test_reference_capacity_is_read(cap_study):
     assert capacity.capacity_of(cap_study.reference["summary"]) == REFERENCE_CAPACITY
+
+
+def test_reads_what_replay_capacity_stores():
+    from replay.capacity import CapacityResult, Step
+
+    def step(scale, passed, **kw):
+        return Step(scale=scale, rps=2 * scale, output_tps=100 * scale, attainment=1.0 if passed else 0.5,
+                    passed=passed, abandoned=kw.pop("abandoned", False), requests=40, planned=40,
+                    good=40 if passed else 20, duration_s=5.0, **kw)
+
+    result = CapacityResult(attainment_target=0.95, precision=0.05, slos=[CAPACITY_SLO],
+                            steps=[step(1.0, True), step(2.0, False, abandoned=True), step(1.5, True),
+                                   step(1.5, True, repeat=True)],
+                            capacity_scale=1.5, bracket_high=2.0, base_rps=2.0, base_output_tps=100.0, gpus=2)
+    cap = result.as_dict()
+    assert data.metric_value("capacity", {"capacity": cap}, None) == pytest.approx(1.5)
+    assert capacity.bracket_text(cap) == "[3, 4] req/s"
+    assert [s["kind"] for s in capacity.steps(cap)] == ["passed", "abandoned", "passed", "passed"]
+    assert capacity.capacity_point(cap) == (pytest.approx(3.0), 1.0)
+    assert "1.5 req/s per GPU (3 req/s on 2 GPUs)" in capacity.headline(cap)
+    assert charts.figure_summary(charts.attainment_figure([("trial 0", cap)]))["trial 0: capacity 3 req/s"] == 1

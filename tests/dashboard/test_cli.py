@@ -157,6 +157,9 @@ def test_export_best_is_the_trial_in_best_json(mini_study, tmp_path):
     best = json.loads((run_dir / "best.json").read_text())
     out = tune("export", "--storage", f"sqlite:///{run_dir / 'study.db'}", "--study", "mini", "--best",
                "--format", "json")
+    if best["trial"] == "reference":  # this machine measured vLLM's defaults best: nothing to deploy but them
+        assert out.returncode == 2 and "defaults" in out.stderr and best["reference_is_best"]
+        return
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["trial"] == best["trial"] and doc["config"] == best["config"]

@@ -285,3 +285,25 @@ def test_a_trace_whose_requests_all_arrive_at_once_cannot_be_searched():
     runner = LevelRunner("http://127.0.0.1:9", "m", burst, ReplayOptions(), options())
     with pytest.raises(InputError, match="same moment"):
         runner.search()
+
+
+def test_a_seed_level_the_client_failed_is_measured_again():
+    measure, calls = scripted(3.0)
+    seed = measure(1.0, False)
+    seed.client_overloaded, seed.passed = True, False
+    calls.clear()
+    result = search_capacity(measure, options(), seed_steps=[seed])
+    assert calls[0] == (1.0, False) and result.verdict == "ok" and 2.85 <= result.capacity_scale <= 3.15
+
+
+def test_a_client_that_cannot_keep_up_at_the_first_level_gives_no_capacity():
+    measure, _ = scripted(3.0, overloaded_above=0.5)
+    seed = measure(1.0, False)
+    result = search_capacity(measure, options(), seed_steps=[seed])
+    assert result.capacity_scale is None and result.verdict == "client_overloaded"
+    assert result.headline().startswith("capacity not measurable: the client could not keep the schedule at 1x")
+
+
+def test_lag_bound():
+    assert options().lag_bound_s == 0.05  # 5% of the 1 s TTFT threshold
+    assert CapacityOptions(slos=tuple(parse_slos("tpot:p99<100ms"))).lag_bound_s == 0.010
