@@ -21,6 +21,7 @@ and every percentile target holds; capacity is the highest passing k, reported w
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from engine_adapter.cli_options import add_engine_options
+    from replay.cli import add_target_options
 
     cp = sub.add_parser("capacity", help="highest request rate a configuration serves within the SLO",
                         epilog=CAPACITY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,12 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--no-abandon", action="store_true", help="replay every level to the end")
     cp.add_argument("--max-output-tokens", type=int, metavar="N", help="cap each request's output length")
     cp.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
-    target = cp.add_mutually_exclusive_group()
-    target.add_argument("--endpoint", metavar="URL", help="an already running OpenAI-compatible server")
-    target.add_argument("--engine", choices=["vllm"], default=None, help="start this engine (default: vllm)")
-    cp.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
-    cp.add_argument("--served-model", metavar="NAME", help="model name to request from --endpoint")
-    cp.add_argument("--tokenizer", metavar="DIR", help="tokenizer for length-only traces with --endpoint")
+    add_target_options(cp)
     cp.add_argument("--json", type=Path, metavar="FILE", help="write the result (every level) as JSON")
     cp.add_argument("--out", type=Path, metavar="DIR", help="engine logs (default runs/capacity-TIMESTAMP)")
     add_engine_options(cp)

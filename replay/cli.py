@@ -26,18 +26,24 @@ examples:
 """
 
 
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """What to measure: a running endpoint, or an engine tracetune starts (see `serving_target`)."""
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--endpoint", metavar="URL", help="an already running OpenAI-compatible server")
+    target.add_argument("--engine", choices=["vllm"], default=None, help="start this engine (default: vllm)")
+    parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
+    parser.add_argument("--served-model", metavar="NAME",
+                        help="model name to request from --endpoint (default: first listed)")
+    parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer for length-only traces with --endpoint")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from engine_adapter.cli_options import add_engine_options
 
     rp = sub.add_parser("replay", help="replay a trace against an engine and measure latency/throughput/goodput",
                         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("--trace", required=True, type=Path, metavar="FILE", help="native JSONL trace")
-    target = rp.add_mutually_exclusive_group()
-    target.add_argument("--endpoint", metavar="URL", help="an already running OpenAI-compatible server")
-    target.add_argument("--engine", choices=["vllm"], default=None, help="start this engine (default: vllm)")
-    rp.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
-    rp.add_argument("--served-model", metavar="NAME", help="model name to request from --endpoint (default: first listed)")
-    rp.add_argument("--tokenizer", metavar="DIR", help="tokenizer for length-only traces with --endpoint")
+    add_target_options(rp)
     rp.add_argument("--time-scale", type=float, default=None, metavar="F",
                     help="multiply inter-arrival times by F (0.5 = twice the recorded rate)")
     rp.add_argument("--rate-scale", type=float, default=None, metavar="R", help="multiply the request rate by R")

@@ -314,6 +314,9 @@ def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, a
     config = result.get("config") or {}
     summary = result.get("summary") or {}
     diff = {} if label == "reference" else config_diff(config, ref_config) if config else {}
+    if "model" in diff and "weight_bits" in (result.get("values") or {}):
+        # a quantized checkpoint's path says less than the search-space value that made it
+        diff = {"weight_bits": result["values"]["weight_bits"], **{k: v for k, v in diff.items() if k != "model"}}
     return {"trial": label, "values": values, "config": config, "differs_from_reference": diff, "summary": summary,
             "quality": result.get("quality") or {}, "capacity": summary.get("capacity"),
             "economics": economics(summary.get("capacity"), gpu_hour_cost=args.gpu_hour_cost,
