@@ -15,8 +15,9 @@ within their latency targets. This module owns the definitions; everything else 
 
 The search runs on one running engine: exponential bracketing from a start level (k = 1, or an
 earlier trial's capacity), then bisection (geometric midpoints) until the bracket is within the
-precision, then the highest pass is repeated once; a repeat that fails marks the result
-*unstable* and lowers the capacity to the next passing level. A level is abandoned as soon as
+precision. Then both ends of the bracket are measured again: a repeat that agrees confirms the
+end; one that disagrees marks the result *unstable* and a third measurement decides by majority
+(never an average); an end whose outcome changed resumes the search from there. A level is abandoned as soon as
 its outcome is certain (more requests certainly missed than the target allows). A failed level
 whose client could not keep the schedule (`client_overloaded`) says nothing about the engine: it
 is measured once more, and if the client falls behind again the search stops there and says so
@@ -176,7 +177,7 @@ class CapacityResult:
         if self.verdict in notes:
             text += f" · {notes[self.verdict]}"
         if self.unstable:
-            text += " · UNSTABLE: the repeat of the highest passing level failed"
+            text += " · UNSTABLE: a repeated level disagreed with its first measurement (a third decided)"
         return text
 
 
@@ -263,96 +264,124 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
 Measure = Callable[[float, bool], Step]  # (scale, is_repeat) -> Step
 
 
+class _Search:
+    """The state of one search: every level's outcome (a confirmed level's majority vote), and
+    the levels that measured the client instead of the engine."""
+
+    def __init__(self, measure: Measure, options: CapacityOptions) -> None:
+        self.measure, self.options = measure, options
+        self.steps: list[Step] = []
+        self.outcome: dict[float, bool] = {}
+        self.overloaded: list[Step] = []
+        self.unstable = False
+        self.verdict = "ok"
+
+    @property
+    def hi(self) -> float | None:
+        """The lowest failing level."""
+        return min((k for k, ok in self.outcome.items() if not ok), default=None)
+
+    @property
+    def lo(self) -> float | None:
+        """The highest passing level below the lowest failing one."""
+        hi = self.hi
+        return max((k for k, ok in self.outcome.items() if ok and (hi is None or k < hi)), default=None)
+
+    def add(self, step: Step) -> None:
+        if step.client_overloaded and not step.passed:
+            self.overloaded.append(step)
+        else:
+            self.outcome[step.scale] = step.passed
+
+    def run(self, scale: float, repeat: bool = False, retry: bool = True) -> Step:
+        step = self.measure(scale, repeat)
+        self.steps.append(step)
+        if retry and step.client_overloaded and not step.passed and not repeat:
+            # A failure the client may have caused says nothing yet: measure the level once more.
+            step = self.measure(scale, False)
+            self.steps.append(step)
+        return step
+
+    def budget_left(self) -> bool:
+        if len(self.steps) >= self.options.max_steps:
+            self.verdict = "max_steps"
+            return False
+        return True
+
+    def bracket(self, scale: float) -> None:
+        """Double (or halve) until one level passes and a higher one fails."""
+        while not self.overloaded and (self.lo is None or self.hi is None) and self.budget_left():
+            lo, hi = self.lo, self.hi
+            if lo is not None and scale <= lo:
+                scale = lo * 2
+            if hi is not None and scale >= hi:
+                scale = hi / 2
+            if scale > self.options.max_scale or scale < self.options.min_scale:
+                self.verdict = "above_max" if scale > self.options.max_scale else "below_min"
+                return
+            step = self.run(scale)
+            self.add(step)
+            scale = scale * 2 if step.passed else scale / 2
+
+    def bisect(self) -> None:
+        """Geometric midpoints until the bracket is within the precision."""
+        while (not self.overloaded and self.lo is not None and self.hi is not None
+               and self.hi / self.lo - 1 > self.options.precision and self.budget_left()):
+            self.add(self.run(math.sqrt(self.lo * self.hi)))
+
+    def confirm(self, scale: float) -> bool:
+        """Measure a boundary level again; on disagreement a third time, the majority decides and
+        the result is flagged unstable. True when the level's outcome changed."""
+        first = self.outcome[scale]
+        votes = [first, self.run(scale, repeat=True).passed]
+        if votes[1] != first:
+            self.unstable = True
+            votes.append(self.run(scale, repeat=True).passed)
+        self.outcome[scale] = votes.count(True) >= 2
+        return self.outcome[scale] != first
+
+
 def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: Sequence[Step] = (),
                     gpus: int = 1, base_rates: tuple[float, float] = (0.0, 0.0),
                     clock: Callable[[], float] = time.perf_counter) -> CapacityResult:
     """Find the highest passing level with `measure`; `seed_steps` are levels already measured on
-    this engine (e.g. the trace's own rate), reused instead of measured again."""
+    this engine (e.g. the trace's own rate), reused instead of measured again. Both ends of the
+    final bracket are measured again (see `_Search.confirm`); a changed outcome resumes the search."""
     t0 = clock()
-    steps: list[Step] = list(seed_steps)
-    bounds: dict[str, float | None] = {"lo": None, "hi": None}
-    verdict = "ok"
-
-    def record(step: Step) -> None:
-        if step.passed:
-            if bounds["hi"] is None or step.scale < bounds["hi"]:
-                bounds["lo"] = max(bounds["lo"] or 0.0, step.scale)
-        elif bounds["hi"] is None or step.scale < bounds["hi"]:
-            bounds["hi"] = step.scale
-            if bounds["lo"] is not None and bounds["lo"] >= step.scale:
-                bounds["lo"] = max((s.scale for s in steps if s.passed and s.scale < step.scale), default=None)
-
-    def run(scale: float, repeat: bool = False, retry: bool = True) -> Step:
-        step = measure(scale, repeat)
-        steps.append(step)
-        if retry and step.client_overloaded and not step.passed and not repeat:
-            # A failure the client may have caused says nothing yet: measure the level once more.
-            step = measure(scale, False)
-            steps.append(step)
-        return step
-
-    overloaded: list[Step] = []
-    suspect = []
+    search = _Search(measure, options)
+    search.steps.extend(seed_steps)
     for step in seed_steps:
-        if step.client_overloaded and not step.passed:
-            suspect.append(step.scale)
+        if step.client_overloaded and not step.passed:  # the client may have failed it: measured once more
+            search.add(search.run(step.scale, retry=False))
         else:
-            record(step)
-    for scale in suspect:  # a seed level the client may have failed: measured once more
-        step = run(scale, retry=False)
-        if step.client_overloaded and not step.passed:
-            overloaded.append(step)
-        else:
-            record(step)
+            search.add(step)
+    confirmed: set[float] = set()
     scale = options.start_scale
-    # 1. bracketing: double (or halve) until one level passes and a higher one fails
-    while not overloaded and (bounds["lo"] is None or bounds["hi"] is None):
-        if len(steps) >= options.max_steps:
-            verdict = "max_steps"
+    while True:
+        search.bracket(scale)
+        search.bisect()
+        if search.overloaded or not options.confirm or search.verdict in ("below_min", "max_steps"):
             break
-        lo, hi = bounds["lo"], bounds["hi"]
-        if lo is not None and scale <= lo:
-            scale = lo * 2
-        if hi is not None and scale >= hi:
-            scale = hi / 2
-        if scale > options.max_scale:
-            verdict = "above_max"
+        ends = [k for k in (search.lo, search.hi) if k is not None and k not in confirmed]
+        changed = False
+        for end in ends:
+            confirmed.add(end)
+            changed = search.confirm(end) or changed
+        if not changed:
             break
-        if scale < options.min_scale:
-            verdict = "below_min"
-            break
-        step = run(scale)
-        if step.client_overloaded and not step.passed:
-            overloaded.append(step)
-            break
-        record(step)
-        scale = scale * 2 if step.passed else scale / 2
-    # 2. bisection on a log scale until the bracket is within the precision
-    while not overloaded and verdict == "ok" and bounds["hi"] / bounds["lo"] - 1 > options.precision:
-        if len(steps) >= options.max_steps:
-            verdict = "max_steps"
-            break
-        step = run(math.sqrt(bounds["lo"] * bounds["hi"]))
-        if step.client_overloaded and not step.passed:
-            overloaded.append(step)
-            break
-        record(step)
-    if overloaded:
-        verdict = "client_overloaded"
-        bounds["hi"] = min(s.scale for s in overloaded)
-    # 3. confirm the highest pass once: noise must not decide the answer
-    unstable = False
-    if options.confirm and bounds["lo"] is not None and verdict in ("ok", "above_max", "max_steps"):
-        again = run(bounds["lo"], repeat=True)
-        if not again.passed:
-            unstable = True
-            failed_at = bounds["lo"]
-            bounds["hi"] = failed_at
-            bounds["lo"] = max((s.scale for s in steps if s.passed and s.scale < failed_at), default=None)
+        search.verdict = "ok"
+        scale = (search.lo or options.start_scale) * 2 if search.hi is None else search.hi / 2
+    if search.overloaded:
+        search.verdict = "client_overloaded"
+    hi = search.hi
+    if search.overloaded:
+        hi = min([s.scale for s in search.overloaded] + ([hi] if hi is not None else []))
+    lo = max((k for k, ok in search.outcome.items() if ok and k < hi), default=None) if hi is not None else search.lo
     return CapacityResult(
         attainment_target=options.attainment, precision=options.precision, slos=[str(s) for s in options.slos],
-        steps=steps, capacity_scale=bounds["lo"], bracket_high=bounds["hi"], base_rps=base_rates[0],
-        base_output_tps=base_rates[1], gpus=gpus, unstable=unstable, verdict=verdict, search_s=clock() - t0)
+        steps=search.steps, capacity_scale=lo, bracket_high=hi, base_rps=base_rates[0],
+        base_output_tps=base_rates[1], gpus=gpus, unstable=search.unstable, verdict=search.verdict,
+        search_s=clock() - t0)
 
 
 # -- on a real engine -----------------------------------------------------------------------------
