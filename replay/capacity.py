@@ -123,7 +123,7 @@ class CapacityResult:
     gpus: int = 1
     mean_prompt_tokens: float = 0.0  # of the requests measured, as the engine counted them
     unstable: bool = False
-    verdict: str = "ok"  # ok | above_max | below_min | client_overloaded | max_steps
+    verdict: str = "ok"  # ok | above_max | below_min | load_independent | client_overloaded | max_steps
     search_s: float = 0.0
 
     @property
@@ -163,8 +163,12 @@ class CapacityResult:
             return (f"capacity not measurable: the client could not keep the schedule at "
                     f"{self.bracket_high:g}x the trace's rate (schedule lag p99 "
                     f"{max(s.lag_p99_s for s in self.steps) * 1000:.0f} ms)")
+        if self.capacity_scale is None and self.verdict == "load_independent":
+            return (f"capacity 0: fails at every load tried, down to {min(s.scale for s in self.steps):g}x the "
+                    f"trace's rate, and lowering the load did not help: the misses do not come from the rate "
+                    f"(e.g. bursts of the trace this config cannot serve within the SLO)")
         if self.capacity_scale is None:
-            return (f"capacity 0: not even {self.steps[-1].scale:g}x the trace's rate met the SLO "
+            return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
                     f"({self.attainment_target:.0%} attainment)") if self.steps else "capacity not measured"
         high = "" if self.bracket_high is None else f", {self.bracket_high * self.base_rps:.3g}"
         text = (f"capacity {self.capacity_rps:.3g} req/s [{self.capacity_rps:.3g}{high}] = {self.capacity_scale:.3g}x "
@@ -309,7 +313,10 @@ class _Search:
         return True
 
     def bracket(self, scale: float) -> None:
-        """Double (or halve) until one level passes and a higher one fails."""
+        """Double (or halve) until one level passes and a higher one fails. Halving stops early
+        when two halvings in a row did not raise the attainment: the misses do not come from the
+        load (e.g. bursts of the trace the config cannot serve within the SLO at any rate)."""
+        flat = 0
         while not self.overloaded and (self.lo is None or self.hi is None) and self.budget_left():
             lo, hi = self.lo, self.hi
             if lo is not None and scale <= lo:
@@ -319,9 +326,22 @@ class _Search:
             if scale > self.options.max_scale or scale < self.options.min_scale:
                 self.verdict = "above_max" if scale > self.options.max_scale else "below_min"
                 return
+            before = self._attainment_at(scale * 2)
             step = self.run(scale)
             self.add(step)
+            if not step.passed and before is not None and step.attainment <= before + 1.0 / max(step.planned, 1):
+                flat += 1
+                if flat >= 2:
+                    self.verdict = "load_independent"
+                    return
+            else:
+                flat = 0
             scale = scale * 2 if step.passed else scale / 2
+
+    def _attainment_at(self, scale: float) -> float | None:
+        """The last measured attainment of a failed level at `scale` (None if there is none)."""
+        failed = [s.attainment for s in self.steps if math.isclose(s.scale, scale) and not s.passed]
+        return failed[-1] if failed else None
 
     def bisect(self) -> None:
         """Geometric midpoints until the bracket is within the precision."""
@@ -360,7 +380,7 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
     while True:
         search.bracket(scale)
         search.bisect()
-        if search.overloaded or not options.confirm or search.verdict in ("below_min", "max_steps"):
+        if search.overloaded or not options.confirm or search.verdict in ("below_min", "max_steps", "load_independent"):
             break
         ends = [k for k in (search.lo, search.hi) if k is not None and k not in confirmed]
         changed = False

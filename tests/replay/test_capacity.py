@@ -80,7 +80,11 @@ def test_config_that_fails_at_the_trace_rate_is_searched_downward():
 
 
 def test_config_that_never_passes_has_capacity_zero():
-    measure, _ = scripted(0.001)
+    def measure(scale, repeat):  # lower load helps, but never enough
+        attainment = 0.9 * (1 - scale / 2)
+        return Step(scale=scale, rps=scale, output_tps=scale, attainment=attainment, passed=False, abandoned=False,
+                    requests=100, planned=100, good=int(attainment * 100), duration_s=1.0)
+
     result = search_capacity(measure, options(min_scale=1 / 16))
     assert result.capacity_scale is None and result.verdict == "below_min"
     assert result.as_dict()["capacity_rps"] == 0.0
@@ -325,3 +329,16 @@ def test_a_client_that_cannot_keep_up_at_the_first_level_gives_no_capacity():
 def test_lag_bound():
     assert options().lag_bound_s == 0.05  # 5% of the 1 s TTFT threshold
     assert CapacityOptions(slos=tuple(parse_slos("tpot:p99<100ms"))).lag_bound_s == 0.010
+
+
+def test_misses_that_do_not_depend_on_the_load_stop_the_descent():
+    calls = []
+
+    def bursty(scale, repeat):  # the same 6 of 20 requests miss at any rate
+        calls.append(scale)
+        return Step(scale=scale, rps=scale, output_tps=scale, attainment=0.7, passed=False, abandoned=True,
+                    requests=20, planned=20, good=14, duration_s=1.0 / scale)
+
+    result = search_capacity(bursty, options())
+    assert calls == [1.0, 0.5, 0.25] and result.verdict == "load_independent" and result.capacity_scale is None
+    assert "lowering the load did not help" in result.headline()
