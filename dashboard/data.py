@@ -161,6 +161,13 @@ class StudyView:
     reference: dict[str, Any] | None    # {"config", "summary"}
     platform: str                       # the platform the study measured on (cpu | cuda | unknown)
     decision: Any = None                # tuner.front.Decision over the study objectives (reference included)
+    economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate
+
+    def costs(self, summary: dict | None) -> dict[str, float]:
+        """$ per 1M tokens and replicas/GPUs for the study's --gpu-hour-cost / --target-rate."""
+        from tuner.front import economics
+
+        return economics(capacity.capacity_of(summary), **self.economics) if self.economics else {}
 
     def trial(self, number: int) -> TrialView:
         for t in self.trials:
@@ -315,6 +322,7 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
         if with_capacity:
             row.setdefault("capacity", t.metric("capacity"))
             row.update(capacity.table_columns(t.summary if t.measured else None))
+            row.update(cost_columns(study, t.summary if t.measured else None))
         for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate"):
             if extra not in row:
                 row[extra] = t.metric(extra)
@@ -326,6 +334,17 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
         row["failure"] = (t.failure_reason or "")[:200]
         rows.append(row)
     return rows
+
+
+def cost_columns(study: StudyView, summary: dict | None) -> dict[str, float]:
+    """The table's cost and sizing columns (none when the study was run without the flags)."""
+    names = {"usd_per_1m_output_tokens": "$/1M output tokens", "usd_per_1m_input_tokens": "$/1M input tokens",
+             "replicas": "replicas", "gpus_total": f"GPUs for {study.economics.get('target_rate', 0):g} req/s"}
+    from tuner.front import economics
+
+    columns = economics({"capacity_rps": 1.0}, **study.economics) if study.economics else {}  # which the flags give
+    costs = study.costs(summary)
+    return {names[key]: costs.get(key, math.nan) for key in columns}
 
 
 def has_capacity(study: StudyView) -> bool:
@@ -548,7 +567,8 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,
                      slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),
                      trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
-                     platform=_platform_of(attrs, rows.values()))
+                     platform=_platform_of(attrs, rows.values()),
+                     economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)})
     mark_front(view)
     return view
 

@@ -286,6 +286,14 @@ def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions
         lines.append("WARNING: vLLM's defaults (the reference) are at least as good on every objective: "
                      "prefer the defaults")
     lines += capacity.header_lines(capacity.capacity_of(trial.summary))
+    costs = study.costs(trial.summary)
+    if "usd_per_1m_output_tokens" in costs:
+        lines.append(f"at capacity, ${study.economics['gpu_hour_cost']:g}/GPU-hour: "
+                     f"${costs['usd_per_1m_output_tokens']:.3g} per 1M output tokens, "
+                     f"${costs['usd_per_1m_input_tokens']:.3g} per 1M input tokens")
+    if "replicas" in costs:
+        lines.append(f"for {study.economics['target_rate']:g} req/s of this traffic: {costs['replicas']:g} replicas, "
+                     f"{costs['gpus_total']:g} GPUs")
     if fmt != "vllm-cmd":
         lines.append(f"image: {_image(options)}; port {options.port}; GPUs: {options.gpus}")
         for host, target in spec.mounts.items():

@@ -182,6 +182,8 @@ def main(argv: list[str], console) -> int:
     settings = StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
                              slos=slos, max_quality_loss=args.max_quality_loss, sampler=args.sampler,
                              seed=args.seed, replay=replay_options, capacity=capacity_options,
+                             economics={k: v for k, v in (("gpu_hour_cost", args.gpu_hour_cost),
+                                                          ("target_rate", args.target_rate)) if v is not None},
                              probe_prompts=args.probe_prompts,
                              probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout,
                              timeout_s=args.timeout, enqueue=enqueue, heartbeat_s=args.heartbeat,

@@ -164,6 +164,8 @@ class StudySettings:
     seed: int | None
     replay: ReplayOptions
     capacity: CapacityOptions | None = None  # search each config's capacity at the SLO
+    # --gpu-hour-cost / --target-rate, kept with the study so the dashboard and exports show them
+    economics: dict[str, float] = dataclasses.field(default_factory=dict)
     probe_prompts: int = 8
     probe_tokens: int = 24
     start_timeout_s: float = 900.0
@@ -621,6 +623,8 @@ class Tuner:
             raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "
                              f"resume it with the same --objectives or pick a new --study")
         self._check_space_matches(study)
+        for key, value in self.s.economics.items():
+            study.set_user_attr(key, value)
         # Configurations the user asked to try first (e.g. today's production config); ones the
         # study already has are skipped, so a resumed or second worker does not add them again.
         for params in self.s.enqueue:

@@ -209,6 +209,9 @@ def make_capacity_studies(path: Path) -> str:
         study.set_user_attr("objectives", ["ttft_p99", "capacity", "quality_loss"])
         study.set_user_attr("slos", [CAPACITY_SLO])
         study.set_user_attr("max_quality_loss", 0.05)
+        if name == "cap":  # tune ... --gpu-hour-cost 2.5 --target-rate 40
+            study.set_user_attr("gpu_hour_cost", 2.5)
+            study.set_user_attr("target_rate", 40.0)
         store.save_reference(name, config=config(), probe=[], summary={**summary(0.8, 20.0), "capacity": REFERENCE_CAPACITY})
         for number, (ttft, cap, loss) in trials.items():
             params = {"max_num_seqs": 8 * (number + 1)}

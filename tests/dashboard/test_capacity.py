@@ -222,3 +222,19 @@ def test_reads_what_replay_capacity_stores():
     assert capacity.capacity_point(cap) == (pytest.approx(3.0), 1.0)
     assert "1.5 req/s per GPU (3 req/s on 2 GPUs)" in capacity.headline(cap)
     assert charts.figure_summary(charts.attainment_figure([("trial 0", cap)]))["trial 0: capacity 3 req/s"] == 1
+
+
+def test_cost_and_sizing_columns_and_export_lines(cap_study, defaults_study):
+    from tuner.front import economics
+
+    assert cap_study.economics == {"gpu_hour_cost": 2.5, "target_rate": 40.0}
+    rows = {r["trial"]: r for r in data.trial_table(cap_study)}
+    measured = [t for t in cap_study.trials if t.measured and capacity.capacity_of(t.summary)]
+    t = measured[0]
+    expected = economics(capacity.capacity_of(t.summary), gpu_hour_cost=2.5, target_rate=40.0)
+    assert rows[t.number]["$/1M output tokens"] == pytest.approx(expected["usd_per_1m_output_tokens"])
+    assert rows[t.number]["GPUs for 40 req/s"] == expected["gpus_total"]
+    header = export(cap_study, t, "vllm-cmd")
+    assert "$2.5/GPU-hour" in header and "per 1M output tokens" in header and "for 40 req/s of this traffic" in header
+    # a study run without the flags has no such columns
+    assert not any("$/1M" in key for row in data.trial_table(defaults_study) for key in row)
