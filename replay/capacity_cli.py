@@ -4,6 +4,7 @@ already running or on a vLLM server tracetune starts (one engine for the whole s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -87,12 +88,12 @@ def capacity_command(args: argparse.Namespace, console) -> int:
 
         console.print(f"searching the capacity of {engine_info.get('endpoint') or 'vLLM'} at SLO {args.slo} "
                       f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)
-        runner = LevelRunner(engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:], replay_options,
-                             options, warmup=everything[:n_warm], engine=None,
-                             headers=engine.endpoint.headers or None, before_level=before_level,
-                             on_level=lambda step: console.print("  " + step.line(), highlight=False))
-        gpus = config.gpus() if config is not None else 1
-        result = runner.search(gpus=gpus)
+        with _level_progress(console) as (on_progress, on_level):
+            runner = LevelRunner(engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:],
+                                 replay_options, options, warmup=everything[:n_warm], engine=None,
+                                 headers=engine.endpoint.headers or None, before_level=before_level,
+                                 on_level=on_level, on_progress=on_progress)
+            result = runner.search(gpus=config.gpus() if config is not None else 1)
     console.print(f"[bold]{result.headline()}[/]", highlight=False)
     payload = {"trace": str(args.trace), **engine_info, **result.as_dict()}
     if args.json is not None:
@@ -100,3 +101,22 @@ def capacity_command(args: argparse.Namespace, console) -> int:
         args.json.write_text(json.dumps(payload, indent=2, default=str))
         console.print(f"wrote {args.json}")
     return 0
+
+
+@contextlib.contextmanager
+def _level_progress(console):
+    """A live bar for the level being replayed, and a line per level once it is judged."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("  load level"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("level", total=None, info="")
+
+        def on_progress(done: int, total: int, in_flight: int) -> None:
+            progress.update(task, completed=done, total=total, info=f"in flight {in_flight}")
+
+        def on_level(step) -> None:
+            progress.console.print("  " + step.line(), highlight=False)
+            progress.reset(task, total=None, info="")
+
+        yield on_progress, on_level
