@@ -196,3 +196,15 @@ def test_engine_flags_pin_their_parameters():
     off, _ = space.pinned({"speculative": "none"})
     assert "num_speculative_tokens" not in off.parameters
     assert space.pinned({"dtype": "float32"}) == (space, [])
+
+
+def test_the_default_space_never_proposes_what_it_would_reject():
+    """Every combination of the default space (numeric draft lengths at their ends) passes the
+    combination rules of `to_engine_config` on a CPU that runs every knob."""
+    space = load_space(DEFAULT_SPACE)
+    space = space.model_copy(update={"parameters": {**space.parameters, "num_speculative_tokens":
+                                                    space.parameters["num_speculative_tokens"].model_copy(
+                                                        update={"step": 7})}})
+    for point in space.grid():
+        to_engine_config(point, fixed=space.fixed, platform=Platform.CPU, model_dir=MODEL,
+                         make_checkpoint=lambda scheme: MODEL, flags=frozenset({"avx512f", "avx512_bf16"}))
