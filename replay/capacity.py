@@ -52,7 +52,9 @@ class CapacityOptions:
     precision: float = 0.05
     start_scale: float = 1.0
     max_scale: float = 256.0
-    min_scale: float = 1.0 / 64
+    # Below an eighth of the trace's rate a config is far from competitive, and each halving doubles
+    # a level's duration: the search stops there and reports capacity < 0.125x (verdict below_min).
+    min_scale: float = 1.0 / 8
     confirm: bool = True
     max_steps: int = 20
     abandon: bool = True
@@ -169,7 +171,8 @@ class CapacityResult:
                     f"(e.g. bursts of the trace this config cannot serve within the SLO)")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
-                    f"({self.attainment_target:.0%} attainment)") if self.steps else "capacity not measured"
+                    f"({self.attainment_target:.0%} attainment; the search goes no lower)") if self.steps \
+                else "capacity not measured"
         high = "" if self.bracket_high is None else f", {self.bracket_high * self.base_rps:.3g}"
         text = (f"capacity {self.capacity_rps:.3g} req/s [{self.capacity_rps:.3g}{high}] = {self.capacity_scale:.3g}x "
                 f"the trace's rate, {self.capacity_output_tps:.3g} output tok/s")

@@ -36,6 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--start-scale", type=float, default=1.0, metavar="K",
                     help="first load level, as a multiple of the trace's rate (default 1)")
     cp.add_argument("--max-scale", type=float, default=256.0, metavar="K", help="highest level tried (default 256)")
+    cp.add_argument("--min-scale", type=float, default=0.125, metavar="K",
+                    help="lowest level tried (default 0.125); a config failing there has capacity 0")
     cp.add_argument("--max-requests", type=int, metavar="N", help="at most N requests of the trace per level")
     cp.add_argument("--max-duration", type=float, default=60.0, metavar="S",
                     help="replay the first S seconds of the trace (its own time) at every level (default 60)")
@@ -59,7 +61,8 @@ def capacity_command(args: argparse.Namespace, console) -> int:
     from replay.runner import ReplayOptions
 
     options = CapacityOptions(slos=tuple(parse_slos(args.slo)), attainment=args.attainment, precision=args.precision,
-                              start_scale=args.start_scale, max_scale=args.max_scale, confirm=not args.no_repeat,
+                              start_scale=args.start_scale, max_scale=args.max_scale, min_scale=args.min_scale,
+                              confirm=not args.no_repeat,
                               abandon=not args.no_abandon)
     if args.max_duration is not None and not args.max_duration > 0:
         raise InputError(f"--max-duration must be > 0, got {args.max_duration}")
