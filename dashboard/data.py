@@ -27,6 +27,7 @@ METRICS: dict[str, str] = {
     "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize", "quality_loss": "minimize",
     "error_rate": "minimize", "prefix_cache_hit_rate": "maximize", "spec_acceptance_rate": "maximize",
     "capacity": "maximize", "capacity_scale": "maximize",  # at the SLO: req/s per GPU, and the load factor k
+    "usd_per_1m_output_tokens": "minimize",  # at capacity, with the study's --gpu-hour-cost
 }
 # Categories of a trial in the Pareto view, in drawing order.
 CATEGORIES = ("pareto", "dominated", "infeasible", "failed", "running")
@@ -46,6 +47,7 @@ def metric_label(name: str) -> tuple[str, float]:
         "spec_acceptance_rate": ("speculative acceptance rate", 1.0),
         "capacity": ("capacity (req/s per GPU at the SLO)", 1.0),
         "capacity_scale": ("capacity_scale (x the trace's rate at the SLO)", 1.0),
+        "usd_per_1m_output_tokens": ("$ per 1M output tokens at capacity", 1.0),
     }.get(name, (name, 1.0))
 
 
@@ -82,9 +84,10 @@ def metric_value(name: str, summary: dict | None, quality: dict | None, engine: 
         return _num(engine.get("prefix_cache_hit_rate"))
     if name == "spec_acceptance_rate":
         return _num(engine.get("spec_decode_acceptance_rate"))
-    if name in ("capacity", "capacity_scale"):  # replay.capacity's result, stored by the tuner
+    if name in ("capacity", "capacity_scale", "usd_per_1m_output_tokens"):  # replay.capacity's result
         stored = capacity.capacity_of(summary) or {}
-        return _num(stored.get("capacity_rps_per_gpu" if name == "capacity" else "capacity_scale"))
+        key = {"capacity": "capacity_rps_per_gpu"}.get(name, name)  # the cost: added by `with_costs`
+        return _num(stored.get(key))
     raise InputError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
 
 
@@ -336,6 +339,18 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
     return rows
 
 
+def with_costs(study: StudyView) -> None:
+    """Give every capacity result of the view its $ per 1M output tokens (study's --gpu-hour-cost),
+    so cost is a metric like any other: an axis, a filter, a column."""
+    if "gpu_hour_cost" not in study.economics:
+        return
+    summaries = [t.summary for t in study.trials if t.measured] + [(study.reference or {}).get("summary")]
+    for summary in summaries:
+        cap = capacity.capacity_of(summary)
+        if cap:  # a copy: the stored result stays as measured
+            summary["capacity"] = {**cap, "usd_per_1m_output_tokens": study.costs(summary)["usd_per_1m_output_tokens"]}
+
+
 def cost_columns(study: StudyView, summary: dict | None) -> dict[str, float]:
     """The table's cost and sizing columns (none when the study was run without the flags)."""
     names = {"usd_per_1m_output_tokens": "$/1M output tokens", "usd_per_1m_input_tokens": "$/1M input tokens",
@@ -569,6 +584,7 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)})
+    with_costs(view)
     mark_front(view)
     return view
 

@@ -200,7 +200,9 @@ def test_tune_export_best_exits_2_when_the_defaults_win(capacity_url):
 
 
 def test_reference_capacity_is_read(cap_study):
-    assert capacity.capacity_of(cap_study.reference["summary"]) == REFERENCE_CAPACITY
+    read = dict(capacity.capacity_of(cap_study.reference["summary"]))
+    assert read.pop("usd_per_1m_output_tokens") > 0  # derived from the study's --gpu-hour-cost
+    assert read == REFERENCE_CAPACITY
 
 
 def test_reads_what_replay_capacity_stores():
@@ -238,3 +240,9 @@ def test_cost_and_sizing_columns_and_export_lines(cap_study, defaults_study):
     assert "$2.5/GPU-hour" in header and "per 1M output tokens" in header and "for 40 req/s of this traffic" in header
     # a study run without the flags has no such columns
     assert not any("$/1M" in key for row in data.trial_table(defaults_study) for key in row)
+    # cost is a metric too: a Pareto axis and a filter
+    assert t.metric("usd_per_1m_output_tokens") == pytest.approx(expected["usd_per_1m_output_tokens"])
+    assert data.METRICS["usd_per_1m_output_tokens"] == "minimize"
+    assert math.isnan(next(x for x in defaults_study.trials if x.measured).metric("usd_per_1m_output_tokens"))
+    fig = charts.pareto_figure(cap_study, "usd_per_1m_output_tokens", "capacity")
+    assert fig.data
