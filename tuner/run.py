@@ -199,7 +199,6 @@ def main(argv: list[str], console) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
     replay_task = None
-    started = {"t": time.perf_counter(), "trial": 0}
 
     def on_replay_progress(done: int, total: int, in_flight: int) -> None:
         if replay_task is not None:
