@@ -7,7 +7,6 @@ import argparse
 import json
 import math
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +123,6 @@ def main(argv: list[str], console) -> int:
         os.environ["VLLM_API_KEY"] = api_key
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from engine_adapter.cli_options import engine_config_from_args
     from engine_adapter.models import resolve_model
@@ -134,7 +132,7 @@ def main(argv: list[str], console) -> int:
     from replay.trace import load_trace
     from search_spaces.space import DEFAULT_SPACE, load_space
     from tuner.storage import display_url, secret_values
-    from tuner.study import StudySettings, Tuner, config_diff, pareto_trials, parse_objectives
+    from tuner.study import StudySettings, Tuner, parse_objectives
 
     slos = parse_slos(args.slo)
     enqueue = []
