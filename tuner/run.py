@@ -12,7 +12,8 @@ from typing import Any
 
 TUNE_EPILOG = """\
 examples:
-  tune --trace examples/traffic.jsonl --trials 6
+  tune --trace examples/traffic.jsonl --trials 6 --eager --slo "ttft:p99<2s,tpot:p99<100ms"   # capacity at the SLO
+  tune --trace traffic.jsonl --slo "ttft:p99<1s,tpot:p99<50ms" --gpu-hour-cost 3.5 --target-rate 40
   tune --trace traffic.jsonl --space my_space.yaml --slo "ttft:p99<500ms,tpot:p50<50ms" --max-quality-loss 0.05
   tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40
   tune --trace traffic.jsonl --study nightly          # run again: resumes the study, does not start over
