@@ -232,18 +232,38 @@ def allowed_misses(planned: int, attainment: float) -> int:
     return int(math.floor(planned * (1 - attainment) + 1e-9))
 
 
-def certain_misses(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float,
-                   slos: Sequence[SLO]) -> int:
-    """Requests already known to miss: finished ones that missed, and in-flight ones whose
-    first output (TTFT) or whole answer (E2E) is already later than its threshold allows."""
-    missed = sum(not meets_slos(r, slos) for r in finished)
+def late_in_flight(in_flight: Sequence[InFlight], now: float, slos: Sequence[SLO]) -> int:
+    """In-flight requests already known to miss: their first output (TTFT) or whole answer (E2E)
+    is later than its threshold allows."""
     ttft = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
     e2e = min((s.threshold_s for s in slos if s.metric == "e2e"), default=math.inf)
-    for live in in_flight:
-        waited = now - live.send
-        if (live.first_output is None and waited > ttft) or waited > e2e:
-            missed += 1
-    return missed
+    return sum(1 for live in in_flight
+               if (live.first_output is None and now - live.send > ttft) or now - live.send > e2e)
+
+
+def certain_misses(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float,
+                   slos: Sequence[SLO]) -> int:
+    """Requests already known to miss: finished ones that missed, and late ones in flight."""
+    return sum(not meets_slos(r, slos) for r in finished) + late_in_flight(in_flight, now, slos)
+
+
+class _MissCounter:
+    """`certain_misses` while a level runs, checked every few milliseconds: each finished request
+    is judged once (the finished list only grows), so the check costs the client little however
+    long the level."""
+
+    def __init__(self, slos: Sequence[SLO]) -> None:
+        self.slos = slos
+        self.judged = 0
+        self.finished_misses = 0
+        self.count = 0
+
+    def __call__(self, finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> int:
+        for record in finished[self.judged:]:
+            self.finished_misses += not meets_slos(record, self.slos)
+        self.judged = len(finished)
+        self.count = self.finished_misses + late_in_flight(in_flight, now, self.slos)
+        return self.count
 
 
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
@@ -394,10 +414,9 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
             break
         search.verdict = "ok"
         scale = (search.lo or options.start_scale) * 2 if search.hi is None else search.hi / 2
-    if search.overloaded:
-        search.verdict = "client_overloaded"
     hi = search.hi
     if search.overloaded:
+        search.verdict = "client_overloaded"
         hi = min([s.scale for s in search.overloaded] + ([hi] if hi is not None else []))
     lo = max((k for k, ok in search.outcome.items() if ok and k < hi), default=None) if hi is not None else search.lo
     return CapacityResult(
@@ -451,22 +470,19 @@ class LevelRunner:
             self.before_level()
         opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
                                    max_duration_s=None, time_scale=1.0)
-        slos = self.options.slos
         budget = allowed_misses(len(requests), self.options.attainment)
         use_abandon = self.options.abandon if abandon is None else abandon
-
-        misses = [0]
+        misses = _MissCounter(self.options.slos)
 
         def certain(finished, in_flight, now) -> bool:
-            misses[0] = certain_misses(finished, in_flight, now, slos)
-            return misses[0] > budget
+            return misses(finished, in_flight, now) > budget
 
         t0 = time.perf_counter()
         result = replay(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
                         headers=self.headers, on_progress=self.on_progress,
                         stop_when=certain if use_abandon else None)
         step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
-                     misses_at_stop=misses[0])
+                     misses_at_stop=misses.count)
         if scale not in self.results or not (step.client_overloaded and not step.passed):
             self.results[scale] = result  # the latest replay of this level the client kept up with
         self.measured.append((step, result))

@@ -206,6 +206,15 @@ def test_allowed_misses_and_certain_misses():
     # 2 finished misses + 1 in flight with no first output after 10 s (TTFT 1 s); the one that
     # already has its first token and the one sent 0.5 s ago are not certain misses
     assert certain_misses(finished, live, 10.0, SLOS) == 3
+    # the running count judges each finished request once, and agrees with the full count
+    from replay.capacity import _MissCounter
+
+    counter = _MissCounter(SLOS)
+    growing = []
+    for rec in finished:
+        growing.append(rec)
+        assert counter(growing, live, 10.0) == certain_misses(growing, live, 10.0, SLOS)
+    assert counter.judged == 3
 
 
 def test_percentile_targets_count_unfinished_requests_as_misses():
