@@ -11,13 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-# What a search's verdict means for the number, in a few words (verdict "ok" says nothing).
-VERDICT_NOTES = {
-    "above_max": "above the search's ceiling",
-    "below_min": "failed even the lowest load",
-    "client_overloaded": "client-limited (a lower bound)",
-    "max_steps": "step budget spent",
-}
+# The bracket and its caveats are written one way, by the module that defines them.
+from replay.capacity import bracket_rps, bracket_text  # noqa: F401  (bracket_rps: for the charts)
+from replay.capacity import caveats as flags
 
 
 def capacity_of(summary: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -31,38 +27,6 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
-
-
-def bracket_rps(cap: dict[str, Any] | None) -> tuple[float, float | None]:
-    """[highest passing, lowest failing] offered requests/s (high None: nothing failed above)."""
-    if not cap:
-        return math.nan, None
-    low, high = (list(cap.get("bracket_rps") or []) + [None, None])[:2]
-    low = _number(cap.get("capacity_rps") if low is None else low)
-    return low, None if high is None else _number(high)
-
-
-def bracket_text(cap: dict[str, Any] | None, *, per_gpu: bool = False) -> str:
-    """`[3.2, 3.6] req/s` (or per GPU); an open bracket `[3.2, -)` when no level failed above."""
-    if not cap:
-        return ""
-    low, high = bracket_rps(cap)
-    gpus = max(int(cap.get("gpus") or 1), 1) if per_gpu else 1
-    top = "-)" if high is None else f"{high / gpus:.3g}]"
-    return f"[{low / gpus:.3g}, {top} req/s" + (" per GPU" if per_gpu else "")
-
-
-def flags(cap: dict[str, Any] | None) -> list[str]:
-    """What a reader must know before trusting the number: unstable, client-limited, ..."""
-    if not cap:
-        return []
-    out = []
-    if cap.get("unstable"):
-        out.append("unstable (the repeat of the highest pass failed)")
-    note = VERDICT_NOTES.get(str(cap.get("verdict") or "ok"))
-    if note:
-        out.append(note)
-    return out
 
 
 def table_columns(summary: dict[str, Any] | None) -> dict[str, str]:

@@ -188,6 +188,56 @@ class CapacityResult:
         return text
 
 
+# -- a stored result (`CapacityResult.as_dict()`) in words -------------------------------------------
+# What a search's verdict means for the number, in a few words (verdict "ok" says nothing).
+VERDICT_NOTES = {
+    "above_max": "above the search's ceiling",
+    "below_min": "failed even the lowest load",
+    "load_independent": "failed at every load: the misses do not come from the rate",
+    "client_overloaded": "client-limited (a lower bound)",
+    "max_steps": "step budget spent",
+}
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def bracket_rps(cap: dict[str, Any] | None) -> tuple[float, float | None]:
+    """[highest passing, lowest failing] offered requests/s (high None: nothing failed above)."""
+    if not cap:
+        return math.nan, None
+    low, high = (list(cap.get("bracket_rps") or []) + [None, None])[:2]
+    low = _number(cap.get("capacity_rps") if low is None else low)
+    return low, None if high is None else _number(high)
+
+
+def bracket_text(cap: dict[str, Any] | None, *, per_gpu: bool = False) -> str:
+    """`[3.2, 3.6] req/s` (or per GPU); an open bracket `[3.2, -)` when no level failed above."""
+    if not cap:
+        return ""
+    low, high = bracket_rps(cap)
+    gpus = max(int(cap.get("gpus") or 1), 1) if per_gpu else 1
+    top = "-)" if high is None else f"{high / gpus:.3g}]"
+    return f"[{low / gpus:.3g}, {top} req/s" + (" per GPU" if per_gpu else "")
+
+
+def caveats(cap: dict[str, Any] | None) -> list[str]:
+    """What a reader must know before trusting the number: unstable, client-limited, ..."""
+    if not cap:
+        return []
+    out = []
+    if cap.get("unstable"):
+        out.append("unstable (a repeated level disagreed with its first measurement)")
+    note = VERDICT_NOTES.get(str(cap.get("verdict") or "ok"))
+    if note:
+        out.append(note)
+    return out
+
+
 # -- one load level -------------------------------------------------------------------------------
 def offered_rates(requests: Sequence[PreparedRequest]) -> tuple[float, float]:
     """(requests/s, output tokens/s) the schedule offers: n-1 gaps over the span between the first

@@ -405,15 +405,9 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
 
 
 def _bracket(capacity: dict | None) -> str:
-    if not capacity:
-        return "-"
-    low, high = capacity["bracket_rps"]
-    text = f"[{low:.3g}, {'-' if high is None else f'{high:.3g}'}] req/s"
-    if capacity.get("unstable"):
-        text += " unstable"
-    if capacity.get("verdict") == "client_overloaded":
-        text += " (client-limited)"
-    return text
+    from replay.capacity import bracket_text, caveats
+
+    return " · ".join([bracket_text(capacity), *caveats(capacity)]) if capacity else "-"
 
 
 def _print_failures(study, console) -> None:
@@ -437,10 +431,6 @@ def _ci_of(name: str, summary: dict, quality: dict):
             e = summary["latency_s"][metric][name.split("_", 1)[1]]
             return e["ci_low"], e["ci_high"]
     key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}.get(name)
-    if name == "capacity" and summary.get("capacity"):
-        low, high = summary["capacity"]["bracket_rps"]
-        gpus = max(summary["capacity"].get("gpus") or 1, 1)
-        return low / gpus, (math.inf if high is None else high / gpus)
     if key and summary.get(key):
         return summary[key]["ci_low"], summary[key]["ci_high"]
     return None

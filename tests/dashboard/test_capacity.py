@@ -85,7 +85,7 @@ def test_bracket_and_flags():
     assert capacity.bracket_rps(cap) == (pytest.approx(5.0), pytest.approx(5.95))
     assert capacity.bracket_text(cap) == "[5, 5.95] req/s"
     assert capacity.bracket_text(cap, per_gpu=True) == "[2.5, 2.97] req/s per GPU"
-    assert capacity.flags(cap) == ["unstable (the repeat of the highest pass failed)"]
+    assert capacity.flags(cap) == ["unstable (a repeated level disagreed with its first measurement)"]
     client = CAPACITY_STUDIES["cap"][4][1]
     assert capacity.bracket_text(client) == "[5, -) req/s"
     assert capacity.flags(client) == ["client-limited (a lower bound)"]
