@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 
 from dashboard import capacity
 from engine_adapter.errors import InputError
+from tuner.front import dominates  # the one dominance rule, also on the plotted axes
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
@@ -197,19 +198,6 @@ class StudyView:
 
 
 # -- Pareto logic --------------------------------------------------------------------------------
-def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
-    """Whether point `a` is at least as good as `b` everywhere and better somewhere."""
-    better = False
-    for x, y, d in zip(a, b, directions):
-        if d == "maximize":
-            x, y = -x, -y
-        if x > y:
-            return False
-        if x < y:
-            better = True
-    return better
-
-
 def pareto_mask(points: Sequence[Sequence[float]], directions: Sequence[str]) -> list[bool]:
     """True for the points no other point dominates (points with a NaN are never on the front)."""
     valid = [not any(math.isnan(v) for v in p) for p in points]
@@ -589,21 +577,12 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     return view
 
 
-def _unpack_records(stored: str | None) -> str | None:
-    """A trial's request records as JSON lines (newer tuners store them compressed)."""
-    try:
-        from tuner.storage import unpack_records
-    except ImportError:  # older storage module: plain JSON lines
-        return stored
-    return unpack_records(stored)
-
-
 def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
     """tracetune's rows for a study, read with plain SELECTs (tuner.storage's ResultStore would
     create missing tables: the dashboard never writes)."""
     from sqlalchemy import inspect, select
 
-    from tuner.storage import references, trial_results
+    from tuner.storage import references, trial_results, unpack_records
 
     def decoded(row: Any, fields: Iterable[str]) -> dict[str, Any]:
         item = dict(row)
@@ -620,7 +599,7 @@ def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], di
             query = select(trial_results).where(trial_results.c.study_name == name)
             for row in conn.execute(query).mappings():
                 item = decoded(row, ("values", "config", "summary", "quality", "engine"))
-                item["requests_jsonl"] = _unpack_records(item.get("requests_jsonl"))
+                item["requests_jsonl"] = unpack_records(item.get("requests_jsonl"))
                 rows[item["trial_number"]] = item
         if references.name in tables:
             row = conn.execute(select(references).where(references.c.study_name == name)).mappings().first()

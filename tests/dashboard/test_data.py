@@ -216,9 +216,9 @@ def test_loading_never_writes_measurements(synthetic_url, tmp_path):
 
 
 def test_request_records_read_packed_and_plain_storage(study):
-    from tuner.storage import pack_records
+    from tuner.storage import pack_records, unpack_records  # what the dashboard reads with
 
     plain = study.trial(0).requests_jsonl
     assert plain.startswith("{")  # unpacked on load
-    assert data._unpack_records(pack_records(plain)) == plain
-    assert data._unpack_records(plain) == plain  # written by an older tracetune
+    assert unpack_records(pack_records(plain)) == plain
+    assert unpack_records(plain) == plain  # written by an older tracetune
