@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def capacity_command(args: argparse.Namespace, console) -> int:
     from engine_adapter.errors import InputError
     from replay.capacity import CapacityOptions, LevelRunner, settle
-    from replay.cli import engine_with_metrics, prepare_run, prepared_requests
+    from replay.cli import prepare_run, prepared_requests
     from replay.metrics import parse_slos
     from replay.runner import ReplayOptions
 
@@ -81,13 +81,12 @@ def capacity_command(args: argparse.Namespace, console) -> int:
         if len(everything) - n_warm < 2:
             raise InputError(f"{args.trace}: a capacity search needs at least 2 measured requests; lower --warmup "
                              f"or raise --max-requests")
-        # Levels start drained; on a server started here also with an empty prefix cache.
+        # Levels start drained (where the engine reports its queue); on a server started here
+        # also with an empty prefix cache.
         ours = bool(engine_info.get("engine"))
-        metrics_engine = engine_with_metrics(engine)
 
         def before_level() -> None:
-            if metrics_engine is not None:
-                settle(engine, reset_prefix_cache=ours)
+            settle(engine, reset_prefix_cache=ours)
 
         console.print(f"searching the capacity of {engine_info.get('endpoint') or 'vLLM'} at SLO {args.slo} "
                       f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)

@@ -230,7 +230,7 @@ class Replayer:
         return sum(not o.success for o in outs)
 
     async def _open_loop(self, session, measured: Sequence[PreparedRequest], start: float,
-                         stop_when: StopWhen | None) -> list[RequestRecord]:
+                         stop_when: StopWhen | None) -> None:
         """Send each request at its scheduled time; with `stop_when`, stop sending and cancel what is
         in flight as soon as it says the outcome is certain."""
         total = len(measured)
@@ -258,7 +258,6 @@ class Replayer:
                     for task in tasks:
                         task.cancel()
                     await asyncio.gather(sender, *tasks, return_exceptions=True)
-        return sorted(self._finished, key=lambda r: r.index)
 
     async def run(self, requests: Sequence[PreparedRequest], between: Callable[[], Any] | None = None,
                   stop_when: StopWhen | None = None) -> tuple[list[RequestRecord], float, int]:
@@ -276,22 +275,21 @@ class Replayer:
             total = len(measured)
             start = self.clock()
             if self.options.mode == "open":
-                records = await self._open_loop(session, measured, start, stop_when)
+                await self._open_loop(session, measured, start, stop_when)
             else:
                 queue: asyncio.Queue[PreparedRequest] = asyncio.Queue()
                 for request in measured:
                     queue.put_nowait(request)
-                records = []
 
                 async def worker() -> None:
                     while not queue.empty():
                         request = queue.get_nowait()
                         # Closed loop: the schedule is "now"; lag is zero by definition.
-                        records.append(await self._measured(session, request, start, total, self.clock() - start))
+                        await self._measured(session, request, start, total, self.clock() - start)
 
                 await asyncio.gather(*(worker() for _ in range(self.options.concurrency)))
-                records.sort(key=lambda r: r.index)
             duration = self.clock() - start
+            records = sorted(self._finished, key=lambda r: r.index)
         return records, duration, warm_failed
 
 

@@ -326,10 +326,7 @@ class Tuner:
                 out["levels"] = [(step.scale, step.repeat, res.records) for step, res in runner.measured]
                 self.report("capacity_done", label=label, capacity=capacity)
             out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
-            self._check_alive(server, phase)
-            if out["summary"].succeeded == 0:
-                raise EngineError(f"every request failed, e.g. {out['summary'].error_examples[:1]}",
-                                  log_tail=server.process.log_tail())
+            self._require_served(server, phase, out["summary"])
             if with_quality:
                 phase = "quality probe"
                 self.report("quality", label=label)
@@ -364,11 +361,15 @@ class Tuner:
         result = runner.results[1.0]
         out["summary"] = summarize(result, self.s.slos)
         out["seed_steps"] = [step]
-        self._check_alive(server, "replay")
-        if out["summary"].succeeded == 0:
-            raise EngineError(f"every request failed, e.g. {out['summary'].error_examples[:1]}",
-                              log_tail=server.process.log_tail())
+        self._require_served(server, "replay", out["summary"])
         return result
+
+    def _require_served(self, server: VLLMServer, phase: str, summary: Summary) -> None:
+        """The engine is alive and answered at least one request of the replay."""
+        self._check_alive(server, phase)
+        if summary.succeeded == 0:
+            raise EngineError(f"every request failed, e.g. {summary.error_examples[:1]}",
+                              log_tail=server.process.log_tail())
 
     @property
     def capacity_start(self) -> float:
