@@ -112,19 +112,25 @@ def test_noise_is_confirmed_or_flagged_never_averaged():
     assert any(outcomes) and not all(outcomes)  # the noise does bite sometimes, and is caught
 
 
+def first_measurement_of(measure, scale: float, **changes):
+    """`measure`, except that its first measurement of `scale` comes out with `changes` applied."""
+    pending = {"first": True}
+
+    def changed(k, repeat):
+        step = measure(k, repeat)
+        if k == scale and pending["first"]:
+            pending["first"] = False
+            for name, value in changes.items():
+                setattr(step, name, value)
+        return step
+
+    return changed
+
+
 def test_a_single_unlucky_failure_at_the_trace_rate_does_not_decide():
     # the engine carries 3x, but the first measurement of 1x fails (one outlier request)
     measure, calls = scripted(3.0)
-    first = {"done": False}
-
-    def unlucky(scale, repeat):
-        step = measure(scale, repeat)
-        if scale == 1.0 and not first["done"]:
-            first["done"] = True
-            step.passed = False
-        return step
-
-    result = search_capacity(unlucky, options())
+    result = search_capacity(first_measurement_of(measure, 1.0, passed=False), options())
     assert result.unstable and 2.85 <= result.capacity_scale <= 3.15
     assert [s.passed for s in result.steps if s.scale == 1.0] == [False, True, True]
 
@@ -158,16 +164,7 @@ def test_client_overload_stops_the_search_with_a_verdict():
 
 def test_a_passing_retry_after_client_overload_counts():
     measure, _ = scripted(3.0)
-    first = {"seen": False}
-
-    def flaky(scale, repeat):
-        step = measure(scale, repeat)
-        if scale == 4.0 and not first["seen"]:
-            first["seen"] = True
-            step.client_overloaded = True
-        return step
-
-    result = search_capacity(flaky, options())
+    result = search_capacity(first_measurement_of(measure, 4.0, client_overloaded=True), options())
     assert result.verdict == "ok" and 2.85 <= result.capacity_scale <= 3.15
     assert sum(1 for s in result.steps if s.scale == 4.0) == 2
 
