@@ -17,7 +17,8 @@ from typing import Any, Iterable, Sequence
 
 from dashboard import capacity
 from engine_adapter.errors import InputError
-from tuner.front import dominates  # the one dominance rule, also on the plotted axes
+# The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
+from tuner.front import REFERENCE, Candidate, decide, dominates, economics
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
@@ -169,8 +170,6 @@ class StudyView:
 
     def costs(self, summary: dict | None) -> dict[str, float]:
         """$ per 1M tokens and replicas/GPUs for the study's --gpu-hour-cost / --target-rate."""
-        from tuner.front import economics
-
         return economics(capacity.capacity_of(summary), **self.economics) if self.economics else {}
 
     def trial(self, number: int) -> TrialView:
@@ -332,8 +331,7 @@ def with_costs(study: StudyView) -> None:
     so cost is a metric like any other: an axis, a filter, a column."""
     if "gpu_hour_cost" not in study.economics:
         return
-    summaries = [t.summary for t in study.trials if t.measured] + [(study.reference or {}).get("summary")]
-    for summary in summaries:
+    for summary in _summaries(study):
         cap = capacity.capacity_of(summary)
         if cap:  # a copy: the stored result stays as measured
             summary["capacity"] = {**cap, "usd_per_1m_output_tokens": study.costs(summary)["usd_per_1m_output_tokens"]}
@@ -343,8 +341,6 @@ def cost_columns(study: StudyView, summary: dict | None) -> dict[str, float]:
     """The table's cost and sizing columns (none when the study was run without the flags)."""
     names = {"usd_per_1m_output_tokens": "$/1M output tokens", "usd_per_1m_input_tokens": "$/1M input tokens",
              "replicas": "replicas", "gpus_total": f"GPUs for {study.economics.get('target_rate', 0):g} req/s"}
-    from tuner.front import economics
-
     columns = economics({"capacity_rps": 1.0}, **study.economics) if study.economics else {}  # which the flags give
     costs = study.costs(summary)
     return {names[key]: costs.get(key, math.nan) for key in columns}
@@ -352,8 +348,12 @@ def cost_columns(study: StudyView, summary: dict | None) -> dict[str, float]:
 
 def has_capacity(study: StudyView) -> bool:
     """Whether any run of the study (the reference included) has a capacity measurement."""
-    summaries = [t.summary for t in study.trials if t.measured] + [(study.reference or {}).get("summary")]
-    return any(capacity.capacity_of(s) for s in summaries)
+    return any(capacity.capacity_of(s) for s in _summaries(study))
+
+
+def _summaries(study: StudyView) -> list[dict | None]:
+    """The stored summary of every measured run: the trials', then the reference's."""
+    return [t.summary for t in study.trials if t.measured] + [(study.reference or {}).get("summary")]
 
 
 def sort_for_table(trials: Iterable[TrialView]) -> list[TrialView]:
@@ -619,8 +619,6 @@ def reference_values(study: StudyView) -> tuple[float, ...] | None:
 def mark_front(study: StudyView) -> None:
     """Set `on_front` for the feasible measured trials on the study's Pareto front, with vLLM's
     defaults (the reference) competing like a trial: `tuner.front.decide`, the tuner's own rule."""
-    from tuner.front import REFERENCE, Candidate, decide
-
     candidates = [t for t in study.trials if t.measured and t.state == "COMPLETE" and t.feasible]
     for t in study.trials:
         t.on_front = t.beaten_by_reference = False
