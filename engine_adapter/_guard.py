@@ -6,7 +6,7 @@ The tuner starts this guard as the leader of a new process group, with a pipe on
 write end only the tuner holds. The guard starts the server in the same group and waits. When
 the pipe reaches EOF (the tuner exited, however it died, SIGKILL included) or the guard receives
 SIGTERM/SIGINT, it sends SIGTERM to the server, waits a grace period, then SIGKILLs every process
-left in its group (engine workers included). The guard exits with the server's exit code.
+left in its group (engine workers included), again and again until none is left. The guard exits with the server's exit code.
 This module imports nothing heavy and nothing from tracetune: it must start in milliseconds.
 """
 
@@ -60,6 +60,16 @@ def _kill_group(pgid: int, sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def _sweep_group(pgid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL whatever is left in the group (the server, the engine-core workers it started) until
+    nothing is: a process forked after one sweep read /proc (a server starting its workers as it is
+    stopped) would otherwise outlive the guard, and nothing would stop it then."""
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        _kill_group(pgid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 # The engine runs a little below the tuner's CPU priority: where client and engine share a machine
@@ -117,11 +127,7 @@ def main(argv: list[str]) -> int:
             server.wait(timeout=GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-    # Whatever is left in the group (the server, engine-core workers it spawned) dies now.
-    _kill_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _sweep_group(pgid)
     code = server.wait()
     return code if code >= 0 else 128 - code
 

@@ -1,6 +1,8 @@
 """A stand-in server process for lifecycle tests of ServerProcess (not an engine).
 
-python fake_server.py PORT MODE   MODE: healthy | exit3 | never | stubborn
+python fake_server.py PORT MODE   MODE: healthy | exit3 | never | stubborn | spawning
+`spawning` ignores SIGTERM and starts children without pause, as a server starting its workers
+does: a single sweep of its process group always misses the newest ones.
 It starts a grandchild (`sleep`) in its own process group first, as vLLM starts engine workers.
 """
 
@@ -8,6 +10,7 @@ import http.server
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 port, mode = int(sys.argv[1]), sys.argv[2]
@@ -20,6 +23,14 @@ if mode == "never":
     time.sleep(300)
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, lambda *a: print("ignoring SIGTERM", flush=True))
+if mode == "spawning":
+    signal.signal(signal.SIGTERM, lambda *a: None)
+
+    def spawn_forever():
+        while True:
+            subprocess.Popen(["sleep", "300"])
+
+    threading.Thread(target=spawn_forever, daemon=True).start()
 
 
 class Health(http.server.BaseHTTPRequestHandler):

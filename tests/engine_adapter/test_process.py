@@ -76,15 +76,19 @@ def test_server_ignoring_sigterm_is_killed(tmp_path, monkeypatch):
     assert time.monotonic() - t0 < 10
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_group_dies_with_its_parent(tmp_path, sig):
+@pytest.mark.parametrize("sig,mode", [(signal.SIGKILL, "healthy"), (signal.SIGTERM, "healthy"),
+                                      (signal.SIGINT, "healthy"), (signal.SIGKILL, "spawning")])
+def test_group_dies_with_its_parent(tmp_path, sig, mode, monkeypatch):
+    """`spawning`: the server keeps starting processes while the guard stops it (vLLM starting its
+    engine core when the tuner dies); the guard sweeps its group until nothing is left."""
+    monkeypatch.setenv("TRACETUNE_ENGINE_STOP_GRACE_S", "1")
     parent_code = textwrap.dedent(f"""
         import os, sys, time
         from pathlib import Path
         sys.path.insert(0, {ROOT!r})
         from engine_adapter.process import ServerProcess, free_port
         port = free_port()
-        p = ServerProcess([sys.executable, {FAKE!r}, str(port), "healthy"], env=dict(os.environ),
+        p = ServerProcess([sys.executable, {FAKE!r}, str(port), {mode!r}], env=dict(os.environ),
                           log_path=Path({str(tmp_path)!r}) / "s.log", health_url=f"http://127.0.0.1:{{port}}/health")
         p.start()
         p.wait_healthy(20, poll_s=0.05)
@@ -99,7 +103,10 @@ def test_group_dies_with_its_parent(tmp_path, sig):
     assert group_alive(pgid)
     parent.send_signal(sig)
     parent.wait(timeout=20)
-    assert wait_gone(pgid), "server process group outlived its parent"
+    gone = wait_gone(pgid)
+    if not gone:
+        os.killpg(pgid, signal.SIGKILL)
+    assert gone, "server process group outlived its parent"
 
 
 def test_root_cause_skips_wrapper_errors():

@@ -50,6 +50,37 @@ def engines(tag: str) -> list[tuple[int, str]]:
     return [(pid, cmd) for pid, cmd in tagged(tag) if "engine_adapter._guard" not in cmd]
 
 
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name: state, ppid, pgrp, ... ([] if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].decode().split()
+    except OSError:
+        return []
+
+
+def engines_of(tag: str, tuner_pid: int, needle: str = "") -> list[tuple[int, str]]:
+    """The tagged engine processes that the tuner `tuner_pid` started (their guard, the leader of
+    their process group, is its child), optionally only those whose command line holds `needle`."""
+    out = []
+    for pid, cmd in engines(tag):
+        fields = _stat(pid)
+        leader = _stat(int(fields[2])) if len(fields) > 2 else []
+        if len(leader) > 1 and int(leader[1]) == tuner_pid and needle in cmd:
+            out.append((pid, cmd))
+    return out
+
+
+def describe(tag: str) -> str:
+    """One line per live tagged process (pid, state, parent, group, command), for failure messages."""
+    lines = []
+    for pid, cmd in tagged(tag):
+        fields = _stat(pid)
+        if len(fields) > 2:
+            lines.append(f"pid {pid} state {fields[0]} ppid {fields[1]} pgrp {fields[2]}: {cmd[:160]}")
+    return "\n".join(lines)
+
+
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.5):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -10,7 +10,8 @@ import signal
 import optuna
 import pytest
 
-from tests.reliability.engines import FAST, TRACE, Tune, engines, gone_within, new_tag, run_tune, wait_for
+from tests.reliability.engines import (FAST, TRACE, Tune, describe, engines_of, gone_within, kill_tagged, new_tag,
+                                      run_tune, wait_for)
 from tuner.storage import ResultStore
 from tuner.study import counted, make_storage
 
@@ -36,49 +37,62 @@ def scenario(tmp_path_factory, default_model):
     store = ResultStore(f"sqlite:///{run_dir / 'study.db'}")
     out: dict = {"run_dir": run_dir, "tag": tag}
 
-    # 1. SIGKILL while trial 1's engine is starting (trial 0 measured).
+    # 1. SIGKILL while trial 1's engine is starting (trial 0 measured). Trial 0's engine may still be
+    # stopping then: wait for trial 1's own (max_num_seqs 4), started by this tuner.
     t = Tune(args, run_dir / "run1.log")
     wait_for(lambda: any(r["status"] == "measured" for r in store.trials("rel")) or t.proc.poll() is not None,
              600, "trial 0 to be measured")
     assert t.proc.poll() is None, t.output()[-3000:]
-    wait_for(lambda: engines(tag), 120, "trial 1's engine")
+    wait_for(lambda: engines_of(tag, t.proc.pid, "--max-num-seqs 4"), 120, "trial 1's engine")
     out["trial0_before"] = store.trials("rel")[0]
     t.signal(signal.SIGKILL)
     t.wait(30)
-    out["sigkill_cleanup_s"] = gone_within(tag, 60)
+    out["sigkill_cleanup_s"] = cleanup(tag, 60, out, "sigkill")
 
-    # 2. and 3. Resume, then SIGINT / SIGTERM while the retried trial's engine starts.
+    # 2. and 3. Resume, then SIGINT / SIGTERM while the retried trial's engine (this tuner's) starts.
     for name, sig in (("sigint", signal.SIGINT), ("sigterm", signal.SIGTERM)):
         t = Tune(args, run_dir / f"{name}.log")
-        wait_for(lambda: engines(tag) or t.proc.poll() is not None, 300, "the resumed trial's engine")
+        wait_for(lambda: engines_of(tag, t.proc.pid) or t.proc.poll() is not None, 300, "the resumed trial's engine")
         assert t.proc.poll() is None, t.output()[-3000:]
         t.signal(sig)
         out[f"{name}_code"] = t.wait(120)
         out[f"{name}_output"] = t.output()
-        out[f"{name}_cleanup_s"] = gone_within(tag, 30)
+        out[f"{name}_cleanup_s"] = cleanup(tag, 30, out, name)
 
     # 4. Resume to the end.
     out["final_code"], out["final_output"] = run_tune(args, run_dir / "final.log")
-    out["final_cleanup_s"] = gone_within(tag, 30)
+    out["final_cleanup_s"] = cleanup(tag, 30, out, "final")
     out["study"] = optuna.load_study(study_name="rel", storage=make_storage(f"sqlite:///{run_dir / 'study.db'}", 5))
     out["rows"] = {r["trial_number"]: r for r in store.trials("rel")}
     return out
 
 
+def cleanup(tag: str, timeout_s: float, out: dict, step: str) -> float | None:
+    """Seconds until the step's engine processes were gone; None if some outlived `timeout_s`: what
+    was left is kept for the failure message and killed, so the next step starts clean."""
+    seconds = gone_within(tag, timeout_s)
+    if seconds is None:
+        out[f"{step}_left"] = describe(tag)
+        kill_tagged(tag)
+    return seconds
+
+
 def test_sigkill_of_the_tuner_leaves_no_engine(scenario):
-    assert scenario["sigkill_cleanup_s"] is not None, "an engine process outlived the SIGKILLed tuner"
+    assert scenario["sigkill_cleanup_s"] is not None, \
+        f"an engine process outlived the SIGKILLed tuner:\n{scenario['sigkill_left']}"
 
 
 @pytest.mark.parametrize("name", ["sigint", "sigterm"])
 def test_sigint_and_sigterm_stop_cleanly_with_a_resume_message(scenario, name):
     assert scenario[f"{name}_code"] == 130, scenario[f"{name}_output"][-3000:]
     assert "Resume with the same command" in scenario[f"{name}_output"]
-    assert scenario[f"{name}_cleanup_s"] is not None, f"an engine process outlived the tuner after {name}"
+    assert scenario[f"{name}_cleanup_s"] is not None, \
+        f"an engine process outlived the tuner after {name}:\n{scenario[f'{name}_left']}"
 
 
 def test_resume_keeps_completed_trials_retries_the_killed_one_and_finishes(scenario):
     assert scenario["final_code"] == 0, scenario["final_output"][-3000:]
-    assert scenario["final_cleanup_s"] is not None
+    assert scenario["final_cleanup_s"] is not None, scenario["final_left"]
     study, rows = scenario["study"], scenario["rows"]
     assert counted(study) == 3
     trials = {t.number: t for t in study.trials}
