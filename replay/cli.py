@@ -9,13 +9,14 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 REPLAY_EPILOG = """\
 examples:
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching
   tune replay --trace t.jsonl --endpoint http://127.0.0.1:8000 --rate-scale 2 --slo "ttft:p99<500ms,tpot:p50<50ms"
   tune replay --trace t.jsonl --engine vllm --mode closed --concurrency 16 --max-requests 200
+  tune replay --trace busy.jsonl --endpoint http://10.0.0.5:8000 --client-procs 8   # a rate past one core
 """
 
 CONVERT_EPILOG = """\
@@ -35,6 +36,51 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model", metavar="NAME",
                         help="model name to request from --endpoint (default: first listed)")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer for length-only traces with --endpoint")
+    add_client_options(parser)
+
+
+def client_procs_value(text: str) -> int | None:
+    """--client-procs: a count >= 1, or 'auto' (None)."""
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 1, got {text!r}")
+    return value
+
+
+def add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--client-procs", type=client_procs_value, default=None, metavar="N|auto",
+                        help="processes that send the replay (default auto: one per 2,000 req/s of the trace's "
+                             "peak rate, within the cores the engine leaves free)")
+
+
+def engine_cores(args: argparse.Namespace, engine_info: dict, config: Any) -> int:
+    """Cores the engine keeps busy on this machine: all of them for an engine on the CPU, its API
+    server and one engine process per GPU on a GPU, one for a server on this machine's loopback
+    address, none for a remote endpoint."""
+    import urllib.parse
+
+    from replay.workers import cores
+
+    if args.endpoint:
+        host = urllib.parse.urlsplit(args.endpoint).hostname or ""
+        return 1 if host in ("127.0.0.1", "localhost", "::1") else 0
+    if engine_info.get("platform") == "cpu":
+        return cores()
+    return 1 + (config.gpus() if config is not None else 1)
+
+
+def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info: dict, config: Any) -> int:
+    """The --client-procs to use for `requests`: as given, or chosen for their peak rate."""
+    from replay.workers import auto_client_procs
+
+    if args.client_procs is not None:
+        return args.client_procs
+    return auto_client_procs(requests, engine_cores(args, engine_info, config))
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -132,6 +178,19 @@ def _fmt_ms(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{x * 1000:.1f}"
 
 
+def overload_warning(summary) -> str:
+    """Why a replay measured its client rather than the engine, and what to do about it."""
+    why = []
+    if summary.schedule_lag and summary.schedule_lag["p99"] > summary.lag_bound_s:
+        why.append(f"schedule lag p99 {summary.schedule_lag['p99'] * 1000:.1f} ms > "
+                   f"{summary.lag_bound_s * 1000:.0f} ms")
+    if summary.client_errors:
+        why.append(f"{summary.client_errors} requests failed on this machine "
+                   f"(e.g. {next((e for e in summary.error_examples if 'this machine' in e), 'see requests.jsonl')})")
+    return ("[bold yellow]warning: client overloaded[/] (" + "; ".join(why) + "): this replay measured the client, "
+            "not the engine. Give the client more cores (--client-procs N), or a lower rate.")
+
+
 def print_summary(summary, console) -> None:
     from rich.table import Table
 
@@ -148,7 +207,8 @@ def print_summary(summary, console) -> None:
     console.print(table)
     r, o = summary.request_throughput_rps, summary.output_throughput_tps
     console.print(f"throughput {r.value:.3f} req/s [{r.low:.3f}, {r.high:.3f}] · output {o.value:.1f} tok/s "
-                  f"[{o.low:.1f}, {o.high:.1f}] · errors {summary.errors} ({summary.error_rate:.1%})", highlight=False)
+                  f"[{o.low:.1f}, {o.high:.1f}] · errors {summary.errors} ({summary.error_rate:.1%})"
+                  + (f" · client errors {summary.client_errors}" if summary.client_errors else ""), highlight=False)
     if summary.goodput_rps is not None:
         g = summary.goodput_rps
         met = ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in summary.slo_met.items())
@@ -158,6 +218,8 @@ def print_summary(summary, console) -> None:
     if lag:
         console.print(f"schedule lag p50 {lag['p50'] * 1000:.2f} ms · p99 {lag['p99'] * 1000:.2f} ms · "
                       f"max {lag['max'] * 1000:.2f} ms", highlight=False)
+    if summary.client_overloaded:
+        console.print(overload_warning(summary), highlight=False)
     if summary.engine:
         e = summary.engine
         hit = e["prefix_cache_hit_rate"]
@@ -272,13 +334,15 @@ def replay_command(args: argparse.Namespace, console) -> int:
             def on_progress(done: int, total: int, in_flight: int) -> None:
                 progress.update(task, completed=done, info=f"in flight {in_flight}")
 
+            procs = client_procs(args, requests[options.warmup_requests:], engine_info, config)
             result = replay(engine.endpoint.base_url, engine.endpoint.model, requests, options,
                             engine=engine_with_metrics(engine), headers=engine.endpoint.headers or None,
-                            on_progress=on_progress)
+                            on_progress=on_progress, client_procs=procs)
 
     summary = summarize(result, slos)
     result.write_records(out_dir / "requests.jsonl")
-    payload = {"trace": str(args.trace), "options": vars(options) | {"slo": args.slo}, **engine_info,
+    payload = {"trace": str(args.trace), "options": vars(options) | {"slo": args.slo, "client_procs": procs},
+               **engine_info,
                "summary": summary.as_dict()}
     (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, default=str))
     print_summary(summary, console)

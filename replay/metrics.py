@@ -9,6 +9,11 @@ Definitions (per request, successful requests only unless said otherwise):
   (first send to last completion).
 - Goodput: requests per second that met *every* per-request SLO threshold (per-request
   attainment); `slo_met` separately says whether each percentile target held on the aggregate.
+- Errors: requests the engine failed (HTTP errors, broken streams, timeouts). Requests this
+  machine failed (out of file descriptors or ports) are `client_errors`, counted apart.
+- Client overloaded: the replay measured its client, not the engine, when the schedule lag's
+  p99 passes `lag_bound_s` or any request failed on the client's side. Such a replay is a
+  verdict, not a datum: the tuner and the capacity search never charge it to the engine.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ import numpy as np
 
 from engine_adapter.errors import InputError
 from replay.runner import ReplayResult, RequestRecord
+
+# Schedule lag beyond which a replay measures the client, not the engine: 10 ms, or 5% of the
+# tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the
+# replay claims; its TTFT and E2E count from the actual send, so a lag of 5% of their threshold can
+# only move requests that were already within 5% of it. TPOT and ITL do not depend on the send time.
+LAG_BOUND_S = 0.010
+LAG_SHARE_OF_THRESHOLD = 0.05
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
@@ -37,6 +49,21 @@ class SLO:
 
     def __str__(self) -> str:
         return f"{self.metric}:{self.stat}<{self.threshold_s * 1000:g}ms"
+
+
+def lag_bound_s(slos: Sequence[SLO] = ()) -> float:
+    """The schedule-lag p99 above which a replay under `slos` measured its client (see above)."""
+    timed = [s.threshold_s for s in slos if s.metric in ("ttft", "e2e")]
+    return max(LAG_BOUND_S, LAG_SHARE_OF_THRESHOLD * min(timed)) if timed else LAG_BOUND_S
+
+
+def lag_p99(records: Sequence[RequestRecord]) -> float:
+    return float(np.percentile([r.lag_s for r in records], 99)) if records else 0.0
+
+
+def client_overloaded(records: Sequence[RequestRecord], slos: Sequence[SLO] = ()) -> bool:
+    """Whether the replay measured its client: lag p99 past the bound, or client-side failures."""
+    return lag_p99(records) > lag_bound_s(slos) or any(r.client_error for r in records)
 
 
 def parse_slos(spec: str | None, flag: str = "--slo") -> list[SLO]:
@@ -130,7 +157,7 @@ def meets_slos(record: RequestRecord, slos: Sequence[SLO]) -> bool:
 class Summary:
     requests: int
     succeeded: int
-    errors: int
+    errors: int  # failed by the engine
     error_rate: float
     duration_s: float
     request_throughput_rps: Estimate
@@ -143,11 +170,15 @@ class Summary:
     engine: dict[str, float] | None = None
     error_examples: list[str] = dataclasses.field(default_factory=list)
     capacity: dict[str, Any] | None = None  # replay.capacity.CapacityResult.as_dict(), when searched
+    client_errors: int = 0  # failed by this machine (file descriptors, ports), not by the engine
+    client_overloaded: bool = False
+    lag_bound_s: float = LAG_BOUND_S
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requests": self.requests, "succeeded": self.succeeded, "errors": self.errors,
-            "error_rate": self.error_rate, "duration_s": self.duration_s,
+            "client_errors": self.client_errors, "client_overloaded": self.client_overloaded,
+            "lag_bound_s": self.lag_bound_s, "error_rate": self.error_rate, "duration_s": self.duration_s,
             "request_throughput_rps": self.request_throughput_rps.as_dict(),
             "output_throughput_tps": self.output_throughput_tps.as_dict(),
             "latency_s": {m: {s: e.as_dict() for s, e in stats.items()} for m, stats in self.latency.items()},
@@ -184,9 +215,12 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
     tokens = np.asarray([r.output_tokens or 0 for r in ok], dtype=float)
     # Requests that failed count as zero toward throughput but are part of the sample.
     pad = np.zeros(n - len(ok))
+    client_errors = sum(r.client_error for r in records)
+    engine_errors = n - len(ok) - client_errors
     summary = Summary(
-        requests=n, succeeded=len(ok), errors=n - len(ok), error_rate=(n - len(ok)) / n if n else 0.0,
-        duration_s=duration,
+        requests=n, succeeded=len(ok), errors=engine_errors, error_rate=engine_errors / n if n else 0.0,
+        client_errors=client_errors, client_overloaded=client_overloaded(records, slos),
+        lag_bound_s=lag_bound_s(slos), duration_s=duration,
         request_throughput_rps=_rate_ci(np.concatenate([ones, pad]), duration, seed),
         output_throughput_tps=_rate_ci(np.concatenate([tokens, pad]), duration, seed),
         latency=latency, schedule_lag=lag,

@@ -100,4 +100,4 @@ def test_failed_requests_are_records_not_exceptions():
     replayer = Replayer("http://127.0.0.1:9", "m", options)
     records, _, _ = asyncio.run(replayer.run(prepare(trace(0.0, 0.01), options)))
     assert len(records) == 2 and not any(r.success for r in records)
-    assert all("ClientConnector" in r.error for r in records)
+    assert all("ConnectionRefused" in r.error and not r.client_error for r in records)

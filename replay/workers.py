@@ -1,0 +1,209 @@
+"""One replay spread over several client processes that share one schedule.
+
+A single Python process sends a few thousand streamed requests per second at most
+(benchmarks/harness_ceiling.py measures it); a small model on a large GPU serves more. With
+`--client-procs N` the measured requests are dealt round-robin to N worker processes, which all
+start the schedule at the same instant (the monotonic clock is one clock for every process on a
+Linux host), and their records are merged back, each request exactly once, ordered by trace index.
+Workers report what finished and what is in flight every 50 ms, so a `stop_when` (a capacity
+level's early abandon) sees the whole replay and stops every worker at once.
+
+Workers are started with the `spawn` method: they inherit no file descriptor from the tuner (an
+engine's watchdog pipe in particular, whose end must close when the tuner dies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from replay.runner import InFlight, PreparedRequest, ReplayOptions, Replayer, RequestRecord, StopWhen, quiet_gc
+
+# Requests per second one client process offers on one core with its schedule lag p99 well under the
+# bound (measured with benchmarks/harness_ceiling.py, 32 output tokens a request; see README): the
+# automatic --client-procs gives every this-many requests per second of peak rate one more process.
+RATE_PER_PROCESS = 2000.0
+REPORT_EVERY_S = 0.05
+START_MARGIN_S = 0.05  # from the parent's "go" to the shared start: every worker has its message
+
+
+def cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def peak_rate(requests: Sequence[PreparedRequest], window_s: float = 1.0) -> float:
+    """The most requests scheduled in any `window_s` window, per second."""
+    times = np.sort(np.asarray([r.scheduled_s for r in requests], dtype=float))
+    if times.size < 2:
+        return float(times.size) / window_s
+    ends = np.searchsorted(times, times + window_s, side="left")
+    return float((ends - np.arange(times.size)).max()) / window_s
+
+
+def auto_client_procs(requests: Sequence[PreparedRequest], engine_cores: int) -> int:
+    """Client processes for a replay: enough for its peak rate, within the cores the engine leaves."""
+    needed = math.ceil(peak_rate(requests) / RATE_PER_PROCESS)
+    return max(1, min(needed, cores() - engine_cores))
+
+
+class ClientPool:
+    """N spawned client processes, reusable across replays (the levels of a capacity search)."""
+
+    def __init__(self, procs: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conns: list[multiprocessing.connection.Connection] = []
+        self.procs: list[Any] = []
+        for _ in range(procs):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="tracetune-client")
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    def __len__(self) -> int:
+        return len(self.conns)
+
+    def __enter__(self) -> ClientPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("exit",))
+            except (OSError, ValueError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+        self.conns, self.procs = [], []
+
+    def run(self, base_url: str, model: str, measured: Sequence[PreparedRequest], options: ReplayOptions, *,
+            headers: dict[str, str] | None, stop_when: StopWhen | None = None,
+            on_progress: Callable[[int, int, int], None] | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[list[RequestRecord], float, int, bool]:
+        """Replay `measured` (warm-up already done) across the pool; return the merged records,
+        the measured duration, how many requests were sent, and whether `stop_when` ended it."""
+        n = len(self.conns)
+        t_first = measured[0].scheduled_s
+        for i, conn in enumerate(self.conns):
+            conn.send(("run", base_url, model, list(measured[i::n]), options, headers, t_first))
+        for i, conn in enumerate(self.conns):  # each has encoded its requests' bodies
+            _receive(conn, i)
+        start = clock() + START_MARGIN_S
+        for conn in self.conns:
+            conn.send(("go", start))
+        finished: list[RequestRecord] = []
+        in_flight: dict[int, list[InFlight]] = {}
+        sent = [0] * n
+        pending = set(range(n))
+        stopped = False
+        while pending:
+            ready = multiprocessing.connection.wait([self.conns[i] for i in pending], timeout=REPORT_EVERY_S)
+            for conn in ready:
+                i = self.conns.index(conn)
+                kind, records, live, count = _receive(conn, i)
+                finished += records
+                in_flight[i], sent[i] = live, count
+                if kind == "done":
+                    pending.discard(i)
+                    in_flight[i] = []
+            if on_progress:
+                on_progress(len(finished), len(measured), sum(len(v) for v in in_flight.values()))
+            if stop_when and not stopped and pending and \
+                    stop_when(finished, [x for v in in_flight.values() for x in v], clock()):
+                stopped = True
+                for i in pending:
+                    self.conns[i].send(("stop",))
+        duration = clock() - start
+        return sorted(finished, key=lambda r: r.index), duration, sum(sent), stopped
+
+
+def _receive(conn: multiprocessing.connection.Connection, i: int) -> tuple[str, list, list, int]:
+    try:
+        message = conn.recv()
+    except EOFError:
+        raise RuntimeError(f"client process {i} died during the replay (see its output above)") from None
+    if message[0] == "error":
+        raise RuntimeError(f"client process {i} failed: {message[1]}")
+    return message
+
+
+def _worker_main(conn: multiprocessing.connection.Connection) -> None:
+    """A client process: run each replay it is sent, reporting progress, until told to exit."""
+    try:
+        import uvloop
+        run_loop = uvloop.run
+    except ImportError:
+        run_loop = asyncio.run
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the tuner is gone
+            return
+        if message[0] == "exit":
+            return
+        if message[0] != "run":
+            continue
+        try:
+            with quiet_gc():
+                run_loop(_serve(conn, *message[1:]))
+        except Exception as exc:  # reported, not raised: the parent names the process
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+async def _serve(conn, base_url: str, model: str, requests: list[PreparedRequest], options: ReplayOptions,
+                 headers: dict[str, str] | None, t_first: float) -> None:
+    from engine_adapter.openai_client import new_session
+
+    replayer = Replayer(base_url, model, options, headers=headers)
+    bodies = replayer.bodies(requests)
+    conn.send(("ready", [], [], 0))
+    start = conn.recv()[1]
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    reported = 0
+
+    def on_message() -> None:
+        try:
+            if conn.poll() and conn.recv()[0] == "stop":
+                stop.set()
+        except EOFError:
+            stop.set()
+
+    def report(kind: str) -> None:
+        nonlocal reported
+        fresh = replayer.finished[reported:]
+        reported += len(fresh)
+        conn.send((kind, fresh, list(replayer.live.values()), replayer.sent))
+
+    async def reporter() -> None:
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            report("progress")
+
+    loop.add_reader(conn.fileno(), on_message)
+    task = asyncio.create_task(reporter())
+    try:
+        if requests:
+            async with new_session() as session:
+                await replayer.open_loop(session, requests, bodies, start, lambda *_: stop.is_set(), t_first=t_first)
+    finally:
+        task.cancel()
+        loop.remove_reader(conn.fileno())
+    report("done")
