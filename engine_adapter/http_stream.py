@@ -298,6 +298,7 @@ class Session:
         self._all: set[Connection] = set()
         self._slots: asyncio.Semaphore | None = None
         self._tls: ssl_module.SSLContext | None = None
+        self.waits = 0  # requests that found every allowed connection busy and waited for one
 
     async def __aenter__(self) -> Session:
         return self
@@ -320,6 +321,8 @@ class Session:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
         head = self._head(origin, path, len(body), headers)
+        if self._slots.locked():
+            self.waits += 1
         async with self._slots:
             for attempt in range(2):
                 conn = await self._connection(origin)

@@ -112,7 +112,7 @@ def _level_progress(console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("  load level"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+                  TimeElapsedColumn(), console=console, transient=True, refresh_per_second=4) as progress:
         task = progress.add_task("level", total=None, info="")
 
         def on_progress(done: int, total: int, in_flight: int) -> None:

@@ -187,6 +187,10 @@ def overload_warning(summary) -> str:
     if summary.client_errors:
         why.append(f"{summary.client_errors} requests failed on this machine "
                    f"(e.g. {next((e for e in summary.error_examples if 'this machine' in e), 'see requests.jsonl')})")
+    if summary.connection_waits:
+        why.append(f"{summary.connection_waits} requests waited for a connection: this process may hold "
+                   f"{summary.connection_limit} (its open-file limit; raise the hard limit, e.g. `ulimit -Hn 65536` "
+                   f"as root, or spread the load with --client-procs)")
     return ("[bold yellow]warning: client overloaded[/] (" + "; ".join(why) + "): this replay measured the client, "
             "not the engine. Give the client more cores (--client-procs N), or a lower rate.")
 
@@ -328,7 +332,7 @@ def replay_command(args: argparse.Namespace, console) -> int:
         requests = prepared_requests(trace, options, tokenizer_dir, console)
         measured = max(len(requests) - options.warmup_requests, 0)
         with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                      TimeElapsedColumn(), console=console, transient=False) as progress:
+                      TimeElapsedColumn(), console=console, transient=False, refresh_per_second=4) as progress:
             task = progress.add_task("replay", total=measured, info="warming up")
 
             def on_progress(done: int, total: int, in_flight: int) -> None:

@@ -173,12 +173,15 @@ class Summary:
     client_errors: int = 0  # failed by this machine (file descriptors, ports), not by the engine
     client_overloaded: bool = False
     lag_bound_s: float = LAG_BOUND_S
+    connection_waits: int = 0  # requests that waited for one of `connection_limit` connections
+    connection_limit: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requests": self.requests, "succeeded": self.succeeded, "errors": self.errors,
             "client_errors": self.client_errors, "client_overloaded": self.client_overloaded,
-            "lag_bound_s": self.lag_bound_s, "error_rate": self.error_rate, "duration_s": self.duration_s,
+            "lag_bound_s": self.lag_bound_s, "connection_waits": self.connection_waits,
+            "connection_limit": self.connection_limit, "error_rate": self.error_rate, "duration_s": self.duration_s,
             "request_throughput_rps": self.request_throughput_rps.as_dict(),
             "output_throughput_tps": self.output_throughput_tps.as_dict(),
             "latency_s": {m: {s: e.as_dict() for s, e in stats.items()} for m, stats in self.latency.items()},
@@ -220,7 +223,8 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
     summary = Summary(
         requests=n, succeeded=len(ok), errors=engine_errors, error_rate=engine_errors / n if n else 0.0,
         client_errors=client_errors, client_overloaded=client_overloaded(records, slos),
-        lag_bound_s=lag_bound_s(slos), duration_s=duration,
+        lag_bound_s=lag_bound_s(slos), connection_waits=result.connection_waits,
+        connection_limit=result.connection_limit, duration_s=duration,
         request_throughput_rps=_rate_ci(np.concatenate([ones, pad]), duration, seed),
         output_throughput_tps=_rate_ci(np.concatenate([tokens, pad]), duration, seed),
         latency=latency, schedule_lag=lag,

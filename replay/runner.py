@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 from engine_adapter.errors import InputError
 from engine_adapter.metrics import EngineMetrics
+from engine_adapter.http_stream import connection_budget
 from engine_adapter.openai_client import StreamedCompletion, encoded_request, new_session, stream_completion
 from replay.trace import Trace, TraceRecord
 
@@ -114,6 +115,9 @@ class ReplayResult:
     abandoned: bool = False
     sent: int = 0
     planned: int = 0
+    # Requests that waited for a connection: the client's open-file limit capped its connections.
+    connection_waits: int = 0
+    connection_limit: int = 0
 
     def write_records(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +158,7 @@ def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> li
 
 
 Clock = Callable[[], float]
+PROGRESS_EVERY_S = 0.25
 
 
 @dataclasses.dataclass
@@ -186,6 +191,8 @@ class Replayer:
         self.finished: list[RequestRecord] = []  # records in the order they finished
         self.abandoned = False
         self.sent = 0
+        self.connection_waits = 0
+        self._next_progress = 0.0
 
     def _body(self, request: PreparedRequest) -> bytes:
         temperature = request.extra_body.get("temperature", 0.0)
@@ -219,7 +226,10 @@ class Replayer:
             self._done += 1
             del self.live[request.index]
         if self.on_progress:
-            self.on_progress(self._done, total, self._in_flight)
+            now = self.clock()
+            if now >= self._next_progress or self._done == total:  # a few times a second is enough to watch
+                self._next_progress = now + PROGRESS_EVERY_S
+                self.on_progress(self._done, total, self._in_flight)
         record = RequestRecord(
             index=request.index, id=request.id, scheduled_s=scheduled_s, send_s=send - start,
             lag_s=(send - start) - scheduled_s, success=out.success, error=out.error, ttft_s=out.ttft_s,
@@ -300,6 +310,7 @@ class Replayer:
                 await asyncio.gather(*(worker() for _ in range(self.options.concurrency)))
             duration = self.clock() - start
             records = sorted(self.finished, key=lambda r: r.index)
+            self.connection_waits = session.waits
         return records, duration, warm_failed
 
 
@@ -372,11 +383,11 @@ def _pooled(base_url, model, requests, options, engine, headers, on_progress, st
         return failed, before
 
     warm_failed, before = _loop_runner()(warm_up())
-    records, duration, sent, abandoned = pool.run(base_url, model, measured, options, headers=headers,
-                                                  stop_when=stop_when, on_progress=on_progress)
+    run = pool.run(base_url, model, measured, options, headers=headers, stop_when=stop_when, on_progress=on_progress)
     delta = engine.metrics().delta(before) if engine is not None and before is not None else None
-    return ReplayResult(records=records, duration_s=duration, options=options, engine_delta=delta,
-                        warmup_errors=warm_failed, abandoned=abandoned, sent=sent, planned=len(measured))
+    return ReplayResult(records=run.records, duration_s=run.duration_s, options=options, engine_delta=delta,
+                        warmup_errors=warm_failed, abandoned=run.abandoned, sent=run.sent, planned=len(measured),
+                        connection_waits=run.connection_waits, connection_limit=connection_budget())
 
 
 def _single(base_url, model, requests, options, engine, headers, on_progress, stop_when) -> ReplayResult:
@@ -398,4 +409,5 @@ def _single(base_url, model, requests, options, engine, headers, on_progress, st
         records, duration, warm_failed, delta = _loop_runner()(main())
     planned = max(len(requests) - min(options.warmup_requests, len(requests)), 0)
     return ReplayResult(records=records, duration_s=duration, options=options, engine_delta=delta,
-                        warmup_errors=warm_failed, abandoned=replayer.abandoned, sent=replayer.sent, planned=planned)
+                        warmup_errors=warm_failed, abandoned=replayer.abandoned, sent=replayer.sent, planned=planned,
+                        connection_waits=replayer.connection_waits, connection_limit=connection_budget())

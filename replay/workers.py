@@ -15,10 +15,12 @@ engine's watchdog pipe in particular, whose end must close when the tuner dies).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -96,9 +98,8 @@ class ClientPool:
     def run(self, base_url: str, model: str, measured: Sequence[PreparedRequest], options: ReplayOptions, *,
             headers: dict[str, str] | None, stop_when: StopWhen | None = None,
             on_progress: Callable[[int, int, int], None] | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> tuple[list[RequestRecord], float, int, bool]:
-        """Replay `measured` (warm-up already done) across the pool; return the merged records,
-        the measured duration, how many requests were sent, and whether `stop_when` ended it."""
+            clock: Callable[[], float] = time.perf_counter) -> PoolRun:
+        """Replay `measured` (warm-up already done) across the pool."""
         n = len(self.conns)
         t_first = measured[0].scheduled_s
         for i, conn in enumerate(self.conns):
@@ -111,18 +112,20 @@ class ClientPool:
         finished: list[RequestRecord] = []
         in_flight: dict[int, list[InFlight]] = {}
         sent = [0] * n
+        waits = 0
         pending = set(range(n))
         stopped = False
         while pending:
             ready = multiprocessing.connection.wait([self.conns[i] for i in pending], timeout=REPORT_EVERY_S)
             for conn in ready:
                 i = self.conns.index(conn)
-                kind, records, live, count = _receive(conn, i)
+                kind, records, live, count, conn_waits = _receive(conn, i)
                 finished += records
                 in_flight[i], sent[i] = live, count
                 if kind == "done":
                     pending.discard(i)
                     in_flight[i] = []
+                    waits += conn_waits
             if on_progress:
                 on_progress(len(finished), len(measured), sum(len(v) for v in in_flight.values()))
             if stop_when and not stopped and pending and \
@@ -130,11 +133,19 @@ class ClientPool:
                 stopped = True
                 for i in pending:
                     self.conns[i].send(("stop",))
-        duration = clock() - start
-        return sorted(finished, key=lambda r: r.index), duration, sum(sent), stopped
+        return PoolRun(sorted(finished, key=lambda r: r.index), clock() - start, sum(sent), stopped, waits)
 
 
-def _receive(conn: multiprocessing.connection.Connection, i: int) -> tuple[str, list, list, int]:
+@dataclasses.dataclass
+class PoolRun:
+    records: list[RequestRecord]  # merged, each request once, by trace index
+    duration_s: float
+    sent: int
+    abandoned: bool  # `stop_when` ended it
+    connection_waits: int
+
+
+def _receive(conn: multiprocessing.connection.Connection, i: int) -> tuple[str, list, list, int, int]:
     try:
         message = conn.recv()
     except EOFError:
@@ -173,37 +184,48 @@ async def _serve(conn, base_url: str, model: str, requests: list[PreparedRequest
 
     replayer = Replayer(base_url, model, options, headers=headers)
     bodies = replayer.bodies(requests)
-    conn.send(("ready", [], [], 0))
+    conn.send(("ready", [], [], 0, 0))
     start = conn.recv()[1]
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    reported = 0
+    stop = threading.Event()
+    running = threading.Event()
+    running.set()
 
-    def on_message() -> None:
-        try:
-            if conn.poll() and conn.recv()[0] == "stop":
+    def listen() -> None:
+        # A thread waits for the parent's "stop" (the pipe stays blocking, as multiprocessing needs:
+        # an event loop's reader would make it non-blocking); this one only reads, the loop only writes.
+        while running.is_set():
+            try:
+                if conn.poll(REPORT_EVERY_S) and conn.recv()[0] == "stop":
+                    stop.set()
+                    return
+            except (EOFError, OSError):
                 stop.set()
-        except EOFError:
-            stop.set()
+                return
+
+    waits = reported = 0
 
     def report(kind: str) -> None:
         nonlocal reported
         fresh = replayer.finished[reported:]
         reported += len(fresh)
-        conn.send((kind, fresh, list(replayer.live.values()), replayer.sent))
+        conn.send((kind, fresh, list(replayer.live.values()), replayer.sent, waits))
 
     async def reporter() -> None:
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
             report("progress")
 
-    loop.add_reader(conn.fileno(), on_message)
-    task = asyncio.create_task(reporter())
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    task = loop.create_task(reporter())
     try:
         if requests:
             async with new_session() as session:
                 await replayer.open_loop(session, requests, bodies, start, lambda *_: stop.is_set(), t_first=t_first)
+                waits = session.waits
     finally:
         task.cancel()
-        loop.remove_reader(conn.fileno())
+        running.clear()
+        listener.join()
     report("done")
