@@ -24,6 +24,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine_adapter.cli_options import add_engine_options
+    from replay.cli import add_client_options
 
     p = argparse.ArgumentParser(
         prog="tune", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TUNE_EPILOG,
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured warm-up requests per trial")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
                    help="a request not finished after S seconds counts as failed (default 600)")
+    add_client_options(p)
     p.add_argument("--heartbeat", type=int, default=30, metavar="S",
                    help="liveness mark in the study database every S seconds; a worker silent for 2*S is "
                         "considered dead and its trial is re-run (default 30)")
@@ -186,7 +188,8 @@ def main(argv: list[str], console) -> int:
                              probe_prompts=args.probe_prompts,
                              probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout,
                              timeout_s=args.timeout, enqueue=enqueue, heartbeat_s=args.heartbeat,
-                             engine_port=args.engine_port, secrets=secrets, api_key=api_key)
+                             engine_port=args.engine_port, secrets=secrets, api_key=api_key,
+                             client_procs=args.client_procs)
     shown_storage = display_url(storage)
     synthesizer = None
     if any(r.input_length is not None for r in trace.records):
@@ -216,6 +219,9 @@ def main(argv: list[str], console) -> int:
             s = f["summary"]
             console.print(f"reference: TTFT p99 {_fmt('ttft_p99', s.latency['ttft']['p99'].value)} · "
                           f"{s.output_throughput_tps.value:.1f} tok/s at the trace's rate")
+        elif event == "client_overloaded":
+            console.print(f"  {f['label']}: [yellow]client overloaded[/] (schedule lag p99 {f['lag_p99_s'] * 1000:.0f} ms):"
+                          f" measured again with {f['procs']} client processes", highlight=False)
         elif event == "capacity_step":
             console.print("  " + f["step"].line(f["label"]), highlight=False)
         elif event == "capacity_done":
@@ -411,7 +417,8 @@ def _bracket(capacity: dict | None) -> str:
 
 
 def _print_failures(study, console) -> None:
-    failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed")
+    failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed",
+                                                                         "unmeasurable")
               or (t.user_attrs.get("status") == "measured" and t.user_attrs.get("failure_reason"))]
     by_reason: dict[tuple[str, str], list[int]] = {}
     for t in failed:

@@ -32,6 +32,7 @@ from replay.capacity import CapacityOptions, LevelRunner, settle
 from replay.metrics import SLO, STATS, Summary, summarize
 from replay.runner import ReplayOptions, ReplayResult, prepare, replay
 from replay.trace import Trace
+from replay.workers import auto_client_procs, cores
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
 from tuner.quality import QualityResult, Reference, measure_candidate, measure_reference, probe_prompts
@@ -164,6 +165,7 @@ class StudySettings:
     seed: int | None
     replay: ReplayOptions
     capacity: CapacityOptions | None = None  # search each config's capacity at the SLO
+    client_procs: int | None = None  # replay client processes; None: enough for the rate, within free cores
     # --gpu-hour-cost / --target-rate, kept with the study so the dashboard and exports show them
     economics: dict[str, float] = dataclasses.field(default_factory=dict)
     probe_prompts: int = 8
@@ -264,7 +266,16 @@ class TrialFailed(Exception):
     """An objective that cannot report values (kept for callers; failures are infeasible trials)."""
 
 
-COUNTED = ("measured", "engine_failed", "failed")  # statuses that count toward --trials
+COUNTED = ("measured", "engine_failed", "failed", "unmeasurable")  # statuses that count toward --trials
+
+
+def client_overload_reason(summary: Summary) -> str:
+    """Why a trial is unmeasurable when its replay measured the client, not the engine."""
+    lag = summary.schedule_lag.get("p99", 0.0) if summary.schedule_lag else 0.0
+    return (f"unmeasurable: the replay client could not keep the trace's schedule (lag p99 {lag * 1000:.0f} ms "
+            f"> {summary.lag_bound_s * 1000:.0f} ms, {summary.client_errors} client-side failures) even with every "
+            f"core the engine leaves; this is not the engine's failure. Run the client on a machine with more "
+            f"free cores (--client-procs N) or replay a slower part of the trace")
 
 
 Reporter = Callable[..., None]
@@ -311,11 +322,9 @@ class Tuner:
             phase = "replay"
             server.reset_prefix_cache()
             if self.s.capacity is None:
-                result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
-                                engine=server, headers=self.headers or None, on_progress=self.on_replay_progress)
-                out["summary"] = summarize(result, self.s.slos)
+                result, out["summary"] = self._trace_rate_replay(server, label, self._engine_cores(config))
             else:
-                runner = self._level_runner(server, label, start)
+                runner = self._level_runner(server, label, start, self._engine_cores(config))
                 result = self._trace_rate_level(runner, server, out)
                 phase = "capacity search"
                 capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus())
@@ -344,14 +353,39 @@ class Tuner:
             server.stop()
         return out
 
-    def _level_runner(self, server: VLLMServer, label: str, start_scale: float) -> LevelRunner:
+    def _engine_cores(self, config: VLLMConfig) -> int:
+        """Cores the engine keeps busy: all of them on the CPU; its API server and one process per
+        GPU on a GPU host. The client processes get the rest."""
+        return cores() if self.platform.value == "cpu" else 1 + config.gpus()
+
+    def _trace_rate_replay(self, server: VLLMServer, label: str, engine_cores: int) -> tuple[ReplayResult, Summary]:
+        """The trace at its own rate. A replay whose client could not keep the schedule (its
+        summary says client_overloaded) measured the client: it is sent again by twice as many
+        client processes while the machine has the cores; what is still overloaded then is
+        reported as unmeasurable by `_measured`, never as the engine's failure."""
+        n_warm = min(self.s.replay.warmup_requests, len(self.requests))
+        procs = self.s.client_procs or auto_client_procs(self.requests[n_warm:], engine_cores)
+        while True:
+            result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
+                            engine=server, headers=self.headers or None, on_progress=self.on_replay_progress,
+                            client_procs=procs)
+            summary = summarize(result, self.s.slos)
+            more = min(2 * procs, cores() - engine_cores)
+            if not summary.client_overloaded or more <= procs:
+                return result, summary
+            self.report("client_overloaded", label=label, procs=more, lag_p99_s=summary.schedule_lag.get("p99", 0.0))
+            settle(server, reset_prefix_cache=True)
+            procs = more
+
+    def _level_runner(self, server: VLLMServer, label: str, start_scale: float, engine_cores: int) -> LevelRunner:
         """Load levels on this running engine; each starts drained with an empty prefix cache."""
         n_warm = min(self.s.replay.warmup_requests, len(self.requests))
         options = dataclasses.replace(self.s.capacity, start_scale=start_scale)
         return LevelRunner(server.endpoint.base_url, server.endpoint.model, self.requests[n_warm:], self.s.replay,
                            options, warmup=self.requests[:n_warm], engine=server, headers=self.headers or None,
                            before_level=lambda: settle(server, reset_prefix_cache=True),
-                           on_progress=self.on_replay_progress,
+                           on_progress=self.on_replay_progress, client_procs=self.s.client_procs,
+                           engine_cores=engine_cores,
                            on_level=lambda step: self.report("capacity_step", label=label, step=step))
 
     def _trace_rate_level(self, runner: LevelRunner, server: VLLMServer, out: dict[str, Any]) -> ReplayResult:
@@ -492,6 +526,9 @@ class Tuner:
         if any(math.isnan(v) for v in objectives):
             return self._infeasible(trial, "failed", "an objective could not be measured (NaN)", values=values,
                                     config=config_json, t0=t0, saved=True)
+        if summary.client_overloaded:
+            return self._infeasible(trial, "unmeasurable", client_overload_reason(summary), values=values,
+                                    config=config_json, t0=t0, saved=True)
         self._set_measured(trial, objectives, constraints, summary.error_rate, summary.error_examples)
         self.report("trial_done", number=trial.number, objectives=dict(zip(self.s.objectives, objectives)),
                     constraints=constraints, summary=summary, quality=quality, wall_s=wall,
@@ -566,7 +603,7 @@ class Tuner:
         for every constraint (`set_constraints`); NSGA-II ranks such a trial below every
         feasible one, TPE puts it in its "bad" group, GP models its feasibility, so the search
         moves away from it. The Pareto front only takes measured, feasible trials. The
-        tracetune status ("rejected", "engine_failed", "failed", "duplicate"), the reason and the
+        tracetune status ("rejected", "engine_failed", "failed", "unmeasurable", "duplicate"), the reason and the
         log tail stay in the trial's user attributes and in the results table.
         """
         reason = self.redact(reason)
