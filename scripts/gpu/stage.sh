@@ -24,10 +24,11 @@ git archive --format=tar --prefix=src/ HEAD | tar -x -C "$work"
 tar -cf .gpu/payload.tar -C "$work" th extra src
 sha256sum .gpu/payload.tar | cut -d' ' -f1 > .gpu/payload.sha256
 rm -rf "$work"
-# 8 small chunks ride with the 8 kit parts, the rest go alone.
+# 8 small chunks (5 MiB) ride with the 8 kit parts (50 MiB), the rest go alone (54 MiB): each call
+# stays under 64 MiB with a working tree of up to ~8 MiB.
 mkdir -p .gpu/chunks && rm -f .gpu/chunks/*
-head -c $((8 * 9 * 1048576)) .gpu/payload.tar | split -b $((9 * 1048576)) -d -a 2 - .gpu/chunks/s
-tail -c +$((8 * 9 * 1048576 + 1)) .gpu/payload.tar | split -b $((58 * 1048576)) -d -a 2 - .gpu/chunks/t
+head -c $((8 * 5 * 1048576)) .gpu/payload.tar | split -b $((5 * 1048576)) -d -a 2 - .gpu/chunks/s
+tail -c +$((8 * 5 * 1048576 + 1)) .gpu/payload.tar | split -b $((54 * 1048576)) -d -a 2 - .gpu/chunks/t
 for i in 00 01 02 03 04 05 06 07; do
   mkdir -p .gpu/c$i && cp .gpu/p$i/* .gpu/c$i/ && { [ -f .gpu/chunks/s$i ] && cp .gpu/chunks/s$i .gpu/c$i/ || true; }
 done
