@@ -101,11 +101,12 @@ def run_tracetune(port: int, rate: float, n: int, tokens: int, tmp: Path, cpus: 
     cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "tuner.cli", "replay",
            "--trace", str(trace), "--endpoint", f"http://127.0.0.1:{port}", "--served-model", "zero",
            "--warmup", "0", "--request-timeout", "60", "--client-procs", str(procs), "--out", str(out)]
+    t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
     if done.returncode != 0:
         raise RuntimeError(f"tune replay failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     s = json.loads((out / "summary.json").read_text())["summary"]
-    return {"achieved": s["request_throughput_rps"]["value"], "ttft_p99": s["latency_s"]["ttft"]["p99"]["value"],
+    return {"wall_s": time.perf_counter() - t0,"achieved": s["request_throughput_rps"]["value"], "ttft_p99": s["latency_s"]["ttft"]["p99"]["value"],
             "client_lag_p99": s["schedule_lag_s"].get("p99", float("nan")),
             "failed": s["errors"] + s.get("client_errors", 0), "overloaded": s.get("client_overloaded")}
 
@@ -158,7 +159,8 @@ def line(client: str, rate: float, row: dict) -> str:
     return (f"{client:22s} offered {rate:7.0f}/s  achieved {row['achieved']:7.0f}/s  "
             f"TTFT p99 {row['ttft_p99'] * 1000:8.1f} ms  lag p99 {row['server_lag_p99'] * 1000:7.2f} ms (server)"
             f" {row['client_lag_p99'] * 1000:7.2f} ms (client)  failed {row['failed']:5d}"
-            + ("  [client overloaded]" if row.get("overloaded") else "") + ("  holds" if holds(row, rate) else ""))
+            + ("  [client overloaded]" if row.get("overloaded") else "") + ("  holds" if holds(row, rate) else "")
+            + (f"  ({row['wall_s']:.0f} s)" if "wall_s" in row else ""))
 
 
 def main() -> None:

@@ -100,14 +100,42 @@ class Estimate:
         return {"value": self.value, "ci_low": self.low, "ci_high": self.high}
 
 
+# Above this many values the interval comes from large-sample theory instead of the bootstrap: a
+# replay of 8,000 requests pools 250,000 inter-token gaps, and 1,000 bootstrap resamples of those
+# took 18 s per summary (measured), where the theory below is exact or as good at that size.
+BOOTSTRAP_MAX_VALUES = 5000
+
+
+def large_sample_ci(data: np.ndarray, stat: str) -> tuple[float, float]:
+    """95% interval of `stat` for a large sample: for a percentile, the distribution-free interval
+    between two order statistics (their ranks from the binomial distribution of how many values fall
+    below the true percentile); for the mean, mean +- 1.96 standard errors."""
+    n = data.size
+    if stat == "mean":
+        half = 1.96 * float(data.std(ddof=1)) / math.sqrt(n)
+        mean = float(data.mean())
+        return mean - half, mean + half
+    from scipy.stats import binom
+
+    q = float(stat[1:]) / 100
+    low_rank, high_rank = int(binom.ppf(0.025, n, q)), int(binom.ppf(0.975, n, q)) + 1  # 1-based ranks
+    low_i, high_i = min(max(low_rank, 1), n) - 1, min(max(high_rank, 1), n) - 1
+    ordered = np.partition(data, (low_i, high_i))
+    return float(ordered[low_i]), float(ordered[high_i])
+
+
 def bootstrap_ci(values: Sequence[float], stat: str, *, n_resamples: int = 1000, seed: int = 0) -> Estimate:
-    """`stat` of `values` with a 95% percentile-bootstrap interval (scipy). NaN when empty."""
+    """`stat` of `values` with a 95% percentile-bootstrap interval (scipy); for more than
+    BOOTSTRAP_MAX_VALUES values, the large-sample interval. NaN when empty."""
     data = np.asarray(values, dtype=float)
     if data.size == 0:
         return Estimate(math.nan, math.nan, math.nan)
     value = float(_stat(data, stat))
     if data.size < 2 or np.all(data == data[0]):
         return Estimate(value, value, value)
+    if data.size > BOOTSTRAP_MAX_VALUES:
+        low, high = large_sample_ci(data, stat)
+        return Estimate(value, min(low, value), max(high, value))
     from scipy import stats
 
     res = stats.bootstrap((data,), lambda x, axis: _stat(x, stat, axis=axis), n_resamples=n_resamples,

@@ -73,3 +73,23 @@ def test_bootstrap_interval_narrows_with_more_data():
     assert small.low <= small.value <= small.high
     assert (large.high - large.low) < (small.high - small.low)
     assert math.isnan(bootstrap_ci([], "mean").value)
+
+
+def test_large_samples_get_the_large_sample_interval_close_to_the_bootstrap():
+    """Past BOOTSTRAP_MAX_VALUES the interval is the order-statistic one (percentiles) or the normal
+    one (mean): it covers the true value and is as wide as the bootstrap's, in a fraction of the time."""
+    from replay.metrics import BOOTSTRAP_MAX_VALUES, bootstrap_ci, large_sample_ci
+
+    rng = np.random.default_rng(1)
+    data = rng.exponential(1.0, size=BOOTSTRAP_MAX_VALUES + 1000)
+    truth = {"p50": np.log(2), "p99": np.log(100), "mean": 1.0}
+    for stat, true in truth.items():
+        low, high = large_sample_ci(data, stat)
+        assert low <= true <= high
+        est = bootstrap_ci(data, stat)
+        assert (est.low, est.high) == (min(low, est.value), max(high, est.value))
+        from scipy import stats
+        boot = stats.bootstrap((data,), lambda x, axis: np.percentile(x, float(stat[1:]), axis=axis)
+                               if stat != "mean" else x.mean(axis=axis), n_resamples=300, method="percentile",
+                               vectorized=True, random_state=np.random.default_rng(0)).confidence_interval
+        assert (high - low) == pytest.approx(boot.high - boot.low, rel=0.35)
