@@ -37,7 +37,7 @@ def fake_quality(loss: float) -> QualityResult:
                          accuracy=None, n_prompts=4)
 
 
-# measure(config) -> (ttft_s, output_tps, quality_loss[, error_rate]) or raises EngineError
+# measure(config) -> (ttft_s, output_tps, quality_loss[, error_rate[, client_overloaded]]) or raises EngineError
 Script = Callable[[Any], tuple]
 
 
@@ -69,7 +69,9 @@ def make_tuner(tmp_path: Path, script: Script, *, space_yaml: str, study: str = 
                     "requests_jsonl": "", "log_tail": "reference log"}
         out = script(config)
         ttft, tps, loss, *rest = out
-        return {"summary": fake_summary(ttft, tps, rest[0] if rest else 0.0), "quality": fake_quality(loss),
+        summary = fake_summary(ttft, tps, rest[0] if rest else 0.0)
+        summary.client_overloaded = bool(rest[1]) if len(rest) > 1 else False
+        return {"summary": summary, "quality": fake_quality(loss),
                 "startup_s": 1.0, "requests_jsonl": '{"index": 0}\n', "log_tail": f"log of {label}"}
 
     tuner._measure = measure  # type: ignore[method-assign]

@@ -19,7 +19,7 @@ import optuna
 import pytest
 
 from tests.reliability.pg import postgres_url  # noqa: F401 - fixture
-from tests.reliability.scripted import crash, make_tuner
+from tests.reliability.scripted import crash, fake_summary, make_tuner
 from tuner.storage import ResultStore, secret_values, worker_id
 from tuner.study import counted, make_storage, pareto_trials
 
@@ -275,3 +275,48 @@ def test_root_cause_names_an_engine_argument_refused_by_argparse():
 
     log = "usage: api_server.py [-h] [--model MODEL]\napi_server.py: error: unrecognized arguments: --no-such-flag\n"
     assert root_cause(log) == "the engine refused its arguments: unrecognized arguments: --no-such-flag"
+
+
+def test_a_replay_the_client_could_not_keep_is_unmeasurable_not_an_engine_failure(tmp_path):
+    tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0, 0.0, c.max_num_seqs == 2), space_yaml=SEQS, trials=2,
+                       sampler="nsga2", enqueue=[{"max_num_seqs": 2}, {"max_num_seqs": 4}])
+    study = tuner.run()
+    t = next(t for t in study.trials if t.params == {"max_num_seqs": 2})
+    assert t.user_attrs["status"] == "unmeasurable" and t.user_attrs["feasible"] is False
+    assert "replay client could not keep" in t.user_attrs["failure_reason"]
+    assert "not the engine's failure" in t.user_attrs["failure_reason"]
+    assert [p.params for p in pareto_trials(study)] == [{"max_num_seqs": 4}]
+
+
+def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(tmp_path, monkeypatch):
+    """Twice the processes each time, within the cores the engine leaves (8 cores, engine on 2)."""
+    import tuner.study as study_module
+
+    tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
+    tuner.s.client_procs = 1
+    sent_by = []
+
+    def scripted_replay(*args, client_procs=1, **kwargs):
+        sent_by.append(client_procs)
+        return client_procs
+
+    def scripted_summary(procs, slos):
+        summary = fake_summary(0.1, 10.0)
+        summary.client_overloaded = procs < 4
+        summary.schedule_lag = {"p50": 0.0, "p99": 0.5 if procs < 4 else 0.001, "max": 1.0}
+        return summary
+
+    monkeypatch.setattr(study_module, "replay", scripted_replay)
+    monkeypatch.setattr(study_module, "summarize", scripted_summary)
+    monkeypatch.setattr(study_module, "settle", lambda *a, **k: None)
+    monkeypatch.setattr(study_module, "cores", lambda: 8)
+
+    class Server:
+        endpoint = type("E", (), {"base_url": "http://x", "model": "m"})()
+
+    result, summary = tuner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
+    assert sent_by == [1, 2, 4] and result == 4 and not summary.client_overloaded
+    sent_by.clear()
+    monkeypatch.setattr(study_module, "cores", lambda: 4)  # only two cores free: 1, 2, then no more
+    result, summary = tuner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
+    assert sent_by == [1, 2] and summary.client_overloaded
