@@ -114,7 +114,7 @@ class TrialView:
 
     number: int
     state: str                      # optuna state: COMPLETE, FAIL, RUNNING, ...
-    status: str                     # measured | rejected | engine_failed | failed | interrupted | running
+    status: str                     # measured | rejected | engine_failed | failed | unmeasurable | interrupted | running
     objective_values: dict[str, float]
     constraints: list[float]
     feasible: bool

@@ -36,7 +36,7 @@ trial_results = Table(
     Column("id", Integer, primary_key=True),
     Column("study_name", String(512), nullable=False, index=True),
     Column("trial_number", Integer, nullable=False),
-    Column("status", String(32), nullable=False),  # measured | rejected | engine_failed | failed
+    Column("status", String(32), nullable=False),  # measured | rejected | engine_failed | failed | unmeasurable
     Column("values_json", Text),
     Column("config_json", Text),
     Column("summary_json", Text),

@@ -518,17 +518,19 @@ class Tuner:
         objectives = [objective_value(name, summary, quality) for name in self.s.objectives]
         constraints = constraint_values(summary, quality, self.s.slos, self.s.max_quality_loss)
         wall = time.perf_counter() - t0
-        self.store.save_trial(self.s.study_name, trial.number, "measured", values=values, config=config_json,
+        # A replay that measured its client is stored with everything it saw, under its own status.
+        status, reason = ("unmeasurable", client_overload_reason(summary)) if summary.client_overloaded else \
+            ("measured", None)
+        self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config_json,
                               summary=summary.as_dict(), quality=quality.as_dict(), engine=summary.engine,
                               requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
-                              startup_s=measured["startup_s"], wall_s=wall)
+                              startup_s=measured["startup_s"], wall_s=wall, failure_reason=reason)
         self.store.save_levels(self.s.study_name, trial.number, measured.get("levels", []))
         if any(math.isnan(v) for v in objectives):
             return self._infeasible(trial, "failed", "an objective could not be measured (NaN)", values=values,
                                     config=config_json, t0=t0, saved=True)
-        if summary.client_overloaded:
-            return self._infeasible(trial, "unmeasurable", client_overload_reason(summary), values=values,
-                                    config=config_json, t0=t0, saved=True)
+        if status == "unmeasurable":
+            return self._infeasible(trial, status, reason, values=values, config=config_json, t0=t0, saved=True)
         self._set_measured(trial, objectives, constraints, summary.error_rate, summary.error_examples)
         self.report("trial_done", number=trial.number, objectives=dict(zip(self.s.objectives, objectives)),
                     constraints=constraints, summary=summary, quality=quality, wall_s=wall,

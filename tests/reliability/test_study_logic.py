@@ -286,6 +286,8 @@ def test_a_replay_the_client_could_not_keep_is_unmeasurable_not_an_engine_failur
     assert "replay client could not keep" in t.user_attrs["failure_reason"]
     assert "not the engine's failure" in t.user_attrs["failure_reason"]
     assert [p.params for p in pareto_trials(study)] == [{"max_num_seqs": 4}]
+    row = tuner.store.trials("s", t.number)[0]  # stored with what it saw, under its own status
+    assert row["status"] == "unmeasurable" and row["summary"] is not None and "not the engine" in row["failure_reason"]
 
 
 def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(tmp_path, monkeypatch):
