@@ -167,6 +167,7 @@ class StudyView:
     platform: str                       # the platform the study measured on (cpu | cuda | unknown)
     decision: Any = None                # tuner.front.Decision over the study objectives (reference included)
     economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate
+    quality_gate: str | None = None     # the gate as given, in its unit (e.g. "kld<=0.01")
 
     def costs(self, summary: dict | None) -> dict[str, float]:
         """$ per 1M tokens and replicas/GPUs for the study's --gpu-hour-cost / --target-rate."""
@@ -571,7 +572,9 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),
                      trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
-                     economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)})
+                     economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
+                     quality_gate=attrs.get("quality_gate") or (f"nats<={attrs['max_quality_loss']:g}"
+                                                                if attrs.get("max_quality_loss") is not None else None))
     with_costs(view)
     mark_front(view)
     return view

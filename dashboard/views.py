@@ -359,9 +359,9 @@ def main() -> None:
                          help="re-read the study every few seconds while it is running")
         every = st.select_slider("every (s)", [2, 5, 10, 30], value=5, key="live_every") if live else None
         st.caption(f"objectives: {', '.join(f'{o} ({d[:3]})' for o, d in zip(study.objectives, study.directions))}")
-        if study.slos or study.max_quality_loss is not None:
-            st.caption("constraints: " + ", ".join(study.slos + ([f"quality_loss<={study.max_quality_loss}"]
-                                                                 if study.max_quality_loss is not None else [])))
+        if study.slos or study.quality_gate:
+            st.caption("constraints: " + ", ".join(study.slos + ([f"quality {study.quality_gate} (beyond the noise floor)"]
+                                                                 if study.quality_gate else [])))
         st.caption(f"measured on: {study.platform}")
 
     def body() -> None:

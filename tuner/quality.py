@@ -10,10 +10,23 @@ trace). Each candidate server then, after its replay:
 - where the trace has `expected` labels, accuracy (the label appears in the output).
 Each comes with a 95% bootstrap interval over probe prompts. Lossless techniques (speculative
 decoding, prefix caching) must measure as zero loss.
+
+In the units users judge quantization by (llama.cpp's): per token, the KL divergence from the
+reference's next-token distribution to the candidate's (from the top-`TOP_K` log-probabilities both
+return at every position of the reference continuation; see `kl_top_k`), the change in perplexity
+(exp of the NLL delta, minus 1) and top-1 agreement (the most likely next token is the same).
+
+Noise floor: the same numbers of the reference against itself. After its continuations are fixed,
+the reference server scores them again with every probe prompt in one batch (a batch composition
+other than the one-at-a-time pass that produced them): the difference is numerical noise of the
+platform's kernels, which every candidate carries too. A candidate's loss is reported beyond that
+floor as a paired difference over the same prompts, with its interval; `within_floor` says the
+candidate cannot be told apart from the reference's own noise.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 from typing import Any, Sequence
@@ -22,9 +35,14 @@ import httpx
 import numpy as np
 
 from engine_adapter.base import Endpoint
-from engine_adapter.errors import EngineError
+from engine_adapter.errors import EngineError, InputError
 from replay.metrics import Estimate, bootstrap_ci
 from replay.trace import Trace
+
+
+# Log-probabilities per position for the KL divergence: vLLM returns at most --max-logprobs (20 by
+# default) per position; 20 hold almost all of the mass of a small model's next-token distribution.
+TOP_K = 20
 
 
 @dataclasses.dataclass
@@ -33,6 +51,8 @@ class ProbeItem:
     reference_ids: list[int]
     reference_logprobs: list[float]
     expected: str | None = None
+    # Per position of the continuation: the reference's top-k token ids (as strings) -> logprob.
+    reference_top: list[dict[str, float]] | None = None
 
     @property
     def reference_nll(self) -> float:
@@ -42,13 +62,18 @@ class ProbeItem:
 @dataclasses.dataclass
 class Reference:
     items: list[ProbeItem]
+    # The reference against itself in another batch composition: per-prompt values of each unit
+    # ("nll", "kld", "top1"), aligned with `items`. None for studies stored before it existed.
+    floor: dict[str, list[float]] | None = None
 
-    def to_json(self) -> list[dict[str, Any]]:
-        return [dataclasses.asdict(i) for i in self.items]
+    def to_json(self) -> dict[str, Any]:
+        return {"items": [dataclasses.asdict(i) for i in self.items], "floor": self.floor}
 
     @classmethod
-    def from_json(cls, data: list[dict[str, Any]]) -> Reference:
-        return cls(items=[ProbeItem(**d) for d in data])
+    def from_json(cls, data: dict[str, Any] | list[dict[str, Any]]) -> Reference:
+        if isinstance(data, list):  # stored before the noise floor: the items alone
+            return cls(items=[ProbeItem(**d) for d in data])
+        return cls(items=[ProbeItem(**d) for d in data["items"]], floor=data.get("floor"))
 
 
 @dataclasses.dataclass
@@ -58,15 +83,98 @@ class QualityResult:
     exact_match: float
     accuracy: Estimate | None
     n_prompts: int
+    kld: Estimate | None = None  # nats per token, reference -> candidate, from the top-k
+    top1_agreement: Estimate | None = None  # share of positions with the same most likely token
+    ppl_change: Estimate | None = None  # perplexity ratio - 1 on the reference continuations
+    beyond_floor: dict[str, Estimate] | None = None  # per unit: candidate minus the reference's own noise
+    within_floor: bool | None = None  # indistinguishable from the reference's own noise
+    top_k: int = 0
+    n_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
+        optional = {"kld": self.kld, "top1_agreement": self.top1_agreement, "ppl_change": self.ppl_change}
         return {
             "nll_delta_per_token": self.nll_delta_per_token.as_dict(),
             "greedy_agreement": self.greedy_agreement.as_dict(),
             "exact_match": self.exact_match,
             "accuracy": self.accuracy.as_dict() if self.accuracy else None,
             "n_prompts": self.n_prompts,
+            **{k: v.as_dict() if v is not None else None for k, v in optional.items()},
+            "beyond_floor": {k: v.as_dict() for k, v in self.beyond_floor.items()} if self.beyond_floor else None,
+            "within_floor": self.within_floor, "top_k": self.top_k, "n_tokens": self.n_tokens,
         }
+
+
+# The gate's units: how each reads a stored quality dict, and which side of the limit passes.
+GATE_UNITS = {
+    "nats": "mean NLL increase per token, nats (the plain-number form)",
+    "kld": "mean KL divergence per token from the reference, nats",
+    "ppl": "perplexity increase, percent",
+    "top1": "top-1 agreement with the reference, at least this share",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityGate:
+    """`--max-quality-loss`: a limit in one unit. Losses are read beyond the reference's own noise
+    floor where the study measured one (a lossless config then passes a strict gate), else raw."""
+
+    unit: str  # nats | kld | ppl | top1
+    limit: float  # ppl: a fraction (0.01 for +1%)
+
+    def __str__(self) -> str:
+        if self.unit == "ppl":
+            return f"ppl<=+{self.limit * 100:g}%"
+        if self.unit == "top1":
+            return f"top1>={self.limit:g}"
+        return f"{self.unit}<={self.limit:g}"
+
+    def violation(self, quality: dict[str, Any] | None) -> float:
+        """<= 0 when the gate holds (Optuna's convention); inf when the unit was not measured."""
+        if not quality:
+            return math.inf
+        if self.unit == "top1":
+            top1 = quality.get("top1_agreement")
+            return self.limit - top1["value"] if top1 else math.inf
+        nll = _beyond_floor(quality, "nll") if self.unit in ("nats", "ppl") else _beyond_floor(quality, "kld")
+        if nll is None:
+            return math.inf
+        value = math.expm1(nll) if self.unit == "ppl" else nll
+        return value - self.limit
+
+
+def _beyond_floor(quality: dict[str, Any], unit: str) -> float | None:
+    beyond = (quality.get("beyond_floor") or {}).get(unit)
+    if beyond is not None:
+        return beyond["value"]
+    raw = quality.get("nll_delta_per_token" if unit == "nll" else "kld")
+    return raw["value"] if raw else None
+
+
+def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> QualityGate | None:
+    """`0.05` (nats), `nats:0.05`, `kld:0.01`, `ppl:+1%` (or `ppl:1%`), `top1:0.99`."""
+    if text is None:
+        return None
+    spec = str(text).strip()
+    unit, _, value = spec.rpartition(":")
+    unit = unit.strip().lower() or "nats"
+    value = value.strip()
+    try:
+        if unit not in GATE_UNITS:
+            raise ValueError
+        if unit == "ppl":
+            if not value.endswith("%"):
+                raise ValueError
+            limit = float(value.rstrip("%").lstrip("+")) / 100
+        else:
+            limit = float(value)
+        if not math.isfinite(limit) or limit < 0 or (unit == "top1" and limit > 1):
+            raise ValueError
+    except ValueError:
+        units = "; ".join(f"{u}: {d}" for u, d in GATE_UNITS.items())
+        raise InputError(f"{flag}: cannot read {spec!r}; write UNIT:LIMIT, e.g. 'kld:0.01', 'ppl:+1%', 'top1:0.99' "
+                         f"or a number of nats such as 0.05 ({units})") from None
+    return QualityGate(unit, limit)
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:
@@ -105,21 +213,63 @@ def _generate(client: httpx.Client, endpoint: Endpoint, prompt: str | list[int],
     return choice.get("prompt_token_ids") or [], choice.get("token_ids") or [], choice.get("text", "")
 
 
-def _score(client: httpx.Client, endpoint: Endpoint, prompt_ids: list[int], continuation: list[int]) -> list[float]:
-    """Log-probabilities of `continuation` after `prompt_ids`, teacher-forced."""
+def _score(client: httpx.Client, endpoint: Endpoint, prompt_ids: list[int], continuation: list[int],
+           top_k: int = TOP_K) -> tuple[list[float], list[dict[str, float]]]:
+    """Log-probabilities of `continuation` after `prompt_ids`, teacher-forced, and at each of its
+    positions the engine's top-`top_k` (token id as a string -> logprob)."""
     ids = prompt_ids + continuation
-    choice = _complete(client, endpoint, {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 0})
+    choice = _complete(client, endpoint, {"prompt": ids, "max_tokens": 1, "prompt_logprobs": top_k})
     entries = choice.get("prompt_logprobs")
     if not entries or len(entries) != len(ids):
         raise EngineError("the engine did not return prompt_logprobs for every prompt token")
-    out = []
+    chosen, tops = [], []
     for position, token in zip(range(len(prompt_ids), len(ids)), continuation):
         entry = entries[position] or {}
         info = entry.get(str(token)) or entry.get(token)
         if info is None:
             raise EngineError(f"prompt_logprobs lack the logprob of token {token} at position {position}")
-        out.append(float(info["logprob"]))
+        chosen.append(float(info["logprob"]))
+        tops.append({str(t): float(v["logprob"]) for t, v in entry.items()})
+    return chosen, tops
+
+
+def kl_top_k(p: dict[str, float], q: dict[str, float]) -> float:
+    """KL(P || Q) in nats from two top-k log-probability maps of one position. The mass outside P's
+    top-k is one more outcome ("the rest"). A token of P's top-k missing from Q's is given Q's
+    remaining mass spread over the missing ones, at most Q's smallest listed probability: the usual
+    top-k approximation, exact when both lists hold all the mass that matters."""
+    pp = {t: math.exp(v) for t, v in p.items()}
+    qq = {t: math.exp(v) for t, v in q.items()}
+    rest_p = max(1.0 - sum(pp.values()), 0.0)
+    rest_q = max(1.0 - sum(qq.values()), 0.0)
+    missing = [t for t in pp if t not in qq]
+    fill = min(min(qq.values(), default=1.0), rest_q / len(missing)) if missing else 0.0
+    fill = max(fill, 1e-10)
+    kl = sum(v * (math.log(v) - math.log(qq.get(t, fill))) for t, v in pp.items() if v > 0)
+    if rest_p > 1e-9:
+        kl += rest_p * (math.log(rest_p) - math.log(max(rest_q - fill * len(missing), 1e-10)))
+    return max(kl, 0.0)
+
+
+def _top1(top: dict[str, float]) -> str:
+    return max(top, key=top.get)
+
+
+def item_stats(item: ProbeItem, logprobs: Sequence[float], tops: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One probe prompt's units against the reference: NLL delta per token, and where both sides have
+    top-k maps, mean KL divergence and top-1 agreement per position."""
+    n = len(item.reference_ids)
+    out = {"nll": (-sum(logprobs) - item.reference_nll) / n}
+    if item.reference_top and tops:
+        pairs = list(zip(item.reference_top, tops))
+        out["kld"] = sum(kl_top_k(p, q) for p, q in pairs) / len(pairs)
+        out["top1"] = sum(_top1(p) == _top1(q) for p, q in pairs) / len(pairs)
     return out
+
+
+def _columns(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
+    keys = set.intersection(*(set(r) for r in rows)) if rows else set()
+    return {k: [r[k] for r in rows] for k in sorted(keys)}
 
 
 def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | None]], *, max_tokens: int = 32,
@@ -133,11 +283,25 @@ def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | Non
             _, out_ids, _ = _generate(client, endpoint, prompt_ids, max_tokens)
             if not out_ids:
                 continue
-            items.append(ProbeItem(prompt_ids=prompt_ids, reference_ids=out_ids,
-                                   reference_logprobs=_score(client, endpoint, prompt_ids, out_ids), expected=expected))
+            chosen, tops = _score(client, endpoint, prompt_ids, out_ids)
+            items.append(ProbeItem(prompt_ids=prompt_ids, reference_ids=out_ids, reference_logprobs=chosen,
+                                   expected=expected, reference_top=tops))
     if not items:
         raise EngineError("the reference produced no continuation for any probe prompt")
-    return Reference(items=items)
+    reference = Reference(items=items)
+    reference.floor = measure_floor(endpoint, reference, timeout_s=timeout_s)
+    return reference
+
+
+def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 300.0) -> dict[str, list[float]]:
+    """The reference server scores its own continuations again, every probe prompt at once (other
+    batch shapes than the one-at-a-time pass that made them): per-prompt units of that difference."""
+    def one(item: ProbeItem) -> dict[str, float]:
+        with httpx.Client(timeout=timeout_s) as client:
+            return item_stats(item, *_score(client, endpoint, item.prompt_ids, item.reference_ids))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(reference.items), 1)) as pool:
+        return _columns(list(pool.map(one, reference.items)))
 
 
 def _agreement(a: Sequence[int], b: Sequence[int]) -> float:
@@ -155,20 +319,40 @@ def _agreement(a: Sequence[int], b: Sequence[int]) -> float:
 def measure_candidate(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 300.0,
                       seed: int = 0) -> QualityResult:
     """Compare the server at `endpoint` with the reference on the reference's probe set."""
-    deltas, agreements, exact, correct = [], [], [], []
+    rows, agreements, exact, correct = [], [], [], []
     with httpx.Client(timeout=timeout_s) as client:
         for item in reference.items:
-            logprobs = _score(client, endpoint, item.prompt_ids, item.reference_ids)
-            deltas.append((-sum(logprobs) - item.reference_nll) / len(item.reference_ids))
+            rows.append(item_stats(item, *_score(client, endpoint, item.prompt_ids, item.reference_ids)))
             _, out_ids, text = _generate(client, endpoint, item.prompt_ids, len(item.reference_ids))
             agreements.append(_agreement(out_ids, item.reference_ids))
             exact.append(float(out_ids == item.reference_ids))
             if item.expected is not None:
                 correct.append(float(item.expected.strip().lower() in text.lower()))
+    return summarize_quality(reference, _columns(rows), agreements, exact, correct, seed=seed)
+
+
+def summarize_quality(reference: Reference, units: dict[str, list[float]], agreements: Sequence[float],
+                      exact: Sequence[float], correct: Sequence[float], *, seed: int = 0) -> QualityResult:
+    """Per-prompt units -> estimates with intervals over prompts, and the verdict against the floor."""
+    nll = bootstrap_ci(units["nll"], "mean", seed=seed)
+    ppl = Estimate(math.expm1(nll.value), math.expm1(nll.low), math.expm1(nll.high))
+    beyond = within = None
+    if reference.floor:
+        shared = [k for k in ("kld", "nll") if k in units and len(reference.floor.get(k, [])) == len(units[k])]
+        beyond = {k: bootstrap_ci([c - f for c, f in zip(units[k], reference.floor[k])], "mean", seed=seed)
+                  for k in shared}
+        if shared:
+            # Within the floor: the paired difference's interval reaches zero (or below) in the first unit
+            # measured (KL divergence where the engine returned top-k log-probabilities).
+            within = beyond[shared[0]].low <= 0.0
     return QualityResult(
-        nll_delta_per_token=bootstrap_ci(deltas, "mean", seed=seed),
+        nll_delta_per_token=nll,
         greedy_agreement=bootstrap_ci(agreements, "mean", seed=seed),
         exact_match=float(np.mean(exact)) if exact else math.nan,
         accuracy=bootstrap_ci(correct, "mean", seed=seed) if correct else None,
-        n_prompts=len(deltas),
+        n_prompts=len(units["nll"]),
+        kld=bootstrap_ci(units["kld"], "mean", seed=seed) if "kld" in units else None,
+        top1_agreement=bootstrap_ci(units["top1"], "mean", seed=seed) if "top1" in units else None,
+        ppl_change=ppl, beyond_floor=beyond, within_floor=within, top_k=TOP_K if "kld" in units else 0,
+        n_tokens=sum(len(i.reference_ids) for i in reference.items),
     )

@@ -38,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite in the run directory)")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
     p.add_argument("--slo", metavar="SPEC", help="constraints, e.g. 'ttft:p99<500ms,tpot:p50<50ms'")
-    p.add_argument("--max-quality-loss", type=float, metavar="NATS",
-                   help="quality gate: max mean NLL increase per token vs the reference")
+    p.add_argument("--max-quality-loss", metavar="GATE",
+                   help="quality gate, beyond the reference's own noise floor: kld:0.01 (KL divergence, nats/token), "
+                        "ppl:+1%% (perplexity), top1:0.99 (top-1 agreement), or a number of nats (NLL increase "
+                        "per token)")
     p.add_argument("--objectives", metavar="LIST",
                    help="default: ttft_p99,capacity,quality_loss with --slo (ttft_p99,output_tps,quality_loss "
                         "without); also goodput, request_tps, tpot_p50, e2e_p99, ...")
@@ -131,6 +133,7 @@ def main(argv: list[str], console) -> int:
     from engine_adapter.models import resolve_model
     from engine_adapter.platform import detect_platform
     from replay.metrics import parse_slos
+    from tuner.quality import parse_gate
     from replay.runner import ReplayOptions
     from replay.trace import load_trace
     from search_spaces.space import DEFAULT_SPACE, load_space
@@ -138,6 +141,7 @@ def main(argv: list[str], console) -> int:
     from tuner.study import StudySettings, Tuner, parse_objectives
 
     slos = parse_slos(args.slo)
+    gate = parse_gate(args.max_quality_loss)
     enqueue = []
     for item in args.try_first:
         try:
@@ -181,7 +185,7 @@ def main(argv: list[str], console) -> int:
                             urls=[storage],
                             extra=[api_key] if api_key else [])
     settings = StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
-                             slos=slos, max_quality_loss=args.max_quality_loss, sampler=args.sampler,
+                             slos=slos, max_quality_loss=gate, sampler=args.sampler,
                              seed=args.seed, replay=replay_options, capacity=capacity_options,
                              economics={k: v for k, v in (("gpu_hour_cost", args.gpu_hour_cost),
                                                           ("target_rate", args.target_rate)) if v is not None},

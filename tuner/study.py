@@ -35,7 +35,8 @@ from replay.trace import Trace
 from replay.workers import auto_client_procs, cores
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
-from tuner.quality import QualityResult, Reference, measure_candidate, measure_reference, probe_prompts
+from tuner.quality import (QualityGate, QualityResult, Reference, measure_candidate, measure_reference,
+                           probe_prompts)
 from tuner.storage import Redactor, ResultStore, normalize_url, owner_is_dead, worker_id
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
@@ -84,7 +85,7 @@ def objective_value(name: str, summary: Summary | dict, quality: QualityResult |
 
 
 def constraint_values(summary: Summary | dict, quality: QualityResult | dict | None, slos: list[SLO],
-                      max_quality_loss: float | None) -> list[float]:
+                      max_quality_loss: QualityGate | float | None) -> list[float]:
     """<= 0 means satisfied (Optuna's convention): one per SLO, one for the quality gate."""
     s = summary.as_dict() if isinstance(summary, Summary) else summary
     q = quality.as_dict() if isinstance(quality, QualityResult) else quality
@@ -93,8 +94,8 @@ def constraint_values(summary: Summary | dict, quality: QualityResult | dict | N
         value = s["latency_s"][slo.metric][slo.stat]["value"] if slo.stat in STATS else math.nan
         out.append(value - slo.threshold_s if not math.isnan(value) else math.inf)
     if max_quality_loss is not None:
-        loss = q["nll_delta_per_token"]["value"] if q else math.inf
-        out.append(loss - max_quality_loss)
+        gate = max_quality_loss if isinstance(max_quality_loss, QualityGate) else QualityGate("nats", max_quality_loss)
+        out.append(gate.violation(q))
     return out
 
 
@@ -103,7 +104,7 @@ def constraint_values(summary: Summary | dict, quality: QualityResult | dict | N
 FAILED_VIOLATION = 1.0
 
 
-def constraint_names(slos: list[SLO], max_quality_loss: float | None) -> list[str]:
+def constraint_names(slos: list[SLO], max_quality_loss: QualityGate | float | None) -> list[str]:
     """The constraints every trial reports to the sampler, in order: the share of requests that
     failed (1.0 when the engine could not start, crashed or timed out, or the config was
     rejected), then one per SLO, then the quality gate."""
@@ -160,7 +161,7 @@ class StudySettings:
     trials: int
     objectives: list[str]
     slos: list[SLO]
-    max_quality_loss: float | None
+    max_quality_loss: QualityGate | float | None  # a float: nats (the plain-number form)
     sampler: str
     seed: int | None
     replay: ReplayOptions
@@ -657,7 +658,13 @@ class Tuner:
         if stored is None:
             study.set_user_attr("objectives", self.s.objectives)
             study.set_user_attr("slos", [str(s) for s in self.s.slos])
-            study.set_user_attr("max_quality_loss", self.s.max_quality_loss)
+            gate = self.s.max_quality_loss
+            if isinstance(gate, QualityGate):
+                study.set_user_attr("quality_gate", str(gate))
+                # The nats limit is drawn on the quality_loss axis (nats per token) by the dashboard.
+                study.set_user_attr("max_quality_loss", gate.limit if gate.unit == "nats" else None)
+            else:
+                study.set_user_attr("max_quality_loss", gate)
             study.set_user_attr("platform", self.platform.value)
         elif stored != self.s.objectives:
             raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "

@@ -6,6 +6,7 @@ import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,11 @@ def test_engine_check_end_to_end(tmp_path, default_model):
     assert len(data["requests"]) == 2 and all(r["text"] for r in data["requests"])
     assert data["startup_s"] > 0 and data["engine_counters"]["prefix_cache_hits"] > 0
     assert "engine check" in out.stdout
+
+
+def test_a_bad_quality_gate_exits_2_before_anything_starts(tmp_path):
+    trace = Path(__file__).resolve().parents[2] / "examples" / "traffic.jsonl"
+    out = tune("--trace", str(trace), "--max-quality-loss", "ppl:1", "--run-dir", str(tmp_path / "r"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--max-quality-loss: cannot read 'ppl:1'" in out.stderr + out.stdout
+    assert not (tmp_path / "r").exists()  # nothing was started or written

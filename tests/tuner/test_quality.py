@@ -1,0 +1,127 @@
+"""Quality in the units users judge by, and the noise floor, on scripted log-probabilities: the
+KL divergence from top-k maps, per-prompt units, and the verdict of a lossless candidate (inside the
+reference's own noise) against a lossy one (outside it)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner.quality import ProbeItem, Reference, item_stats, kl_top_k, summarize_quality
+
+
+def logs(probs: dict[str, float]) -> dict[str, float]:
+    return {t: math.log(p) for t, p in probs.items()}
+
+
+def test_kl_of_identical_distributions_is_zero_and_of_known_ones_is_exact():
+    p = logs({"1": 0.7, "2": 0.2, "3": 0.1})
+    assert kl_top_k(p, p) == pytest.approx(0.0, abs=1e-12)
+    q = logs({"1": 0.5, "2": 0.3, "3": 0.2})
+    exact = sum(a * math.log(a / b) for a, b in ((0.7, 0.5), (0.2, 0.3), (0.1, 0.2)))
+    assert kl_top_k(p, q) == pytest.approx(exact, rel=1e-9)
+    # Mass outside the top-k is one more outcome: P keeps 0.1 unlisted, Q 0.3.
+    p_rest, q_rest = logs({"1": 0.9}), logs({"1": 0.7})
+    assert kl_top_k(p_rest, q_rest) == pytest.approx(0.9 * math.log(0.9 / 0.7) + 0.1 * math.log(0.1 / 0.3))
+    # A token of P's top-k that Q does not list gets at most Q's smallest listed probability.
+    assert kl_top_k(logs({"1": 0.5, "2": 0.5}), logs({"1": 0.98})) > kl_top_k(logs({"1": 0.5, "2": 0.5}),
+                                                                               logs({"1": 0.5, "2": 0.48}))
+
+
+def item(rng, n=16):
+    tops = []
+    for _ in range(n):
+        raw = rng.dirichlet(np.ones(5) * 0.3)
+        tops.append({str(t): math.log(max(p, 1e-9)) for t, p in enumerate(raw)})
+    ids = [int(max(t, key=t.get)) for t in tops]
+    return ProbeItem(prompt_ids=[0], reference_ids=ids, reference_logprobs=[t[str(i)] for t, i in zip(tops, ids)],
+                     reference_top=tops)
+
+
+def perturbed(it: ProbeItem, scale: float, rng) -> tuple[list[float], list[dict[str, float]]]:
+    """The item's distributions with log-noise of `scale`, renormalised: what a candidate returns."""
+    tops = []
+    for top in it.reference_top:
+        noisy = {t: v + rng.normal(0, scale) for t, v in top.items()}
+        norm = math.log(sum(math.exp(v) for v in noisy.values()))
+        tops.append({t: v - norm for t, v in noisy.items()})
+    return [t[str(i)] for t, i in zip(tops, it.reference_ids)], tops
+
+
+def study(noise_floor: float, candidate: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    reference = Reference(items=[item(rng) for _ in range(24)])
+    floor = [item_stats(it, *perturbed(it, noise_floor, rng)) for it in reference.items]
+    reference.floor = {k: [r[k] for r in floor] for k in ("nll", "kld", "top1")}
+    rows = [item_stats(it, *perturbed(it, candidate, rng)) for it in reference.items]
+    units = {k: [r[k] for r in rows] for k in ("nll", "kld", "top1")}
+    n = len(rows)
+    return summarize_quality(reference, units, [1.0] * n, [1.0] * n, [])
+
+
+def test_a_candidate_with_only_the_platforms_noise_is_within_the_floor():
+    result = study(noise_floor=0.05, candidate=0.05)
+    assert result.within_floor is True
+    assert result.beyond_floor["kld"].low <= 0 <= result.beyond_floor["kld"].high
+    assert result.kld.value > 0  # the raw KL divergence is not zero: the floor is what tells it apart
+    assert result.top_k == 20 and result.n_prompts == 24
+
+
+def test_a_lossy_candidate_is_outside_the_floor_in_every_unit():
+    result = study(noise_floor=0.05, candidate=0.6)
+    assert result.within_floor is False
+    assert result.beyond_floor["kld"].low > 0 and result.kld.low > 0.02
+    assert result.top1_agreement.value < 0.95
+    assert result.ppl_change.value == pytest.approx(math.expm1(result.nll_delta_per_token.value))
+    d = result.as_dict()
+    assert d["kld"]["value"] == result.kld.value and d["within_floor"] is False and d["beyond_floor"]["nll"]
+
+
+def test_a_reference_stored_before_the_floor_still_reads_and_reports_no_floor():
+    old = [{"prompt_ids": [1], "reference_ids": [2], "reference_logprobs": [-0.5], "expected": None}]
+    reference = Reference.from_json(old)
+    assert reference.floor is None and reference.items[0].reference_top is None
+    stats = item_stats(reference.items[0], [-0.7], [])
+    assert stats == {"nll": pytest.approx(0.2)}
+    result = summarize_quality(reference, {"nll": [0.2]}, [1.0], [1.0], [])
+    assert result.kld is None and result.within_floor is None and result.beyond_floor is None
+    assert Reference.from_json(Reference(items=reference.items, floor={"nll": [0.0]}).to_json()).floor == {"nll": [0.0]}
+
+
+@pytest.mark.parametrize("text,unit,limit,shown", [
+    ("0.05", "nats", 0.05, "nats<=0.05"), ("nats:0.05", "nats", 0.05, "nats<=0.05"),
+    ("kld:0.01", "kld", 0.01, "kld<=0.01"), ("ppl:+1%", "ppl", 0.01, "ppl<=+1%"), ("PPL:2.5%", "ppl", 0.025, "ppl<=+2.5%"),
+    ("top1:0.99", "top1", 0.99, "top1>=0.99"),
+])
+def test_the_gate_reads_every_unit(text, unit, limit, shown):
+    from tuner.quality import parse_gate
+
+    gate = parse_gate(text)
+    assert (gate.unit, gate.limit, str(gate)) == (unit, pytest.approx(limit), shown)
+
+
+@pytest.mark.parametrize("bad", ["kld:", "ppl:1", "top1:1.5", "bits:3", "nats:-1", "x"])
+def test_a_bad_gate_names_the_flag_and_the_units(bad):
+    from engine_adapter.errors import InputError
+    from tuner.quality import parse_gate
+
+    with pytest.raises(InputError, match=r"--max-quality-loss: cannot read .*kld:0.01.*ppl:\+1%.*top1:0.99"):
+        parse_gate(bad)
+
+
+def test_the_gate_judges_beyond_the_floor_in_its_unit():
+    """The lossless candidate passes a strict gate in every unit; the lossy one fails them."""
+    from tuner.quality import parse_gate
+
+    lossless, lossy = study(0.05, 0.05).as_dict(), study(0.05, 0.6).as_dict()
+    for spec in ("kld:0.005", "ppl:+1%", "nats:0.01"):
+        gate = parse_gate(spec)
+        assert gate.violation(lossless) <= 0 < gate.violation(lossy), spec
+    top1 = parse_gate("top1:0.9")
+    assert top1.violation(lossy) == pytest.approx(0.9 - lossy["top1_agreement"]["value"])
+    # Without a floor (an older study) the raw value is judged; an unmeasured unit never passes.
+    raw = {"nll_delta_per_token": {"value": 0.02, "low": 0.01, "high": 0.03}, "kld": None}
+    assert parse_gate("0.05").violation(raw) == pytest.approx(-0.03)
+    assert parse_gate("kld:0.01").violation(raw) == math.inf and parse_gate("0.05").violation(None) == math.inf
