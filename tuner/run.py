@@ -392,6 +392,9 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
         table.add_column("$/1M out tok", justify="right")
     if args.target_rate is not None:
         table.add_column(f"GPUs for {args.target_rate:g} req/s", justify="right")
+    has_units = any((r["quality"] or {}).get("kld") for r in rows)
+    if has_units:
+        table.add_column("quality vs reference", justify="right")
     for r in rows:
         cells = []
         for objective in objectives:
@@ -407,11 +410,25 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
             cells.append(f"{econ.get('usd_per_1m_output_tokens', math.nan):.3g}")
         if args.target_rate is not None:
             cells.append(f"{econ.get('gpus_total', math.nan):g}")
+        if has_units:
+            cells.append(quality_units(r["quality"]) if r["trial"] != "reference" else "-")
         label = "ref" if r["trial"] == "reference" else str(r["trial"])
         diff = "(vLLM's defaults)" if r["trial"] == "reference" else \
             ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
         table.add_row(label, diff, *cells)
     return table
+
+
+def quality_units(q: dict | None) -> str:
+    """KL divergence, perplexity change and top-1 agreement of a stored quality result, and whether
+    it is within the reference's own noise floor."""
+    if not q or not q.get("kld"):
+        return "-"
+    parts = [f"KLD {q['kld']['value']:.4f}", f"ppl {q['ppl_change']['value'] * 100:+.1f}%",
+             f"top-1 {q['top1_agreement']['value']:.2f}"]
+    if q.get("within_floor") is not None:
+        parts.append("within noise floor" if q["within_floor"] else "beyond noise floor")
+    return " · ".join(parts)
 
 
 def _bracket(capacity: dict | None) -> str:
