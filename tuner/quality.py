@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
+import json
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 import httpx
@@ -90,6 +93,22 @@ class QualityResult:
     within_floor: bool | None = None  # indistinguishable from the reference's own noise
     top_k: int = 0
     n_tokens: int = 0
+    reused_from: int | None = None  # the trial whose measurement this is (same quality key)
+    key: str | None = None  # the quality key it was measured under (`quality_key`)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QualityResult:
+        """The inverse of `as_dict` (a stored result, reused by a configuration of the same quality key)."""
+        def est(e: dict[str, float] | None) -> Estimate | None:
+            return Estimate(e["value"], e["ci_low"], e["ci_high"]) if e else None
+
+        return cls(nll_delta_per_token=est(d["nll_delta_per_token"]), greedy_agreement=est(d["greedy_agreement"]),
+                   exact_match=d["exact_match"], accuracy=est(d.get("accuracy")), n_prompts=d["n_prompts"],
+                   kld=est(d.get("kld")), top1_agreement=est(d.get("top1_agreement")),
+                   ppl_change=est(d.get("ppl_change")),
+                   beyond_floor={k: est(v) for k, v in d["beyond_floor"].items()} if d.get("beyond_floor") else None,
+                   within_floor=d.get("within_floor"), top_k=d.get("top_k", 0), n_tokens=d.get("n_tokens", 0),
+                   reused_from=d.get("reused_from"), key=d.get("key"))
 
     def as_dict(self) -> dict[str, Any]:
         optional = {"kld": self.kld, "top1_agreement": self.top1_agreement, "ppl_change": self.ppl_change}
@@ -102,6 +121,7 @@ class QualityResult:
             **{k: v.as_dict() if v is not None else None for k, v in optional.items()},
             "beyond_floor": {k: v.as_dict() for k, v in self.beyond_floor.items()} if self.beyond_floor else None,
             "within_floor": self.within_floor, "top_k": self.top_k, "n_tokens": self.n_tokens,
+            "reused_from": self.reused_from, "key": self.key,
         }
 
 
@@ -175,6 +195,22 @@ def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> Qu
         raise InputError(f"{flag}: cannot read {spec!r}; write UNIT:LIMIT, e.g. 'kld:0.01', 'ppl:+1%', 'top1:0.99' "
                          f"or a number of nats such as 0.05 ({units})") from None
     return QualityGate(unit, limit)
+
+
+# What a configuration's output quality depends on: the weights and their precision, the KV cache's
+# precision, the attention kernels and the decoding path (speculation). Batching, caching and
+# scheduling knobs change when a token is computed, not which one: configurations that differ only in
+# those share one quality measurement (their differences are the platform's noise, which the floor
+# measures). Unknown engine arguments are counted in, to be safe.
+QUALITY_SETTINGS = ("model", "dtype", "quantization", "kv_cache_dtype", "speculative", "attention_backend",
+                    "load_format", "extra_args")
+
+
+def quality_key(config_json: dict[str, Any]) -> str:
+    """Identity of a configuration's quality (the model named by its directory, as `config_key`)."""
+    ident = {k: config_json.get(k) for k in QUALITY_SETTINGS}
+    ident["model"] = Path(str(ident["model"] or "")).name
+    return "quality:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:

@@ -239,6 +239,9 @@ def main(argv: list[str], console) -> int:
             progress.update(replay_task, description=f"  {f['label']}: replay (engine up in {f['startup_s']:.0f}s)")
         elif event == "quality" and replay_task is not None:
             progress.update(replay_task, info="quality probe")
+        elif event == "quality_reused":
+            console.print(f"  {f['label']}: quality as measured for trial {f['trial']} (same weights, precisions, "
+                          f"kernels and decoding path)", highlight=False)
         elif event == "trial_done":
             obj = " · ".join(f"{k} {_fmt(k, v)}" for k, v in f["objectives"].items())
             feas = "feasible" if all(c <= 0 for c in f["constraints"]) else "[yellow]violates constraints[/]"

@@ -302,6 +302,16 @@ class ResultStore:
                                                       trial_results.c.trial_number == trial_number))
             conn.execute(trial_results.insert().values(**row))
 
+    def measured_qualities(self, study_name: str) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+        """(trial number, config, quality) of every measured trial with a quality result, without
+        reading the heavy columns."""
+        query = select(trial_results.c.trial_number, trial_results.c.config_json, trial_results.c.quality_json) \
+            .where(trial_results.c.study_name == study_name, trial_results.c.status == "measured",
+                   trial_results.c.quality_json.is_not(None)).order_by(trial_results.c.trial_number)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [(n, json.loads(c), json.loads(q)) for n, c, q in rows if c and q]
+
     def trials(self, study_name: str, trial_number: int | None = None) -> list[dict[str, Any]]:
         query = select(trial_results).where(trial_results.c.study_name == study_name)
         if trial_number is not None:

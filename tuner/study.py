@@ -36,7 +36,7 @@ from replay.workers import auto_client_procs, cores
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
 from tuner.quality import (QualityGate, QualityResult, Reference, measure_candidate, measure_reference,
-                           probe_prompts)
+                           probe_prompts, quality_key)
 from tuner.storage import Redactor, ResultStore, normalize_url, owner_is_dead, worker_id
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
@@ -307,6 +307,7 @@ class Tuner:
         self.reference_values: list[float] | None = None
         self.reference_capacity: float | None = None  # the reference's capacity level k
         self.worker = worker_id()
+        self._quality_known: dict[str, tuple[int, dict[str, Any]]] = {}  # quality key -> (trial, quality)
         self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
     # -- one engine run: start, replay, probe, stop ------------------------------------------
@@ -339,12 +340,7 @@ class Tuner:
             self._require_served(server, phase, out["summary"])
             if with_quality:
                 phase = "quality probe"
-                self.report("quality", label=label)
-                if self.reference is None:
-                    prompts = probe_prompts(self.trace, self.s.probe_prompts)
-                    self.reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
-                    out["reference"] = self.reference
-                out["quality"] = measure_candidate(server.endpoint, self.reference)
+                out["quality"] = self._quality(server, config, label)
         except EngineError as exc:
             if phase != "start":
                 self._check_alive(server, phase, cause=exc)
@@ -353,6 +349,26 @@ class Tuner:
             out["log_tail"] = server.process.log_tail() if server.process else ""
             server.stop()
         return out
+
+    def _quality(self, server: VLLMServer, config: VLLMConfig, label: str) -> QualityResult:
+        """The probe on this server, or the stored result of a configuration with the same quality
+        key (weights, precisions, kernels, decoding path: `tuner.quality.quality_key`)."""
+        key = quality_key(json.loads(config.model_dump_json()))
+        if self.reference is not None and label != "reference":
+            known = self._quality_known.get(key) or next(
+                ((n, q) for n, c, q in self.store.measured_qualities(self.s.study_name) if quality_key(c) == key), None)
+            if known is not None:
+                number, stored = known
+                self.report("quality_reused", label=label, trial=number)
+                return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number)
+        self.report("quality", label=label)
+        if self.reference is None:
+            prompts = probe_prompts(self.trace, self.s.probe_prompts)
+            self.reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
+        quality = dataclasses.replace(measure_candidate(server.endpoint, self.reference), key=key)
+        if label.startswith("trial-"):
+            self._quality_known[key] = (int(label.split("-")[1]), quality.as_dict())
+        return quality
 
     def _engine_cores(self, config: VLLMConfig) -> int:
         """Cores the engine keeps busy: all of them on the CPU; its API server and one process per

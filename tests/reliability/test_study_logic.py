@@ -5,6 +5,7 @@ database. The same claims on real vLLM are in this folder's integration tests.""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import sqlite3
@@ -19,7 +20,7 @@ import optuna
 import pytest
 
 from tests.reliability.pg import postgres_url  # noqa: F401 - fixture
-from tests.reliability.scripted import crash, fake_summary, make_tuner
+from tests.reliability.scripted import crash, fake_quality, fake_summary, make_tuner
 from tuner.storage import ResultStore, secret_values, worker_id
 from tuner.study import counted, make_storage, pareto_trials
 
@@ -322,3 +323,26 @@ def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(
     monkeypatch.setattr(study_module, "cores", lambda: 4)  # only two cores free: 1, 2, then no more
     result, summary = tuner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
     assert sent_by == [1, 2] and summary.client_overloaded
+
+
+def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypatch):
+    """A config differing from a measured one only in batching knobs reuses its stored quality (from
+    the database: another worker's, or before a resume); a different KV-cache precision is measured."""
+    import tuner.study as study_module
+    from engine_adapter.vllm_server import VLLMConfig
+    from tuner.quality import ProbeItem, Reference
+
+    tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
+    tuner.reference = Reference(items=[ProbeItem(prompt_ids=[1], reference_ids=[2], reference_logprobs=[-0.5])])
+    measured = []
+    monkeypatch.setattr(study_module, "measure_candidate", lambda endpoint, ref: measured.append(endpoint)
+                        or fake_quality(0.3))
+    first = VLLMConfig(model=tmp_path / "model", max_num_seqs=4)
+    tuner.store.save_trial("s", 0, "measured", config=json.loads(first.model_dump_json()),
+                           quality=tuner._quality(type("S", (), {"endpoint": "server-0"})(), first, "trial-0000").as_dict())
+    tuner._quality_known.clear()  # as a new process (a resume, another worker): only the database knows
+    again = tuner._quality(None, VLLMConfig(model=tmp_path / "model", max_num_seqs=64), "trial-0001")
+    assert again.reused_from == 0 and measured == ["server-0"]
+    fp8 = tuner._quality(type("S", (), {"endpoint": "server-2"})(),
+                         VLLMConfig(model=tmp_path / "model", max_num_seqs=4, kv_cache_dtype="fp8"), "trial-0002")
+    assert fp8.reused_from is None and measured == ["server-0", "server-2"] and fp8.key != again.key

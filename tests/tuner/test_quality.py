@@ -125,3 +125,25 @@ def test_the_gate_judges_beyond_the_floor_in_its_unit():
     raw = {"nll_delta_per_token": {"value": 0.02, "low": 0.01, "high": 0.03}, "kld": None}
     assert parse_gate("0.05").violation(raw) == pytest.approx(-0.03)
     assert parse_gate("kld:0.01").violation(raw) == math.inf and parse_gate("0.05").violation(None) == math.inf
+
+
+def test_the_quality_key_ignores_batching_knobs_and_keeps_what_changes_tokens():
+    from tuner.quality import quality_key
+
+    base = {"model": "/cache/a/SmolLM2", "dtype": None, "quantization": None, "kv_cache_dtype": None,
+            "speculative": {"method": None}, "max_num_seqs": 8, "enable_prefix_caching": True,
+            "enable_chunked_prefill": None, "max_num_batched_tokens": None, "env": {"X": "1"}}
+    same = {**base, "model": "/elsewhere/SmolLM2", "max_num_seqs": 64, "enable_prefix_caching": False,
+            "max_num_batched_tokens": 2048, "env": {}}
+    assert quality_key(base) == quality_key(same)
+    for change in ({"kv_cache_dtype": "fp8"}, {"model": "/cache/SmolLM2-W8A8"}, {"quantization": "fp8"},
+                   {"speculative": {"method": "ngram", "num_speculative_tokens": 3}}, {"dtype": "float32"}):
+        assert quality_key({**base, **change}) != quality_key(base), change
+
+
+def test_a_stored_quality_result_reads_back_whole():
+    from tuner.quality import QualityResult
+
+    result = study(0.05, 0.6)
+    result.reused_from, result.key = 3, "quality:abc"
+    assert QualityResult.from_dict(result.as_dict()).as_dict() == result.as_dict()
