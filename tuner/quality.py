@@ -214,23 +214,38 @@ def quality_key(config_json: dict[str, Any]) -> str:
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:
-    """Up to `n` distinct real prompts (text, expected label) from the trace, in trace order."""
-    seen: set[str] = set()
-    out: list[tuple[str, str | None]] = []
-    for r in trace.records:
+    """`n` distinct real prompts (text, expected label) from the whole trace, across its length mix:
+    the distinct prompts ordered by length, and `n` taken at evenly spaced ranks (the shortest and the
+    longest included), so a trace of short chats with a tail of long documents is probed on both.
+    Prompts with an `expected` label are preferred at equal rank spacing (they add an accuracy score).
+    Returned in trace order."""
+    seen: dict[str, tuple[int, str | None]] = {}
+    for position, r in enumerate(trace.records):
         if r.prompt is not None:
             text = r.prompt
         elif r.messages is not None:
             text = "\n".join(m.content for m in r.messages)
         else:
             continue
-        if text in seen or not text.strip():
-            continue
-        seen.add(text)
-        out.append((text, r.expected))
-        if len(out) >= n:
-            break
-    return out
+        if text.strip() and text not in seen:
+            seen[text] = (position, r.expected)
+    if len(seen) <= n:
+        chosen = list(seen)
+    else:
+        by_length = sorted(seen, key=lambda t: (len(t), seen[t][0]))
+        ranks = sorted({round(i * (len(by_length) - 1) / (n - 1)) for i in range(n)}) if n > 1 else [0]
+        chosen = [_labelled_near(by_length, rank, seen) for rank in ranks]
+    chosen = sorted(set(chosen), key=lambda t: seen[t][0])
+    return [(text, seen[text][1]) for text in chosen]
+
+
+def _labelled_near(by_length: list[str], rank: int, seen: dict[str, tuple[int, str | None]], reach: int = 2) -> str:
+    """The prompt at `rank`, or a labelled one within `reach` ranks of it."""
+    for offset in (0, *[d for k in range(1, reach + 1) for d in (k, -k)]):
+        i = rank + offset
+        if 0 <= i < len(by_length) and seen[by_length[i]][1] is not None:
+            return by_length[i]
+    return by_length[rank]
 
 
 def _complete(client: httpx.Client, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:

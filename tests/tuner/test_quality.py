@@ -147,3 +147,21 @@ def test_a_stored_quality_result_reads_back_whole():
     result = study(0.05, 0.6)
     result.reused_from, result.key = 3, "quality:abc"
     assert QualityResult.from_dict(result.as_dict()).as_dict() == result.as_dict()
+
+
+def test_probe_prompts_span_the_traces_length_mix_not_only_its_start():
+    from replay.trace import Trace, TraceRecord
+    from tuner.quality import probe_prompts
+
+    # 40 short chats first, then 10 long documents: the first 8 prompts would all be short.
+    records = [TraceRecord(timestamp=i, prompt=f"hi {i}", output_length=4) for i in range(40)]
+    records += [TraceRecord(timestamp=40 + i, prompt="doc " * (200 + 10 * i), output_length=4) for i in range(10)]
+    records.append(TraceRecord(timestamp=60, prompt="hi 3", output_length=4))  # a repeat: once
+    chosen = probe_prompts(Trace(source="t", records=records), 8)
+    lengths = sorted(len(text) for text, _ in chosen)
+    assert len(chosen) == 8 and len({t for t, _ in chosen}) == 8
+    assert lengths[0] == min(len(r.prompt) for r in records) and lengths[-1] == max(len(r.prompt) for r in records)
+    assert sum(length > 100 for length in lengths) >= 2  # the long tail is probed
+    assert [t for t, _ in chosen] == sorted((t for t, _ in chosen), key=lambda t: [r.prompt for r in records].index(t))
+    few = probe_prompts(Trace(source="t", records=records[:3]), 8)
+    assert [t for t, _ in few] == ["hi 0", "hi 1", "hi 2"]
