@@ -45,7 +45,10 @@ def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
     assert spec["greedy_agreement"]["value"] == 1.0 and spec["exact_match"] == 1.0
     assert abs(spec["nll_delta_per_token"]["value"]) < 1e-3
     q8 = rows[2]["quality"]
-    assert q8["nll_delta_per_token"]["ci_low"] > spec["nll_delta_per_token"]["ci_high"]
+    # The KL divergence separates them with a few probe tokens (it is >= 0 at every position); the mean
+    # NLL delta is noisier (its interval over 4 prompts measured [-0.012, +0.066] here) but above zero.
+    assert q8["kld"]["ci_low"] > spec["kld"]["ci_high"]
+    assert q8["nll_delta_per_token"]["value"] > spec["nll_delta_per_token"]["value"]
     assert rows[0]["engine"]["spec_decode_draft_tokens"] > 0
     assert "W8A8" in rows[2]["config"]["model"]
 
