@@ -30,6 +30,8 @@ METRICS: dict[str, str] = {
     "error_rate": "minimize", "prefix_cache_hit_rate": "maximize", "spec_acceptance_rate": "maximize",
     "capacity": "maximize", "capacity_scale": "maximize",  # at the SLO: req/s per GPU, and the load factor k
     "usd_per_1m_output_tokens": "minimize",  # at capacity, with the study's --gpu-hour-cost
+    # quality in the units quantization is judged by (tuner.quality), vs the reference
+    "kld": "minimize", "ppl_change": "minimize", "top1_agreement": "maximize",
 }
 # Categories of a trial in the Pareto view, in drawing order.
 CATEGORIES = ("pareto", "dominated", "infeasible", "failed", "running")
@@ -50,6 +52,9 @@ def metric_label(name: str) -> tuple[str, float]:
         "capacity": ("capacity (req/s per GPU at the SLO)", 1.0),
         "capacity_scale": ("capacity_scale (x the trace's rate at the SLO)", 1.0),
         "usd_per_1m_output_tokens": ("$ per 1M output tokens at capacity", 1.0),
+        "kld": ("KL divergence from the reference (nats/token, top-20)", 1.0),
+        "ppl_change": ("perplexity change vs reference (%)", 100.0),
+        "top1_agreement": ("top-1 agreement with the reference", 1.0),
     }.get(name, (name, 1.0))
 
 
@@ -71,9 +76,9 @@ def metric_value(name: str, summary: dict | None, quality: dict | None, engine: 
             return _num(summary["latency_s"][head][stat]["value"])
         except (KeyError, TypeError):
             return math.nan
-    if name == "quality_loss":
+    if name in ("quality_loss", "kld", "ppl_change", "top1_agreement"):
         try:
-            return _num(quality["nll_delta_per_token"]["value"])
+            return _num(quality["nll_delta_per_token" if name == "quality_loss" else name]["value"])
         except (KeyError, TypeError):
             return math.nan
     key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}
@@ -192,8 +197,10 @@ class StudyView:
         """The reference run's value of a metric (its quality loss is 0 by definition)."""
         if not self.reference or not self.reference.get("summary"):
             return math.nan
-        if name == "quality_loss":
+        if name in ("quality_loss", "kld", "ppl_change"):
             return 0.0
+        if name == "top1_agreement":
+            return 1.0
         return metric_value(name, self.reference["summary"], None)
 
 
@@ -243,7 +250,24 @@ def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
             out.setdefault(f"{slo.metric}_{slo.stat}", []).append((f"SLO {slo}", slo.threshold_s))
     if study.max_quality_loss is not None:
         out.setdefault("quality_loss", []).append((f"quality gate {study.max_quality_loss:g}", study.max_quality_loss))
+    gate = _gate_of(study.quality_gate)
+    if gate is not None and gate.unit != "nats":
+        metric = {"kld": "kld", "ppl": "ppl_change", "top1": "top1_agreement"}[gate.unit]
+        out.setdefault(metric, []).append((f"quality gate {gate} (beyond the noise floor)", gate.limit))
     return out
+
+
+def _gate_of(text: str | None) -> Any:
+    """The study's quality gate as a `tuner.quality.QualityGate` (from its stored text), or None."""
+    if not text:
+        return None
+    from tuner.quality import parse_gate
+
+    spec = text.replace("<=+", ":").replace(">=", ":").replace("<=", ":")
+    try:
+        return parse_gate(spec)
+    except InputError:
+        return None
 
 
 # -- conditions (table filters and --pick) ------------------------------------------------------

@@ -95,6 +95,21 @@ def test_thresholds_from_slos_and_quality_gate(study):
     assert lines["quality_loss"][0][1] == 0.05
 
 
+def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
+    import dataclasses as dc
+
+    quality = {"nll_delta_per_token": {"value": 0.02}, "kld": {"value": 0.013}, "ppl_change": {"value": 0.021},
+               "top1_agreement": {"value": 0.94}}
+    assert data.metric_value("kld", {}, quality) == pytest.approx(0.013)
+    assert data.metric_value("top1_agreement", {}, quality) == pytest.approx(0.94)
+    assert data.metric_label("ppl_change") == ("perplexity change vs reference (%)", 100.0)
+    assert math.isnan(data.metric_value("kld", {}, {"nll_delta_per_token": {"value": 0.1}}))  # an older study
+    for gate, metric, limit in (("kld<=0.01", "kld", 0.01), ("ppl<=+1%", "ppl_change", 0.01),
+                                ("top1>=0.99", "top1_agreement", 0.99)):
+        lines = data.thresholds(dc.replace(study, quality_gate=gate))
+        assert lines[metric] == [(f"quality gate {gate} (beyond the noise floor)", pytest.approx(limit))]
+
+
 def test_parse_conditions_units_and_errors():
     conds = data.parse_conditions("ttft_p99<500ms and output_tps>=20, quality_loss <= 0.01")
     assert [(c.metric, c.op, c.value) for c in conds] == [("ttft_p99", "<", pytest.approx(0.5)),
