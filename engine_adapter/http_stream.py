@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import resource
 import ssl as ssl_module
 import urllib.parse
@@ -60,6 +61,12 @@ def connection_budget() -> int:
     return max(raise_fd_limit() - FD_RESERVE, 16)
 
 
+@functools.lru_cache(maxsize=64)
+def origin_of(base_url: str) -> Origin:
+    """The parsed origin of a base URL (parsed once: every request of a replay shares it)."""
+    return Origin(base_url)
+
+
 class Origin:
     """Scheme, host and port of a base URL, with the path prefix requests are sent under."""
 
@@ -81,8 +88,8 @@ class Exchange:
     """Parser of one HTTP response, fed with the bytes as they arrive.
 
     A 200 answer's body goes to `on_data` as lists of server-sent events' payloads (the bytes after
-    `data:`), the complete events of each read at once; any other status collects its body for the error message. `done` resolves when the
-    response is complete (or with the exception that ended it).
+    `data:`), the complete events of each read at once; any other status collects its body for the
+    error message. `done` resolves when the response is complete (or with the exception that ended it).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_data: Callable[[list[bytes]], None]) -> None:
@@ -317,7 +324,7 @@ class Session:
                      headers: dict[str, str] | None = None) -> Exchange:
         """POST `body` (JSON) to base_url + path; feed each SSE payload of a 200 answer to `on_data`.
         Returns the finished exchange (its `status`, `error_body`); raises on transport errors."""
-        origin = Origin(base_url)
+        origin = origin_of(base_url)
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
         head = self._head(origin, path, len(body), headers)
@@ -333,13 +340,12 @@ class Session:
                 try:
                     await exchange.done
                 except ServerClosed:
-                    conn.close()
+                    self._drop(conn)
                     if reused and not exchange.received and attempt == 0:
                         continue  # the server had closed this idle connection: send it once more
                     raise
                 except BaseException:
-                    conn.close()
-                    self._all.discard(conn)
+                    self._drop(conn)
                     raise
                 finally:
                     conn.exchange = None
@@ -360,7 +366,7 @@ class Session:
             conn = idle.pop()
             if conn.usable():
                 return conn
-            self._all.discard(conn)
+            self._drop(conn)
         loop = asyncio.get_running_loop()
         if origin.tls and self._tls is None:
             self._tls = ssl_module.create_default_context()
@@ -379,6 +385,10 @@ class Session:
         if keep_alive and conn.usable():
             self._idle.setdefault(origin.key, deque()).append(conn)
         else:
-            conn.close()
-            self._all.discard(conn)
+            self._drop(conn)
+
+    def _drop(self, conn: Connection) -> None:
+        """Close a connection and forget it."""
+        conn.close()
+        self._all.discard(conn)
 

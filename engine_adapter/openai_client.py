@@ -114,7 +114,7 @@ class EventReader:
         self.parts: list[str] = []
 
     def __call__(self, payloads: list[bytes]) -> None:
-        clock, t0, key, times = self.clock, self.t0, self.key, self.out.chunk_times_s
+        clock, t0, key = self.clock, self.t0, self.key
         for payload in payloads:
             if payload == b"[DONE]":
                 continue
@@ -123,9 +123,7 @@ class EventReader:
             if plain is None:
                 self._parse(payload, now)
             elif plain:
-                if not times and self.on_first_output:
-                    self.on_first_output()
-                times.append(now)
+                self._output(now)
 
     @staticmethod
     def _plain_text(payload: bytes, key: bytes) -> bool | None:
@@ -192,11 +190,10 @@ async def stream_completion(
     `keep_text=False` skips collecting the text (a replay needs only timings and counts);
     `on_first_output` is called when the first output text arrives; `body`, if given, is the
     request already encoded by `encoded_request` (a replay encodes before its clock starts)."""
-    path, payload = request_body(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
-                                 ignore_eos=ignore_eos, temperature=temperature, extra_body=extra_body) \
-        if body is None else (_CHAT_PATH if messages is not None else _COMPLETION_PATH, None)
+    path = _CHAT_PATH if messages is not None else _COMPLETION_PATH
     if body is None:
-        body = json.dumps(payload).encode()
+        body = encoded_request(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
+                               ignore_eos=ignore_eos, temperature=temperature, extra_body=extra_body)
     out = StreamedCompletion()
     t0 = clock()
     out.send_time_s = t0
@@ -219,7 +216,6 @@ async def stream_completion(
     out.end_time_s = clock() - t0
     out.text = "".join(reader.parts)
     return out
-
 
 
 def encoded_request(*, model: str, prompt: str | None, messages: list[dict[str, Any]] | None, max_tokens: int,
