@@ -511,12 +511,12 @@ class LevelRunner:
     def _procs(self, requests: Sequence[PreparedRequest], repeat: bool) -> int:
         """Client processes for a level; a level the client could not keep up with is measured
         again with twice as many, where the machine has the cores."""
-        from replay.workers import auto_client_procs, cores
+        from replay.workers import auto_client_procs, more_client_procs
 
         procs = self.client_procs or auto_client_procs(requests, self.engine_cores)
         last = self.measured[-1][0] if self.measured else None
         if repeat and last is not None and last.client_overloaded and not last.passed:
-            procs = max(procs, min(2 * last.client_procs, cores() - self.engine_cores))
+            procs = max(procs, more_client_procs(last.client_procs, self.engine_cores))
         return max(procs, 1)
 
     def _pool_of(self, procs: int) -> Any:

@@ -64,14 +64,12 @@ def engine_cores(args: argparse.Namespace, engine_info: dict, config: Any) -> in
     address, none for a remote endpoint."""
     import urllib.parse
 
-    from replay.workers import cores
+    from replay.workers import engine_cores as started_engine_cores
 
     if args.endpoint:
         host = urllib.parse.urlsplit(args.endpoint).hostname or ""
         return 1 if host in ("127.0.0.1", "localhost", "::1") else 0
-    if engine_info.get("platform") == "cpu":
-        return cores()
-    return 1 + (config.gpus() if config is not None else 1)
+    return started_engine_cores(engine_info.get("platform", ""), config.gpus() if config is not None else 1)
 
 
 def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info: dict, config: Any) -> int:

@@ -333,7 +333,8 @@ def quiet_gc() -> Iterator[None]:
         gc.collect()
 
 
-def _loop_runner() -> Callable[[Any], Any]:
+def loop_runner() -> Callable[[Any], Any]:
+    """uvloop's `run` where installed (the client's numbers were measured on it), else asyncio's."""
     try:
         import uvloop
         return uvloop.run
@@ -382,7 +383,7 @@ def _pooled(base_url, model, requests, options, engine, headers, on_progress, st
         before = await asyncio.to_thread(engine.metrics) if engine is not None else None
         return failed, before
 
-    warm_failed, before = _loop_runner()(warm_up())
+    warm_failed, before = loop_runner()(warm_up())
     run = pool.run(base_url, model, measured, options, headers=headers, stop_when=stop_when, on_progress=on_progress)
     delta = engine.metrics().delta(before) if engine is not None and before is not None else None
     return ReplayResult(records=run.records, duration_s=run.duration_s, options=options, engine_delta=delta,
@@ -406,7 +407,7 @@ def _single(base_url, model, requests, options, engine, headers, on_progress, st
         return records, duration, warm_failed, delta
 
     with quiet_gc():
-        records, duration, warm_failed, delta = _loop_runner()(main())
+        records, duration, warm_failed, delta = loop_runner()(main())
     planned = max(len(requests) - min(options.warmup_requests, len(requests)), 0)
     return ReplayResult(records=records, duration_s=duration, options=options, engine_delta=delta,
                         warmup_errors=warm_failed, abandoned=replayer.abandoned, sent=replayer.sent, planned=planned,

@@ -26,7 +26,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from replay.runner import InFlight, PreparedRequest, ReplayOptions, Replayer, RequestRecord, StopWhen, quiet_gc
+from replay.runner import (InFlight, PreparedRequest, ReplayOptions, Replayer, RequestRecord, StopWhen, loop_runner,
+                           quiet_gc)
 
 # Requests per second one client process offers on one core with its schedule lag p99 well under the
 # bound (measured with benchmarks/harness_ceiling.py, 32 output tokens a request; see README): the
@@ -51,6 +52,18 @@ def peak_rate(requests: Sequence[PreparedRequest], window_s: float = 1.0) -> flo
         return float(times.size) / window_s
     ends = np.searchsorted(times, times + window_s, side="left")
     return float((ends - np.arange(times.size)).max()) / window_s
+
+
+def engine_cores(platform: str, gpus: int) -> int:
+    """Cores an engine this tool starts keeps busy: all of them on the CPU; its API server and one
+    engine process per GPU on a GPU host. The client processes get the rest."""
+    return cores() if platform == "cpu" else 1 + gpus
+
+
+def more_client_procs(procs: int, engine_cores: int) -> int:
+    """For a replay the client could not keep up with: twice the processes, within the cores the
+    engine leaves (not more than `procs` when there are none to add)."""
+    return min(2 * procs, cores() - engine_cores)
 
 
 def auto_client_procs(requests: Sequence[PreparedRequest], engine_cores: int) -> int:
@@ -157,11 +170,7 @@ def _receive(conn: multiprocessing.connection.Connection, i: int) -> tuple[str, 
 
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     """A client process: run each replay it is sent, reporting progress, until told to exit."""
-    try:
-        import uvloop
-        run_loop = uvloop.run
-    except ImportError:
-        run_loop = asyncio.run
+    run_loop = loop_runner()
     while True:
         try:
             message = conn.recv()

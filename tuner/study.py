@@ -32,7 +32,7 @@ from replay.capacity import CapacityOptions, LevelRunner, settle
 from replay.metrics import SLO, STATS, Summary, summarize
 from replay.runner import ReplayOptions, ReplayResult, prepare, replay
 from replay.trace import Trace
-from replay.workers import auto_client_procs, cores
+from replay import workers
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
 from tuner.quality import (QualityGate, QualityResult, Reference, measure_candidate, measure_reference,
@@ -371,9 +371,7 @@ class Tuner:
         return quality
 
     def _engine_cores(self, config: VLLMConfig) -> int:
-        """Cores the engine keeps busy: all of them on the CPU; its API server and one process per
-        GPU on a GPU host. The client processes get the rest."""
-        return cores() if self.platform.value == "cpu" else 1 + config.gpus()
+        return workers.engine_cores(self.platform.value, config.gpus())
 
     def _trace_rate_replay(self, server: VLLMServer, label: str, engine_cores: int) -> tuple[ReplayResult, Summary]:
         """The trace at its own rate. A replay whose client could not keep the schedule (its
@@ -381,13 +379,13 @@ class Tuner:
         client processes while the machine has the cores; what is still overloaded then is
         reported as unmeasurable by `_measured`, never as the engine's failure."""
         n_warm = min(self.s.replay.warmup_requests, len(self.requests))
-        procs = self.s.client_procs or auto_client_procs(self.requests[n_warm:], engine_cores)
+        procs = self.s.client_procs or workers.auto_client_procs(self.requests[n_warm:], engine_cores)
         while True:
             result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
                             engine=server, headers=self.headers or None, on_progress=self.on_replay_progress,
                             client_procs=procs)
             summary = summarize(result, self.s.slos)
-            more = min(2 * procs, cores() - engine_cores)
+            more = workers.more_client_procs(procs, engine_cores)
             if not summary.client_overloaded or more <= procs:
                 return result, summary
             self.report("client_overloaded", label=label, procs=more, lag_p99_s=summary.schedule_lag.get("p99", 0.0))
@@ -676,7 +674,7 @@ class Tuner:
             study.set_user_attr("slos", [str(s) for s in self.s.slos])
             gate = self.s.max_quality_loss
             if isinstance(gate, QualityGate):
-                study.set_user_attr("quality_gate", str(gate))
+                study.set_user_attr("quality_gate", gate.spec)
                 # The nats limit is drawn on the quality_loss axis (nats per token) by the dashboard.
                 study.set_user_attr("max_quality_loss", gate.limit if gate.unit == "nats" else None)
             else:
