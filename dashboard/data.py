@@ -172,7 +172,7 @@ class StudyView:
     platform: str                       # the platform the study measured on (cpu | cuda | unknown)
     decision: Any = None                # tuner.front.Decision over the study objectives (reference included)
     economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate
-    quality_gate: str | None = None     # the gate as given, in its unit (e.g. "kld<=0.01")
+    quality_gate: Any = None            # tuner.quality.QualityGate, shown as e.g. "kld<=0.01"
 
     def costs(self, summary: dict | None) -> dict[str, float]:
         """$ per 1M tokens and replicas/GPUs for the study's --gpu-hour-cost / --target-rate."""
@@ -250,22 +250,20 @@ def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
             out.setdefault(f"{slo.metric}_{slo.stat}", []).append((f"SLO {slo}", slo.threshold_s))
     if study.max_quality_loss is not None:
         out.setdefault("quality_loss", []).append((f"quality gate {study.max_quality_loss:g}", study.max_quality_loss))
-    gate = _gate_of(study.quality_gate)
+    gate = study.quality_gate
     if gate is not None and gate.unit != "nats":
         metric = {"kld": "kld", "ppl": "ppl_change", "top1": "top1_agreement"}[gate.unit]
         out.setdefault(metric, []).append((f"quality gate {gate} (beyond the noise floor)", gate.limit))
     return out
 
 
-def _gate_of(text: str | None) -> Any:
-    """The study's quality gate as a `tuner.quality.QualityGate` (from its stored text), or None."""
-    if not text:
-        return None
+def _gate_of(attrs: dict[str, Any]) -> Any:
+    """The study's quality gate (`tuner.quality.QualityGate`): its stored spec, or the plain nats
+    limit of a study made before gates had units; None without one (or one this version cannot read)."""
     from tuner.quality import parse_gate
 
-    spec = text.replace("<=+", ":").replace(">=", ":").replace("<=", ":")
     try:
-        return parse_gate(spec)
+        return parse_gate(attrs.get("quality_gate") or attrs.get("max_quality_loss"))
     except InputError:
         return None
 
@@ -597,8 +595,7 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
-                     quality_gate=attrs.get("quality_gate") or (f"nats<={attrs['max_quality_loss']:g}"
-                                                                if attrs.get("max_quality_loss") is not None else None))
+                     quality_gate=_gate_of(attrs))
     with_costs(view)
     mark_front(view)
     return view

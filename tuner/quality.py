@@ -142,6 +142,11 @@ class QualityGate:
     unit: str  # nats | kld | ppl | top1
     limit: float  # ppl: a fraction (0.01 for +1%)
 
+    @property
+    def spec(self) -> str:
+        """The gate as `parse_gate` reads it (what a study stores)."""
+        return f"ppl:+{self.limit * 100:g}%" if self.unit == "ppl" else f"{self.unit}:{self.limit:g}"
+
     def __str__(self) -> str:
         if self.unit == "ppl":
             return f"ppl<=+{self.limit * 100:g}%"
@@ -156,11 +161,10 @@ class QualityGate:
         if self.unit == "top1":
             top1 = quality.get("top1_agreement")
             return self.limit - top1["value"] if top1 else math.inf
-        nll = _beyond_floor(quality, "nll") if self.unit in ("nats", "ppl") else _beyond_floor(quality, "kld")
-        if nll is None:
+        loss = _beyond_floor(quality, "nll" if self.unit in ("nats", "ppl") else "kld")
+        if loss is None:
             return math.inf
-        value = math.expm1(nll) if self.unit == "ppl" else nll
-        return value - self.limit
+        return (math.expm1(loss) if self.unit == "ppl" else loss) - self.limit
 
 
 def _beyond_floor(quality: dict[str, Any], unit: str) -> float | None:

@@ -104,10 +104,16 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
     assert data.metric_value("top1_agreement", {}, quality) == pytest.approx(0.94)
     assert data.metric_label("ppl_change") == ("perplexity change vs reference (%)", 100.0)
     assert math.isnan(data.metric_value("kld", {}, {"nll_delta_per_token": {"value": 0.1}}))  # an older study
-    for gate, metric, limit in (("kld<=0.01", "kld", 0.01), ("ppl<=+1%", "ppl_change", 0.01),
-                                ("top1>=0.99", "top1_agreement", 0.99)):
-        lines = data.thresholds(dc.replace(study, quality_gate=gate))
+    from tuner.quality import parse_gate
+
+    for spec, gate, metric, limit in (("kld:0.01", "kld<=0.01", "kld", 0.01),
+                                      ("ppl:+1%", "ppl<=+1%", "ppl_change", 0.01),
+                                      ("top1:0.99", "top1>=0.99", "top1_agreement", 0.99)):
+        stored = data._gate_of({"quality_gate": parse_gate(spec).spec, "max_quality_loss": None})
+        lines = data.thresholds(dc.replace(study, quality_gate=stored))
         assert lines[metric] == [(f"quality gate {gate} (beyond the noise floor)", pytest.approx(limit))]
+    # A study from before gates had units: its plain nats limit; one without a gate: none.
+    assert str(data._gate_of({"max_quality_loss": 0.05})) == "nats<=0.05" and data._gate_of({}) is None
 
 
 def test_parse_conditions_units_and_errors():

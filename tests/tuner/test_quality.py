@@ -165,3 +165,11 @@ def test_probe_prompts_span_the_traces_length_mix_not_only_its_start():
     assert [t for t, _ in chosen] == sorted((t for t, _ in chosen), key=lambda t: [r.prompt for r in records].index(t))
     few = probe_prompts(Trace(source="t", records=records[:3]), 8)
     assert [t for t, _ in few] == ["hi 0", "hi 1", "hi 2"]
+
+
+def test_a_gate_reads_back_from_its_stored_spec():
+    from tuner.quality import parse_gate
+
+    for text in ("0.05", "kld:0.01", "ppl:+2.5%", "top1:0.99"):
+        gate = parse_gate(text)
+        assert parse_gate(gate.spec) == gate
