@@ -6,8 +6,8 @@ import math
 from typing import Any, Sequence
 
 from dashboard import capacity
-from dashboard.data import (StudyView, TrialView, diff_text, display_value, front_line, latency_cdfs, metric_label,
-                            request_records, thresholds, timeline)
+from dashboard.data import (StudyView, TrialView, diff_text, display_value, floor_band, front_line, latency_cdfs,
+                            metric_label, request_records, thresholds, timeline)
 
 STYLE = {
     "pareto": dict(name="Pareto front", color="#1f6feb", symbol="circle", size=15, opacity=1.0),
@@ -75,6 +75,8 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
             fig.add_trace(go.Scatter(x=_scaled(xs, x), y=_scaled(ys, y), mode="lines", name="front on these axes",
                                      line=dict(color="#1f6feb", dash="dot", width=1.5), hoverinfo="skip"))
         lines = thresholds(study)
+        bands = {a: band for a in (x, y) if (band := floor_band(study, a)) is not None}
+        _draw_floor_bands(fig, bands, x, y)
         for label, value in lines.get(x, []):
             fig.add_vline(x=_scaled([value], x)[0], line=dict(color="#dc2626", dash="dash"),
                           annotation_text=label, annotation_position="top left")
@@ -86,6 +88,7 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
         for axis, name in (("xaxis", x), ("yaxis", y)):
             values = [v for trace in fig.data for v in (getattr(trace, axis[0]) or []) if v is not None]
             values += [_scaled([value], name)[0] for _, value in lines.get(name, [])]
+            values += _scaled(list(bands.get(name, ())), name)
             if values:
                 lo, hi = min(values), max(values)
                 pad = (hi - lo) * 0.12 or abs(hi) * 0.1 or 1.0
@@ -98,6 +101,18 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
                       title=f"study {study.name}: {len([t for t in study.trials if t.measured])} measured of "
                             f"{len(study.trials)} trials", template="plotly_white")
     return fig
+
+
+def _draw_floor_bands(fig: Any, bands: dict[str, tuple[float, float]], x: str, y: str) -> None:
+    """The reference's own noise on a quality axis, as a grey band (a line where it is zero wide)."""
+    style = dict(fillcolor="#94a3b8", opacity=0.25, line=dict(color="#64748b", width=1, dash="dot"), layer="below",
+                 annotation_text="noise floor (reference vs itself)")
+    if x in bands:
+        lo, hi = _scaled(list(bands[x]), x)
+        fig.add_vrect(x0=lo, x1=hi, annotation_position="bottom left", **style)
+    if y in bands:
+        lo, hi = _scaled(list(bands[y]), y)
+        fig.add_hrect(y0=lo, y1=hi, annotation_position="top left", **style)
 
 
 def cdf_figure(trials: Sequence[TrialView], metric: str):

@@ -19,6 +19,7 @@ from dashboard import capacity
 from engine_adapter.errors import InputError
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
 from tuner.front import REFERENCE, Candidate, decide, dominates, economics
+from tuner.quality import floor_estimates, floor_text
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
@@ -173,6 +174,15 @@ class StudyView:
     decision: Any = None                # tuner.front.Decision over the study objectives (reference included)
     economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate
     quality_gate: Any = None            # tuner.quality.QualityGate, shown as e.g. "kld<=0.01"
+    noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # tuner.quality.floor_estimates
+    floor_text: str = ""                # the floor in one line, with the probe's size ("" without one)
+
+    @property
+    def quality_check(self) -> str:
+        """The probe's self-check: lossless-by-construction trials within the floor, or too noisy."""
+        from tuner.quality import self_check
+
+        return self_check([(t.number, t.quality) for t in self.trials])
 
     def costs(self, summary: dict | None) -> dict[str, float]:
         """$ per 1M tokens and replicas/GPUs for the study's --gpu-hour-cost / --target-rate."""
@@ -255,6 +265,19 @@ def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
         metric = {"kld": "kld", "ppl": "ppl_change", "top1": "top1_agreement"}[gate.unit]
         out.setdefault(metric, []).append((f"quality gate {gate} (beyond the noise floor)", gate.limit))
     return out
+
+
+def floor_band(study: StudyView, metric: str) -> tuple[float, float] | None:
+    """The range of a quality metric that the reference's own noise covers (drawn as a band): what a
+    configuration measures inside it cannot be told apart from vLLM's defaults."""
+    floor = study.noise_floor
+    unit = {"quality_loss": "nll", "kld": "kld", "ppl_change": "ppl", "top1_agreement": "top1"}.get(metric)
+    if unit not in floor:
+        return None
+    est = floor[unit]
+    if unit == "top1":
+        return min(1.0, est.low), 1.0
+    return min(0.0, est.low), max(0.0, est.high)
 
 
 def _gate_of(attrs: dict[str, Any]) -> Any:
@@ -595,7 +618,8 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
-                     quality_gate=_gate_of(attrs))
+                     quality_gate=_gate_of(attrs), noise_floor=floor_estimates(reference and reference.get("probe")),
+                     floor_text=floor_text(reference and reference.get("probe")))
     with_costs(view)
     mark_front(view)
     return view

@@ -14,6 +14,7 @@ from dashboard.cli import ENV_STORAGE, ENV_STUDY
 from dashboard.export import (FILE_NAMES, FORMATS, ExportOptions, ReferenceIsBest, best_rule, best_trial, export,
                               parse_pick, pick_for)
 from engine_adapter.errors import TuneError
+from tuner.quality import verdict
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
 LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
@@ -50,8 +51,11 @@ def _default_trial(study: data.StudyView) -> int | None:
     return measured[0].number if measured else (study.trials[0].number if study.trials else None)
 
 
-def _reference_banner(study: data.StudyView) -> None:
-    """The verdict when vLLM's defaults win, and which trials they beat on every objective."""
+def _verdict_banners(study: data.StudyView) -> None:
+    """The quality probe when it is too noisy; the verdict when vLLM's defaults win, and which trials they beat."""
+    check = study.quality_check
+    if "too noisy" in check:
+        st.warning(check[:1].upper() + check[1:], icon=":material/blur_on:")
     decision = study.decision
     if decision is None:
         return
@@ -86,7 +90,7 @@ def page_pareto(study: data.StudyView) -> None:
     z = None
     if three_d:
         z = c4.selectbox("z axis", metrics, index=index(2, "quality_loss"), key="pareto_z")
-    _reference_banner(study)
+    _verdict_banners(study)
     fig = charts.pareto_figure(study, x, y, z)
     if z:
         st.plotly_chart(fig, key="pareto_chart_3d")
@@ -236,7 +240,11 @@ def page_detail(study: data.StudyView) -> None:
             k3.metric("exact match", "-" if q.get("exact_match") is None else f"{q['exact_match']:.1%}")
             if q.get("accuracy") is not None:
                 st.caption(f"accuracy on labelled prompts: {q['accuracy']:.1%}")
-            st.caption(f"{q.get('n_prompts', '?')} probe prompts")
+            st.caption(f"{q.get('n_prompts', '?')} probe prompts"
+                       + (f", {q['n_tokens']} tokens" if q.get("n_tokens") else "")
+                       + (f" · {verdict(q)}" if verdict(q) else "")
+                       + (f" · measured for trial {q['reused_from']} (same quality key)"
+                          if q.get("reused_from") is not None else ""))
     with st.expander("Full engine config", expanded=False):
         st.json(t.config or t.params)
     if t.log_tail:
@@ -274,7 +282,7 @@ def page_export(study: data.StudyView) -> None:
         st.info("no measured trial to export yet")
         return
     if study.decision is not None and study.decision.reference_is_best:
-        _reference_banner(study)
+        _verdict_banners(study)
     c1, c2 = st.columns([2, 3])
     how = c1.radio("Choose the trial", ["by number", "by rule (--pick)"], horizontal=True, key="export_how")
     trial = None
@@ -363,6 +371,8 @@ def main() -> None:
             st.caption("constraints: " + ", ".join(study.slos + ([f"quality {study.quality_gate} (beyond the noise floor)"]
                                                                  if study.quality_gate else [])))
         st.caption(f"measured on: {study.platform}")
+        if study.floor_text:
+            st.caption(f"quality {study.floor_text}")
 
     def body() -> None:
         current = _load(url, name)

@@ -95,6 +95,13 @@ class QualityResult:
     n_tokens: int = 0
     reused_from: int | None = None  # the trial whose measurement this is (same quality key)
     key: str | None = None  # the quality key it was measured under (`quality_key`)
+    lossless: bool | None = None  # lossless by construction (`lossless_by_construction`)
+
+    @property
+    def probe_noisy(self) -> bool:
+        """A configuration that cannot change the output measured beyond the floor: the probe is too
+        noisy on this platform to tell such differences apart, the configuration is not to blame."""
+        return bool(self.lossless) and self.within_floor is False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QualityResult:
@@ -108,7 +115,7 @@ class QualityResult:
                    ppl_change=est(d.get("ppl_change")),
                    beyond_floor={k: est(v) for k, v in d["beyond_floor"].items()} if d.get("beyond_floor") else None,
                    within_floor=d.get("within_floor"), top_k=d.get("top_k", 0), n_tokens=d.get("n_tokens", 0),
-                   reused_from=d.get("reused_from"), key=d.get("key"))
+                   reused_from=d.get("reused_from"), key=d.get("key"), lossless=d.get("lossless"))
 
     def as_dict(self) -> dict[str, Any]:
         optional = {"kld": self.kld, "top1_agreement": self.top1_agreement, "ppl_change": self.ppl_change}
@@ -122,6 +129,7 @@ class QualityResult:
             "beyond_floor": {k: v.as_dict() for k, v in self.beyond_floor.items()} if self.beyond_floor else None,
             "within_floor": self.within_floor, "top_k": self.top_k, "n_tokens": self.n_tokens,
             "reused_from": self.reused_from, "key": self.key,
+            "lossless": self.lossless, "probe_noisy": self.probe_noisy,
         }
 
 
@@ -155,9 +163,15 @@ class QualityGate:
         return f"{self.unit}<={self.limit:g}"
 
     def violation(self, quality: dict[str, Any] | None) -> float:
-        """<= 0 when the gate holds (Optuna's convention); inf when the unit was not measured."""
+        """<= 0 when the gate holds (Optuna's convention); inf when the unit was not measured. A
+        configuration lossless by construction passes: what it measured beyond the floor is the
+        probe's noise (its verdict says so), not a loss of the configuration."""
         if not quality:
             return math.inf
+        measured = self._measured_violation(quality)
+        return min(measured, 0.0) if quality.get("lossless") else measured
+
+    def _measured_violation(self, quality: dict[str, Any]) -> float:
         if self.unit == "top1":
             top1 = quality.get("top1_agreement")
             return self.limit - top1["value"] if top1 else math.inf
@@ -210,11 +224,79 @@ QUALITY_SETTINGS = ("model", "dtype", "quantization", "kv_cache_dtype", "specula
                     "load_format", "extra_args")
 
 
-def quality_key(config_json: dict[str, Any]) -> str:
-    """Identity of a configuration's quality (the model named by its directory, as `config_key`)."""
-    ident = {k: config_json.get(k) for k in QUALITY_SETTINGS}
+# Settings that cannot change the output distribution by construction: speculative decoding verifies
+# every draft token against the target model, which keeps the target's distribution.
+LOSSLESS_SETTINGS = ("speculative",)
+
+
+def _quality_settings(config_json: dict[str, Any], settings: Sequence[str] = QUALITY_SETTINGS) -> dict[str, Any]:
+    """The settings a configuration's quality depends on (the model named by its directory, as `config_key`)."""
+    ident = {k: config_json.get(k) for k in settings}
     ident["model"] = Path(str(ident["model"] or "")).name
+    return ident
+
+
+def quality_key(config_json: dict[str, Any]) -> str:
+    """Identity of a configuration's quality."""
+    ident = _quality_settings(config_json)
     return "quality:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
+
+
+def lossless_by_construction(config_json: dict[str, Any], reference_json: dict[str, Any]) -> bool:
+    """The configuration has the reference's weights, precisions and kernels, and differs from it at
+    most in batching, caching, scheduling and speculation: it must measure within the noise floor."""
+    settings = [k for k in QUALITY_SETTINGS if k not in LOSSLESS_SETTINGS]
+    return _quality_settings(config_json, settings) == _quality_settings(reference_json, settings)
+
+
+def floor_estimates(reference_probe: dict[str, Any] | list | None, *, seed: int = 0) -> dict[str, Estimate]:
+    """The noise floor of a stored reference probe, per unit, with intervals over prompts: "nll"
+    (nats/token), "kld", "top1", and "ppl" (perplexity change, a fraction). Empty without a floor."""
+    floor = Reference.from_json(reference_probe).floor if reference_probe else None
+    out = {k: bootstrap_ci(v, "mean", seed=seed) for k, v in (floor or {}).items() if v}
+    if "nll" in out:
+        out["ppl"] = Estimate(math.expm1(out["nll"].value), math.expm1(out["nll"].low), math.expm1(out["nll"].high))
+    return out
+
+
+def verdict(quality: dict[str, Any] | None) -> str:
+    """A stored quality result against the floor, in words ("" without a floor)."""
+    if not quality or quality.get("within_floor") is None:
+        return ""
+    if quality.get("lossless") and not quality["within_floor"]:
+        return "probe too noisy (lossless by construction, measured beyond the floor)"
+    return "within noise floor" if quality["within_floor"] else "beyond noise floor"
+
+
+def floor_text(reference_probe: dict[str, Any] | list | None) -> str:
+    """One line: the reference against itself, and the probe's size ("" when no floor was measured)."""
+    est = floor_estimates(reference_probe)
+    if "nll" not in est:
+        return ""
+    ref = Reference.from_json(reference_probe)
+    size = f"{len(ref.items)} prompts, {sum(len(i.reference_ids) for i in ref.items)} tokens"
+    parts = [f"KLD {est['kld'].value:.4f} [{est['kld'].low:.4f}, {est['kld'].high:.4f}]"] if "kld" in est else []
+    parts.append(f"ppl {est['ppl'].value * 100:+.2f}% [{est['ppl'].low * 100:+.2f}%, {est['ppl'].high * 100:+.2f}%]")
+    if "top1" in est:
+        parts.append(f"top-1 {est['top1'].value:.3f}")
+    return f"noise floor (the reference against itself, {size}): " + " · ".join(parts)
+
+
+def self_check(qualities: Sequence[tuple[int, dict[str, Any] | None]]) -> str:
+    """The study's probe self-check over (trial, stored quality): lossless-by-construction trials
+    within the floor, or the probe too noisy ("" when no such trial was measured)."""
+    lossless = [(n, q) for n, q in qualities if q and q.get("lossless") and q.get("within_floor") is not None
+                and q.get("reused_from") is None]  # a reused result is not another check
+    if not lossless:
+        return ""
+    noisy = [n for n, q in lossless if not q["within_floor"]]
+    if noisy:
+        return (f"quality probe too noisy on this platform: trial(s) {', '.join(map(str, noisy))} cannot change the "
+                f"output (lossless by construction) yet measured beyond the noise floor; quality differences of "
+                f"that size are the probe's noise, not the configurations' (more --probe-prompts/--probe-tokens "
+                f"narrow it)")
+    return (f"quality self-check passed: lossless-by-construction trial(s) {', '.join(str(n) for n, _ in lossless)} "
+            f"within the noise floor")
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:

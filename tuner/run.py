@@ -60,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine", dest="engine_type", choices=["vllm", "openai"], default="vllm",
                    help="vllm (tracetune starts each config) or openai (a running endpoint: cannot be tuned)")
-    p.add_argument("--probe-prompts", type=int, default=8, metavar="N", help="quality probe size (default 8)")
-    p.add_argument("--probe-tokens", type=int, default=24, metavar="N", help="tokens per probe continuation")
+    p.add_argument("--probe-prompts", type=int, default=16, metavar="N",
+                   help="quality probe size, prompts from the trace (default 16: intervals are over prompts)")
+    p.add_argument("--probe-tokens", type=int, default=32, metavar="N",
+                   help="tokens per probe continuation (default 32)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="F", help="multiply inter-arrival times by F")
     p.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests per trial")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured warm-up requests per trial")
@@ -242,6 +244,10 @@ def main(argv: list[str], console) -> int:
         elif event == "quality_reused":
             console.print(f"  {f['label']}: quality as measured for trial {f['trial']} (same weights, precisions, "
                           f"kernels and decoding path)", highlight=False)
+        elif event == "probe_noisy":
+            console.print(f"  {f['label']}: [yellow]quality probe too noisy[/]: lossless by construction, yet measured "
+                          f"beyond the reference's noise floor (KLD {f['kld'].value:.4f}); the gate does not count it "
+                          f"against this configuration", highlight=False)
         elif event == "trial_done":
             obj = " · ".join(f"{k} {_fmt(k, v)}" for k, v in f["objectives"].items())
             feas = "feasible" if all(c <= 0 for c in f["constraints"]) else "[yellow]violates constraints[/]"
@@ -361,6 +367,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
             if c.label == REFERENCE else results.get(c.label, {})
         rows.append(_row(c.label, dict(zip(objectives, c.values)), result, ref_config, args))
     console.print(_front_table(rows, objectives, name, len(study.trials), args))
+    _print_quality_floor(reference, results, console)
     console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
     if decision.dominated_by_reference:
         console.print(f"  vLLM's defaults beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
@@ -425,13 +432,24 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
 def quality_units(q: dict | None) -> str:
     """KL divergence, perplexity change and top-1 agreement of a stored quality result, and whether
     it is within the reference's own noise floor."""
+    from tuner.quality import verdict
+
     if not q or not q.get("kld"):
         return "-"
     parts = [f"KLD {q['kld']['value']:.4f}", f"ppl {q['ppl_change']['value'] * 100:+.1f}%",
              f"top-1 {q['top1_agreement']['value']:.2f}"]
-    if q.get("within_floor") is not None:
-        parts.append("within noise floor" if q["within_floor"] else "beyond noise floor")
-    return " · ".join(parts)
+    return " · ".join(parts + ([verdict(q)] if verdict(q) else []))
+
+
+def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:
+    """The probe's noise floor and the study's self-check on it (lossless configurations within it)."""
+    from tuner.quality import floor_text, self_check
+
+    floor = floor_text((reference or {}).get("probe"))
+    check = self_check([(n, r.get("quality")) for n, r in sorted(results.items())])
+    for line in (floor, check):
+        if line:
+            console.print(("[yellow]" + line + "[/]") if "too noisy" in line else line, highlight=False)
 
 
 def _bracket(capacity: dict | None) -> str:

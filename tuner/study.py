@@ -35,8 +35,8 @@ from replay.trace import Trace
 from replay import workers
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
-from tuner.quality import (QualityGate, QualityResult, Reference, measure_candidate, measure_reference,
-                           probe_prompts, quality_key)
+from tuner.quality import (QualityGate, QualityResult, Reference, lossless_by_construction, measure_candidate,
+                           measure_reference, probe_prompts, quality_key)
 from tuner.storage import Redactor, ResultStore, normalize_url, owner_is_dead, worker_id
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
@@ -169,8 +169,8 @@ class StudySettings:
     client_procs: int | None = None  # replay client processes; None: enough for the rate, within free cores
     # --gpu-hour-cost / --target-rate, kept with the study so the dashboard and exports show them
     economics: dict[str, float] = dataclasses.field(default_factory=dict)
-    probe_prompts: int = 8
-    probe_tokens: int = 24
+    probe_prompts: int = 16  # why 16 x 32: README, "Quality"
+    probe_tokens: int = 32
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
     enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -353,19 +353,24 @@ class Tuner:
     def _quality(self, server: VLLMServer, config: VLLMConfig, label: str) -> QualityResult:
         """The probe on this server, or the stored result of a configuration with the same quality
         key (weights, precisions, kernels, decoding path: `tuner.quality.quality_key`)."""
-        key = quality_key(json.loads(config.model_dump_json()))
+        config_json = json.loads(config.model_dump_json())
+        key = quality_key(config_json)
+        lossless = self.reference_config is not None and lossless_by_construction(
+            config_json, json.loads(self.reference_config.model_dump_json()))
         if self.reference is not None and label != "reference":
             known = self._quality_known.get(key) or next(
                 ((n, q) for n, c, q in self.store.measured_qualities(self.s.study_name) if quality_key(c) == key), None)
             if known is not None:
                 number, stored = known
                 self.report("quality_reused", label=label, trial=number)
-                return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number)
+                return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number, lossless=lossless)
         self.report("quality", label=label)
         if self.reference is None:
             prompts = probe_prompts(self.trace, self.s.probe_prompts)
             self.reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
-        quality = dataclasses.replace(measure_candidate(server.endpoint, self.reference), key=key)
+        quality = dataclasses.replace(measure_candidate(server.endpoint, self.reference), key=key, lossless=lossless)
+        if quality.probe_noisy:
+            self.report("probe_noisy", label=label, kld=quality.kld, beyond=quality.beyond_floor)
         if label.startswith("trial-"):
             self._quality_known[key] = (int(label.split("-")[1]), quality.as_dict())
         return quality

@@ -33,6 +33,12 @@ def quality(loss: float) -> dict:
             "greedy_agreement": _estimate(0.9), "exact_match": 0.5, "accuracy": None, "n_prompts": 4}
 
 
+# The reference's probe: two prompts of 4 tokens, and its noise floor (the reference against itself).
+PROBE = {"items": [{"prompt_ids": [1, 2], "reference_ids": [3, 4, 5, 6], "reference_logprobs": [-0.5] * 4,
+                    "expected": None, "reference_top": None} for _ in range(2)],
+         "floor": {"nll": [0.002, 0.004], "kld": [0.001, 0.003], "top1": [1.0, 0.9]}}
+
+
 def config(**changes) -> dict:
     base = {"model": REF_MODEL, "served_model_name": None, "dtype": None, "quantization": None, "max_num_seqs": None,
             "max_num_batched_tokens": None, "kv_cache_dtype": None,
@@ -84,7 +90,7 @@ def make_study(path: Path, name: str = "synth") -> str:
     study.set_user_attr("slos", [SLO])
     study.set_user_attr("max_quality_loss", 0.05)
     store = ResultStore(url)
-    store.save_reference(name, config=config(), probe=[], summary=summary(0.25, 20.0))
+    store.save_reference(name, config=config(), probe=PROBE, summary=summary(0.25, 20.0))
     dist = {"max_num_seqs": IntDistribution(1, 128)}
     for number, (kind, ttft, tps, loss, changes) in TRIALS.items():
         cfg = config(**changes)

@@ -54,6 +54,7 @@ def test_pareto_page(monkeypatch, synthetic_url):
     slo_lines = [s for s in fig["layout"]["shapes"] if s.get("x0") == pytest.approx(800.0)]
     assert slo_lines, "the TTFT SLO is drawn"
     assert any("1 violate an SLO or the quality gate" in c.value for c in at.caption)
+    assert any(c.value.startswith("quality noise floor (the reference against itself, 2 prompts") for c in at.sidebar.caption)
     # any two metrics, and the 3-D view
     at.selectbox(key="pareto_x").set_value("e2e_p99").run()
     assert figure(at)["layout"]["xaxis"]["title"]["text"] == "e2e_p99 (ms)"

@@ -116,6 +116,31 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
     assert str(data._gate_of({"max_quality_loss": 0.05})) == "nats<=0.05" and data._gate_of({}) is None
 
 
+def test_the_noise_floor_is_a_band_on_quality_axes(study):
+    """The synthetic reference's floor (NLL 0.002 and 0.004 per prompt): a band from zero to its upper
+    bound on the quality axis, none on a latency axis; the line of text names the probe's size."""
+    low, high = data.floor_band(study, "quality_loss")
+    assert low == 0.0 and high == pytest.approx(0.004, abs=1e-9)
+    assert data.floor_band(study, "top1_agreement") == (pytest.approx(0.9), 1.0)
+    assert data.floor_band(study, "ttft_p99") is None
+    assert study.floor_text.startswith("noise floor (the reference against itself, 2 prompts, 8 tokens)")
+    fig = charts.pareto_figure(study, "ttft_p99", "quality_loss").to_dict()
+    bands = [s for s in fig["layout"]["shapes"] if s.get("type") == "rect"]
+    assert len(bands) == 1 and bands[0]["y0"] == 0.0 and bands[0]["y1"] == pytest.approx(0.004, abs=1e-9)
+    assert any("noise floor" in (a.get("text") or "") for a in fig["layout"]["annotations"])
+    assert not [s for s in charts.pareto_figure(study, "ttft_p99", "output_tps").to_dict()["layout"]["shapes"]
+                if s.get("type") == "rect"]
+
+
+def test_a_lossless_trial_beyond_the_floor_says_the_probe_is_too_noisy(study):
+    import dataclasses as dc
+
+    noisy = {**study.trials[0].quality, "lossless": True, "within_floor": False}
+    assert study.quality_check == ""  # the synthetic trials say nothing about losslessness
+    changed = dc.replace(study, trials=[dc.replace(study.trials[0], quality=noisy), *study.trials[1:]])
+    assert changed.quality_check.startswith("quality probe too noisy on this platform: trial(s) 0 ")
+
+
 def test_parse_conditions_units_and_errors():
     conds = data.parse_conditions("ttft_p99<500ms and output_tps>=20, quality_loss <= 0.01")
     assert [(c.metric, c.op, c.value) for c in conds] == [("ttft_p99", "<", pytest.approx(0.5)),

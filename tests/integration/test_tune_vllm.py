@@ -58,9 +58,14 @@ def test_ngram_speculation_passes_a_strict_gate_in_every_unit_and_8_bit_fails_it
     noise floor and passes strict gates; W8A8 is beyond the floor and fails them."""
     from tuner.quality import parse_gate
 
-    run_dir, _, _ = study
+    run_dir, _, first = study
     rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}
     spec, q8 = rows[0]["quality"], rows[2]["quality"]
+    # The study's self-check: ngram speculation is lossless by construction and measured within the floor.
+    assert spec["lossless"] is True and spec["probe_noisy"] is False and q8["lossless"] is False
+    printed = " ".join(first.stdout.split())
+    assert "noise floor (the reference against itself, " in printed
+    assert "quality self-check passed: lossless-by-construction trial(s) 0 within the noise floor" in printed
     assert spec["top_k"] == 20 and spec["kld"] is not None and spec["within_floor"] is True
     assert spec["top1_agreement"]["value"] > 0.99 and abs(spec["ppl_change"]["value"]) < 1e-3
     assert q8["within_floor"] is False and q8["kld"]["value"] > 10 * max(spec["kld"]["value"], 1e-4)

@@ -173,3 +173,56 @@ def test_a_gate_reads_back_from_its_stored_spec():
     for text in ("0.05", "kld:0.01", "ppl:+2.5%", "top1:0.99"):
         gate = parse_gate(text)
         assert parse_gate(gate.spec) == gate
+
+
+def test_only_batching_and_speculation_differences_are_lossless_by_construction():
+    from tuner.quality import lossless_by_construction
+
+    ref = {"model": "/cache/SmolLM2", "dtype": None, "quantization": None, "kv_cache_dtype": None,
+           "speculative": {"method": None}, "max_num_seqs": 256}
+    assert lossless_by_construction({**ref, "max_num_seqs": 8, "model": "/other/SmolLM2"}, ref)
+    assert lossless_by_construction({**ref, "speculative": {"method": "ngram", "num_speculative_tokens": 3}}, ref)
+    for lossy in ({"kv_cache_dtype": "fp8"}, {"model": "/cache/SmolLM2-W8A8"}, {"dtype": "float32"},
+                  {"quantization": "fp8"}):
+        assert not lossless_by_construction({**ref, **lossy}, ref), lossy
+
+
+def test_a_lossless_config_measured_beyond_the_floor_blames_the_probe_not_the_config():
+    """Scripted logprobs where the platform's noise changed between the floor pass and the candidate's
+    (the floor pass saw none): a lossless config comes out beyond the floor. The verdict names the
+    probe, the gate does not reject the config, the self-check says so; a lossy config is still judged."""
+    import dataclasses
+
+    from tuner.quality import parse_gate, self_check, verdict
+
+    noisy = study(noise_floor=0.0, candidate=0.3)
+    assert noisy.within_floor is False
+    lossless = dataclasses.replace(noisy, lossless=True)
+    assert lossless.probe_noisy and not noisy.probe_noisy
+    d, lossy = lossless.as_dict(), noisy.as_dict()
+    assert d["probe_noisy"] is True and verdict(d).startswith("probe too noisy")
+    assert verdict(lossy) == "beyond noise floor"
+    gate = parse_gate("kld:0.001")
+    assert gate.violation(d) <= 0 < gate.violation(lossy)
+    assert "too noisy" in self_check([(0, d), (1, lossy)]) and "trial(s) 0 " in self_check([(0, d), (1, lossy)])
+    clean = dataclasses.replace(study(0.05, 0.05), lossless=True).as_dict()
+    assert verdict(clean) == "within noise floor"
+    assert self_check([(2, clean), (3, {**clean, "reused_from": 2})]) == \
+        "quality self-check passed: lossless-by-construction trial(s) 2 within the noise floor"
+    assert self_check([(1, lossy)]) == ""  # nothing lossless measured: no check to report
+
+
+def test_the_floor_reads_from_a_stored_reference_probe_with_its_size():
+    from tuner.quality import floor_estimates, floor_text
+
+    rng = np.random.default_rng(1)
+    reference = Reference(items=[item(rng) for _ in range(6)])
+    floor = [item_stats(it, *perturbed(it, 0.05, rng)) for it in reference.items]
+    reference.floor = {k: [r[k] for r in floor] for k in ("nll", "kld", "top1")}
+    est = floor_estimates(reference.to_json())
+    assert est["kld"].value == pytest.approx(np.mean(reference.floor["kld"])) and est["kld"].low <= est["kld"].high
+    assert est["ppl"].value == pytest.approx(math.expm1(est["nll"].value))
+    text = floor_text(reference.to_json())
+    assert text.startswith("noise floor (the reference against itself, 6 prompts, 96 tokens): KLD ")
+    old = [{"prompt_ids": [1], "reference_ids": [2], "reference_logprobs": [-0.5], "expected": None}]
+    assert floor_estimates(old) == {} and floor_text(old) == "" and floor_text(None) == ""
