@@ -391,7 +391,8 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
     from rich.table import Table
 
     has_capacity = any(r["capacity"] for r in rows)
-    table = Table(title=f"Pareto front of study {name} ({len(rows)} of {n_trials} trials + vLLM's defaults)")
+    on_front = sum(r["trial"] != "reference" for r in rows)
+    table = Table(title=f"Pareto front of study {name} ({on_front} of {n_trials} trials + vLLM's defaults)")
     table.add_column("trial", justify="right")
     table.add_column("differs from reference", overflow="fold")
     for objective in objectives:
