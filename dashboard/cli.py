@@ -79,18 +79,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="k8s/helm: PersistentVolumeClaim holding the model directories (default models)")
 
 
-def _storage(url: str | None) -> str:
-    from dashboard.data import check_storage, default_storage
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port something already listens on, before any URL is printed (it would serve that
+    other program, e.g. another study's dashboard)."""
+    import socket
+
     from engine_adapter.errors import InputError
 
-    url = url or default_storage()
-    if url is not None and "://" not in url and Path(url).is_file():  # a plain path to a SQLite file
-        url = f"sqlite:///{Path(url).resolve()}"
-    if url is None:
-        raise InputError("no --storage given and no runs/*/study.db here; run `tune --trace FILE` first or "
-                         "pass --storage URL (e.g. sqlite:///runs/traffic/study.db)")
-    check_storage(url)
-    return url
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise InputError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); another "
+                             f"program (another dashboard?) has it: choose a free one with --port N") from None
 
 
 def is_loopback(host: str) -> bool:
@@ -111,13 +114,14 @@ def streamlit_argv(host: str, port: int) -> list[str]:
 
 
 def dashboard_command(args: argparse.Namespace, console) -> int:
-    from dashboard.data import resolve_study
+    from dashboard.data import resolve_study, storage_url
     from engine_adapter.errors import InputError
 
     if not 0 < args.port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {args.port}")
-    url = _storage(args.storage)
+    url = storage_url(args.storage)
     study = resolve_study(url, args.study)
+    check_port_free(args.host, args.port)
     env = {**os.environ, ENV_STORAGE: url, ENV_STUDY: study}
     shown = "localhost" if is_loopback(args.host) else args.host
     console.print(f"dashboard for study [bold]{study}[/] ({url}): http://{shown}:{args.port}  (Ctrl-C stops it)",
@@ -146,12 +150,12 @@ def dashboard_command(args: argparse.Namespace, console) -> int:
 
 
 def export_command(args: argparse.Namespace, console) -> int:
-    from dashboard.data import load_study
+    from dashboard.data import load_study, storage_url
     from dashboard.export import ExportOptions, FILE_NAMES, export, select_trial
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas)
-    study = load_study(_storage(args.storage), args.study)
+    study = load_study(storage_url(args.storage), args.study)
     trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick)
     text = export(study, trial, args.fmt, options)
     if args.output is None:

@@ -519,13 +519,75 @@ def default_storage(root: Path | None = None) -> str | None:
     return f"sqlite:///{dbs[0].resolve()}" if dbs else None
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def storage_url(given: str | None) -> str:
+    """The study database a user named: a URL, a plain path to a study.db, or (None) the newest
+    runs/*/study.db here; checked it can be opened (`check_storage`)."""
+    url = given or default_storage()
+    if url is None:
+        raise InputError("no --storage given and no runs/*/study.db here; run `tune --trace FILE` first or "
+                         "pass --storage URL (e.g. sqlite:///runs/traffic/study.db)")
+    if "://" not in url:  # a plain path to a SQLite file
+        if not Path(url).is_file():
+            raise InputError(f"--storage {url}: no such file; give the study.db a `tune --trace` run wrote "
+                             f"(runs/STUDY/study.db) or a database URL (sqlite:///PATH, postgresql://USER@HOST/DB)")
+        url = f"sqlite:///{Path(url).resolve()}"
+    check_storage(url)
+    return url
+
+
 def check_storage(url: str) -> None:
-    """Refuse a SQLite URL whose file does not exist (opening it would create an empty database)."""
+    """Refuse, with one line that says what to do, a storage that cannot hold a study: a SQLite URL
+    whose file does not exist (opening it would create an empty database) or is not a database, a
+    URL SQLAlchemy cannot read, a database server that does not answer."""
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):].split("?", 1)[0]
         if path and path != ":memory:" and not Path(path).is_file():
             raise InputError(f"--storage {url}: no such database file {path!r}; run `tune --trace FILE` first "
                              f"(it writes runs/STUDY/study.db) or give the URL of an existing study database")
+        if path and path != ":memory:" and Path(path).stat().st_size and not _is_sqlite(Path(path)):
+            raise InputError(f"--storage {url}: {path!r} is not a SQLite database; give the study.db a "
+                             f"`tune --trace` run wrote (runs/STUDY/study.db)")
+    _connect_once(url)
+
+
+def _is_sqlite(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+
+
+def _connect_once(url: str) -> None:
+    """Open and close one connection, so a bad URL or a server that does not answer is one clear
+    error here, not a traceback from deep inside the first query."""
+    import sqlalchemy
+    from sqlalchemy import exc
+
+    shown = display_url(url)
+    try:
+        engine = sqlalchemy.create_engine(_normalize(url), **_engine_kwargs(_normalize(url)))
+    except (exc.ArgumentError, exc.NoSuchModuleError, ValueError):
+        raise InputError(f"--storage {shown}: not a database URL SQLAlchemy can read; write sqlite:///PATH, a "
+                         f"path to a study.db, or postgresql://USER@HOST/DB") from None
+    try:
+        with engine.connect():
+            pass
+    except exc.DBAPIError as error:
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
+        raise InputError(f"--storage {shown}: cannot open the database: {display_url(reason)}; check that it "
+                         f"runs and the URL (host, port, user, database name) is right") from None
+    finally:
+        engine.dispose()
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    """SQLite waits for a writer's lock; a server that does not answer fails within 10 s."""
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 30}}
+    if url.startswith("postgresql"):
+        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    return {"pool_pre_ping": True}
 
 
 def _normalize(url: str) -> str:
@@ -542,8 +604,7 @@ def _optuna_storage(url: str):
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     url = _normalize(url)
-    kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
 
 
 def study_names(url: str) -> list[str]:

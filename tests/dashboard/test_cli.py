@@ -77,6 +77,33 @@ def test_missing_storage_is_a_clear_error(synthetic_url, tmp_path):
     assert out.returncode == 2 and "run `tune --trace FILE` first" in out.stderr
 
 
+def test_every_bad_storage_is_one_line_and_exit_2(tmp_path):
+    """A plain missing path, a file that is not a database (plain path and URL), a URL no driver reads
+    and a PostgreSQL server that does not answer (a closed port here): exit 2, one line, no traceback."""
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("not a database\n")
+    cases = [(str(tmp_path / "missing.db"), "no such file"), (str(not_db), "is not a SQLite database"),
+             (f"sqlite:///{not_db}", "is not a SQLite database"), ("nodriver://x/y", "not a database URL"),
+             (f"postgresql://tuner:secret@127.0.0.1:{free_port()}/studies", "cannot open the database")]
+    for storage, message in cases:
+        for cmd in (["dashboard"], ["export", "--best", "--format", "json"]):
+            out = tune(*cmd, "--storage", storage)
+            lines = out.stderr.strip().splitlines()
+            assert out.returncode == 2 and len(lines) == 1 and message in lines[0], (storage, cmd, out.stderr)
+            assert "secret" not in out.stderr  # the password is never printed
+    assert not_db.read_text() == "not a database\n"
+
+
+def test_a_busy_port_is_refused_before_any_url_is_printed(synthetic_url):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = tune("dashboard", "--storage", synthetic_url, "--port", str(port))
+    assert out.returncode == 2 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "http://" not in out.stdout + out.stderr
+
+
 def test_dashboard_binds_loopback_by_default():
     argv = streamlit_argv("127.0.0.1", 8501)
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
