@@ -37,11 +37,12 @@ optionally 'where' and conditions joined by 'and' (latencies in seconds, or with
 Metrics: ttft/tpot/itl/e2e _mean/_p50/_p90/_p99, output_tps, request_tps, goodput, quality_loss,
 error_rate, prefix_cache_hit_rate, spec_acceptance_rate.
 
-Deployment formats (compose, k8s, helm-values) run the vllm/vllm-openai image (tag: the vLLM version
-tracetune measured with) as `vllm serve MODEL ...` with vLLM's CUDA flags, port 8000, one GPU
+Deployment formats (compose, k8s, helm-values) run the vllm/vllm-openai image (tag: the GPU vLLM
+release, --vllm-version; a study measured on CPU exports for the GPU release tracetune runs) as `vllm serve MODEL ...` with vLLM's CUDA flags, port 8000, one GPU
 (nvidia.com/gpu), the model directory mounted read-only at /models/<directory name> (compose: a bind
 mount of the measured directory; k8s/helm: the PersistentVolumeClaim `models`), probes on /health.
-Credential-like settings (API keys, tokens) are never exported.
+Credential-like settings (API keys, tokens) are never exported. A config measured with random
+weights (load_format dummy) is refused unless --allow-dummy-weights says it is meant.
 """
 
 
@@ -67,7 +68,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--pick", metavar="EXPR", help="a rule over the front, e.g. 'max:output_tps where ttft_p99<0.5'")
     exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
     exp.add_argument("-o", "--output", type=Path, metavar="PATH", help="write here instead of stdout")
-    exp.add_argument("--image", metavar="IMAGE", help="container image (default vllm/vllm-openai:v<measured vLLM>)")
+    exp.add_argument("--image", metavar="IMAGE",
+                     help="container image (default vllm/vllm-openai:v<GPU vLLM release, see --vllm-version>)")
+    exp.add_argument("--vllm-version", metavar="X.Y.Z",
+                     help="the GPU vLLM release the deployment runs (default: the one a GPU study measured with; "
+                          "for a study measured on CPU, the GPU release tracetune runs)")
+    exp.add_argument("--allow-dummy-weights", action="store_true",
+                     help="export a config measured with random weights (load_format dummy) anyway: its server "
+                          "answers with noise (refused without this flag)")
     exp.add_argument("--port", type=int, default=8000, metavar="N", help="server port (default 8000)")
     exp.add_argument("--host", metavar="ADDR",
                      help="server listen address (default 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd)")
@@ -154,7 +162,8 @@ def export_command(args: argparse.Namespace, console) -> int:
     from dashboard.export import ExportOptions, FILE_NAMES, export, select_trial
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
-                            namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas)
+                            namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,
+                            vllm_version=args.vllm_version, allow_dummy_weights=args.allow_dummy_weights)
     study = load_study(storage_url(args.storage), args.study)
     trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick)
     text = export(study, trial, args.fmt, options)

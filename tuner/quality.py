@@ -268,6 +268,16 @@ def verdict(quality: dict[str, Any] | None) -> str:
     return "within noise floor" if quality["within_floor"] else "beyond noise floor"
 
 
+def units_text(quality: dict[str, Any] | None) -> str:
+    """KL divergence, perplexity change and top-1 agreement of a stored quality result, and its
+    verdict against the floor ("-" when the units were not measured)."""
+    if not quality or not quality.get("kld"):
+        return "-"
+    parts = [f"KLD {quality['kld']['value']:.4f}", f"ppl {quality['ppl_change']['value'] * 100:+.1f}%",
+             f"top-1 {quality['top1_agreement']['value']:.2f}"]
+    return " · ".join(parts + ([verdict(quality)] if verdict(quality) else []))
+
+
 def floor_text(reference_probe: dict[str, Any] | list | None) -> str:
     """One line: the reference against itself, and the probe's size ("" when no floor was measured)."""
     est = floor_estimates(reference_probe)

