@@ -123,7 +123,8 @@ def cdf_figure(trials: Sequence[TrialView], metric: str):
     for i, t in enumerate(trials):
         xs, ys = latency_cdfs(request_records(t))[metric]
         fig.add_trace(go.Scatter(x=[v * 1000 for v in xs], y=ys, mode="lines", line_shape="hv",
-                                 name=f"trial {t.number}", line=dict(color=PALETTE[i % len(PALETTE)], width=2)))
+                                 name=t.title, line=dict(color=PALETTE[i % len(PALETTE)], width=2,
+                                                         dash="dash" if t.is_reference else "solid")))
     fig.update_layout(title=f"{metric.upper()} CDF", xaxis_title=f"{metric.upper()} (ms)", yaxis_title="fraction of requests",
                       yaxis_range=[0, 1.02], height=320, margin=dict(l=10, r=10, t=40, b=10), template="plotly_white",
                       showlegend=len(trials) > 1)
@@ -167,7 +168,7 @@ REFERENCE_CURVE = "reference (vLLM's defaults)"
 
 def capacity_curves(study: StudyView, trials: Sequence[TrialView]) -> list[tuple[str, dict]]:
     """(label, stored capacity) for each trial that has one, then the reference's when it has one."""
-    curves = [(f"trial {t.number}", capacity.capacity_of(t.summary)) for t in trials if t.measured]
+    curves = [(t.title, capacity.capacity_of(t.summary)) for t in trials if t.measured and not t.is_reference]
     curves.append((REFERENCE_CURVE, capacity.capacity_of((study.reference or {}).get("summary"))))
     return [(label, cap) for label, cap in curves if cap]
 

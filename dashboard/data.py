@@ -20,6 +20,7 @@ from engine_adapter.errors import InputError
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
 from tuner.front import REFERENCE, Candidate, decide, dominates, economics
 from tuner.quality import floor_estimates, floor_text
+from tuner.storage import REFERENCE_RUN
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
@@ -139,6 +140,18 @@ class TrialView:
     beaten_by_reference: bool = False  # vLLM's defaults are at least as good on every objective
 
     @property
+    def is_reference(self) -> bool:
+        return self.number == REFERENCE_RUN
+
+    @property
+    def label(self) -> str:
+        return "ref" if self.is_reference else str(self.number)
+
+    @property
+    def title(self) -> str:
+        return "reference (vLLM's defaults)" if self.is_reference else f"trial {self.number}"
+
+    @property
     def measured(self) -> bool:
         return self.status == "measured" and self.summary is not None
 
@@ -175,6 +188,7 @@ class StudyView:
     economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate
     quality_gate: Any = None            # tuner.quality.QualityGate, shown as e.g. "kld<=0.01"
     vllm_version: str | None = None     # the vLLM the study measured with (None: a study from before it was kept)
+    reference_run: TrialView | None = None  # the reference as a candidate (number REFERENCE_RUN)
     noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # tuner.quality.floor_estimates
     floor_text: str = ""                # the floor in one line, with the probe's size ("" without one)
 
@@ -190,11 +204,17 @@ class StudyView:
         return economics(capacity.capacity_of(summary), **self.economics) if self.economics else {}
 
     def trial(self, number: int) -> TrialView:
-        for t in self.trials:
+        """A trial by number; REFERENCE_RUN: the reference's run."""
+        for t in self.candidates:
             if t.number == number:
                 return t
         raise InputError(f"study {self.name!r} has no trial {number}; trials: "
                          f"{[t.number for t in self.trials]}")
+
+    @property
+    def candidates(self) -> list[TrialView]:
+        """The reference's run (vLLM's defaults), then every trial: what tables, Compare and Export list."""
+        return ([self.reference_run] if self.reference_run is not None else []) + self.trials
 
     @property
     def front(self) -> list[TrialView]:
@@ -302,6 +322,7 @@ class Condition:
     metric: str
     op: str
     value: float
+    text: str = dataclasses.field(default="", compare=False)  # as the user wrote it (`ttft_p99<500ms`)
 
     def holds(self, value: float) -> bool:
         if math.isnan(value):
@@ -310,7 +331,7 @@ class Condition:
                 ">=": value >= self.value, "==": value == self.value, "!=": value != self.value}[self.op]
 
     def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.value:g}"
+        return self.text or f"{self.metric}{self.op}{self.value:g}"
 
 
 def parse_conditions(text: str | None, *, what: str = "filter") -> list[Condition]:
@@ -330,7 +351,7 @@ def parse_conditions(text: str | None, *, what: str = "filter") -> list[Conditio
             raise InputError(f"{what}: unknown metric {metric!r} in {part!r}; choose from {sorted(METRICS)}")
         if unit and metric.split("_")[0] not in LATENCY_METRICS:
             raise InputError(f"{what}: {metric} is not a latency, so {part!r} cannot carry a time unit")
-        out.append(Condition(metric, op, float(number) * _UNITS[unit]))
+        out.append(Condition(metric, op, float(number) * _UNITS[unit], text=re.sub(r"\s+", "", part)))
     return out
 
 
@@ -443,8 +464,14 @@ def flat_config(config: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]]:
-    """Side-by-side rows: status, every metric, then every config field, with whether they differ."""
+    """Side-by-side rows, with whether they differ: status, the config fields that differ, every
+    metric, then the config fields that are the same."""
     rows = [{"field": "status", "a": a.status, "b": b.status, "differs": a.status != b.status}]
+    ca, cb = flat_config(a.config), flat_config(b.config)
+    config_rows = [{"field": f"config.{key}", "a": "-" if ca.get(key) is None else str(ca.get(key)),
+                    "b": "-" if cb.get(key) is None else str(cb.get(key)), "differs": ca.get(key) != cb.get(key)}
+                   for key in dict.fromkeys([*ca, *cb])]
+    rows += [r for r in config_rows if r["differs"]]
     for name in [*study.objectives, *(m for m in METRICS if m not in study.objectives)]:
         va, vb = a.metric(name), b.metric(name)
         if math.isnan(va) and math.isnan(vb):
@@ -454,12 +481,7 @@ def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]
     ba, bb = (capacity.bracket_text(capacity.capacity_of(t.summary)) for t in (a, b))
     if ba or bb:
         rows.append({"field": "capacity bracket", "a": ba or "-", "b": bb or "-", "differs": ba != bb})
-    ca, cb = flat_config(a.config), flat_config(b.config)
-    for key in list(dict.fromkeys([*ca, *cb])):
-        va, vb = ca.get(key), cb.get(key)
-        rows.append({"field": f"config.{key}", "a": "-" if va is None else str(va), "b": "-" if vb is None else str(vb),
-                     "differs": va != vb})
-    return rows
+    return rows + [r for r in config_rows if not r["differs"]]
 
 
 # -- per-request data (drill-down) --------------------------------------------------------------
@@ -682,9 +704,25 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
                      quality_gate=_gate_of(attrs), vllm_version=attrs.get("vllm_version"), noise_floor=floor_estimates(reference and reference.get("probe")),
                      floor_text=floor_text(reference and reference.get("probe")))
+    view.reference_run = _reference_run(view, rows.get(REFERENCE_RUN), ref_config)
     with_costs(view)
     mark_front(view)
     return view
+
+
+def _reference_run(study: StudyView, row: dict[str, Any] | None, config: dict[str, Any]) -> TrialView | None:
+    """The reference as a candidate: its stored run (a study from before the run was stored: the
+    reference's config and summary alone), with its objective values as the tuner counts them."""
+    if not study.reference or not study.reference.get("summary"):
+        return None
+    row = row or {}
+    summary = row.get("summary") or study.reference["summary"]
+    values = {o: study.reference_metric(o) for o in study.objectives if o in METRICS}
+    return TrialView(number=REFERENCE_RUN, state="COMPLETE", status="measured", objective_values=values,
+                     constraints=[], feasible=True, params={}, config=row.get("config") or config, diff={},
+                     summary=summary, quality=row.get("quality"), engine=row.get("engine"),
+                     requests_jsonl=row.get("requests_jsonl"), log_tail=row.get("log_tail"),
+                     startup_s=row.get("startup_s"), wall_s=row.get("wall_s"))
 
 
 def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
@@ -743,3 +781,5 @@ def mark_front(study: StudyView) -> None:
     beaten = set(study.decision.dominated_by_reference)
     for t in candidates:
         t.on_front, t.beaten_by_reference = t.number in on_front, t.number in beaten
+    if study.reference_run is not None:
+        study.reference_run.on_front = any(c.label == REFERENCE for c in study.decision.front)

@@ -32,7 +32,7 @@ def _studies(url: str) -> list[str]:
 
 def _trial_label(study: data.StudyView, number: int) -> str:
     t = study.trial(number)
-    return f"trial {t.number} · {t.category}" + (f" · {data.diff_text(t.diff)}" if t.diff else "")
+    return f"{t.title} · {t.category}" + (f" · {data.diff_text(t.diff)}" if t.diff else "")
 
 
 def _pick_trial(study: data.StudyView, label: str, options: list[int], default: int | None, key: str) -> int | None:
@@ -122,6 +122,8 @@ def _table_frame(study: data.StudyView, rows: list[dict]):
     import pandas as pd
 
     frame = pd.DataFrame(rows)
+    if "trial" in frame.columns:  # one type for the column: the reference's row reads "ref"
+        frame["trial"] = [("ref" if n == data.REFERENCE_RUN else str(n)) for n in frame["trial"]]
     renames = {}
     for col in frame.columns:
         label, factor = data.metric_label(col)
@@ -142,9 +144,10 @@ def page_trials(study: data.StudyView) -> None:
     except TuneError as exc:
         st.error(str(exc))
         conditions = []
-    trials = data.filter_trials(study.trials, conditions, categories=categories)
+    trials = data.filter_trials(study.candidates, conditions, categories=categories)
     if conditions:
-        st.caption(f"{len(trials)} of {len(study.trials)} trials meet " + " and ".join(map(str, conditions)))
+        st.caption(f"{len(trials)} of {len(study.candidates)} candidates (the reference included) meet "
+                   + " and ".join(map(str, conditions)))
     frame = _table_frame(study, data.trial_table(study, data.sort_for_table(trials)))
     config = {"differs from reference": st.column_config.TextColumn(width="large"),
               "failure": st.column_config.TextColumn(width="medium"),
@@ -164,13 +167,9 @@ def page_trials(study: data.StudyView) -> None:
             config[col] = st.column_config.TextColumn(col, width="medium")
     st.dataframe(frame, hide_index=True, key="trials_table", column_config=config,
                  height=min(35 * (len(frame) + 1) + 3, 740))
-    if study.reference and study.reference.get("summary"):
-        ref = ", ".join(f"{o} {data.display_value(o, study.reference_metric(o))}" for o in study.objectives)
-        ref_capacity = capacity.capacity_of(study.reference["summary"])
-        if ref_capacity:
-            ref += f", capacity bracket {capacity.bracket_text(ref_capacity)}"
-        st.caption(f"Reference (unquantized weights, auto KV cache, no speculation): {ref}. "
-                   f"Click a column header to sort.")
+    if study.reference_run is not None:
+        st.caption("Row `ref`: the reference, vLLM's defaults (unquantized weights, auto KV cache, no speculation), "
+                   "a candidate like any trial. Click a column header to sort.")
 
 
 def _metric_delta(study: data.StudyView, trial: data.TrialView, name: str) -> str | None:
@@ -185,14 +184,14 @@ def _metric_delta(study: data.StudyView, trial: data.TrialView, name: str) -> st
 
 
 def page_detail(study: data.StudyView) -> None:
-    numbers = [t.number for t in study.trials]
+    numbers = [t.number for t in study.candidates]
     default = st.session_state.get("detail_default", _default_trial(study))
     number = _pick_trial(study, "Trial", numbers, default, key="detail_trial")
     if number is None:
         st.info("no trials yet")
         return
     t = study.trial(number)
-    st.subheader(f"Trial {t.number} — {t.status}" + (f" ({t.category})" if t.measured else ""))
+    st.subheader(f"{t.title[:1].upper()}{t.title[1:]} — {t.status}" + (f" ({t.category})" if t.measured else ""))
     if t.measured:
         cols = st.columns(len(study.objectives) + 2)
         for col, name in zip(cols, study.objectives):
@@ -206,12 +205,15 @@ def page_detail(study: data.StudyView) -> None:
             st.warning(f"vLLM's defaults beat trial {t.number} on every objective: keep the defaults over it.")
     else:
         st.error(t.failure_reason or "no reason stored")
-    st.markdown("**Differs from the reference:** " + (data.diff_text(t.diff) if t.config else
-                                                       ", ".join(f"{k}={v}" for k, v in t.params.items())))
+    if not t.is_reference:
+        st.markdown("**Differs from the reference:** " + (data.diff_text(t.diff) if t.config else
+                                                           ", ".join(f"{k}={v}" for k, v in t.params.items())))
     if t.measured:
+        ref = study.reference_run
+        overlay = [t, ref] if ref is not None and not t.is_reference and ref.requests_jsonl else [t]
         c1, c2, c3 = st.columns(3)
         for col, metric in zip((c1, c2, c3), ("ttft", "itl", "e2e")):
-            col.plotly_chart(charts.cdf_figure([t], metric), key=f"detail_cdf_{metric}")
+            col.plotly_chart(charts.cdf_figure(overlay, metric), key=f"detail_cdf_{metric}")
         st.plotly_chart(charts.timeline_figure(t), key="detail_timeline")
         _capacity_chart(study, [t], key="detail_capacity")
         left, right = st.columns(2)
@@ -253,20 +255,21 @@ def page_detail(study: data.StudyView) -> None:
 
 
 def page_compare(study: data.StudyView) -> None:
-    measured = [t.number for t in study.trials if t.config]
+    measured = [t.number for t in study.candidates if t.config]
     if len(measured) < 1:
         st.info("no trial with a config yet")
         return
     front = [t.number for t in study.front]
-    c1, c2 = st.columns(2)
-    a = _pick_trial(study, "Trial A", measured, front[0] if front else measured[0], key="compare_a")
+    a = _pick_trial(study, "A", measured, front[0] if front else measured[0], key="compare_a")
     others = [n for n in measured if n != a] or measured
-    b = _pick_trial(study, "Trial B", others, (front[1] if len(front) > 1 else others[0]), key="compare_b")
+    # B defaults to the reference: what a trial changes against vLLM's defaults
+    b = _pick_trial(study, "B", others, data.REFERENCE_RUN if data.REFERENCE_RUN in others else others[0],
+                    key="compare_b")
     ta, tb = study.trial(a), study.trial(b)
     rows = data.compare(study, ta, tb)
     only_diff = st.toggle("only differences", value=False, key="compare_only_diff")
     shown = [r for r in rows if r["differs"] or not only_diff]
-    st.dataframe([{"": ("≠" if r["differs"] else ""), "field": r["field"], f"trial {a}": r["a"], f"trial {b}": r["b"]}
+    st.dataframe([{"": ("≠" if r["differs"] else ""), "field": r["field"], ta.title: r["a"], tb.title: r["b"]}
                   for r in shown], hide_index=True, key="compare_table", height=min(38 * (len(shown) + 1), 700))
     both = [t for t in (ta, tb) if t.measured]
     if both:
@@ -277,7 +280,7 @@ def page_compare(study: data.StudyView) -> None:
 
 
 def page_export(study: data.StudyView) -> None:
-    measured = [t.number for t in study.trials if t.measured]
+    measured = [t.number for t in study.candidates if t.measured]
     if not measured:
         st.info("no measured trial to export yet")
         return

@@ -73,7 +73,11 @@ claims = Table(
     UniqueConstraint("study_name", "key", name="uq_tracetune_claim"),
 )
 
-# Every load level of a capacity search (the reference's with trial_number -1), its request records
+# The reference's own run (vLLM's defaults: config, summary, records, engine counters, log) is a row of
+# tracetune_trials under this number, so it can be shown, compared and exported like a trial.
+REFERENCE_RUN = -1
+
+# Every load level of a capacity search (the reference's under REFERENCE_RUN), its request records
 # as compressed columns (`encode_levels`): a level of 500 requests takes a few kB, not megabytes.
 level_records = Table(
     "tracetune_level_records", metadata,
@@ -307,15 +311,19 @@ class ResultStore:
         reading the heavy columns."""
         query = select(trial_results.c.trial_number, trial_results.c.config_json, trial_results.c.quality_json) \
             .where(trial_results.c.study_name == study_name, trial_results.c.status == "measured",
+                   trial_results.c.trial_number >= 0,
                    trial_results.c.quality_json.is_not(None)).order_by(trial_results.c.trial_number)
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
         return [(n, json.loads(c), json.loads(q)) for n, c, q in rows if c and q]
 
     def trials(self, study_name: str, trial_number: int | None = None) -> list[dict[str, Any]]:
+        """The stored trials (one when `trial_number` is given; REFERENCE_RUN: the reference's run)."""
         query = select(trial_results).where(trial_results.c.study_name == study_name)
         if trial_number is not None:
             query = query.where(trial_results.c.trial_number == trial_number)
+        else:
+            query = query.where(trial_results.c.trial_number >= 0)
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(trial_results.c.trial_number)).mappings().all()
         out = []
@@ -340,7 +348,7 @@ class ResultStore:
                 conn.execute(level_records.insert(), rows)
 
     def levels(self, study_name: str, trial_number: int) -> list[dict[str, Any]]:
-        """The stored levels of one trial (-1: the reference), in search order, decoded."""
+        """The stored levels of one trial (REFERENCE_RUN: the reference), in search order, decoded."""
         query = select(level_records).where(level_records.c.study_name == study_name,
                                             level_records.c.trial_number == trial_number)
         with self.engine.connect() as conn:

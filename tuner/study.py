@@ -37,7 +37,7 @@ from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
 from tuner.quality import (QualityGate, QualityResult, Reference, lossless_by_construction, measure_candidate,
                            measure_reference, probe_prompts, quality_key)
-from tuner.storage import Redactor, ResultStore, normalize_url, owner_is_dead, worker_id
+from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, normalize_url, owner_is_dead, worker_id
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
 _METRIC_STAT = {f"{m}_{s}": (m, s) for m in ("ttft", "tpot", "itl", "e2e") for s in STATS}
@@ -463,7 +463,7 @@ class Tuner:
         self.reference_config = reference_config(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
         stored = self.store.reference(self.s.study_name)
         if stored is None:
-            holder = self._claim_or_wait("reference", -1, "the reference")
+            holder = self._claim_or_wait("reference", REFERENCE_RUN, "the reference")
             stored = self.store.reference(self.s.study_name)
             if stored is None and holder is not None:
                 raise TuneError("the reference claim is marked done but no reference is stored; "
@@ -483,8 +483,13 @@ class Tuner:
             raise
         self.store.save_reference(self.s.study_name, config=json.loads(self.reference_config.model_dump_json()),
                                   probe=self.reference.to_json(), summary=measured["summary"].as_dict())
-        self.store.save_levels(self.s.study_name, -1, measured.get("levels", []))
-        self.store.finish_claim(self.s.study_name, "reference", self.worker, -1)
+        summary = measured["summary"]
+        self.store.save_trial(self.s.study_name, REFERENCE_RUN, "measured", config=json.loads(
+            self.reference_config.model_dump_json()), summary=summary.as_dict(), quality=measured["quality"].as_dict(),
+            engine=summary.engine, requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
+            startup_s=measured["startup_s"])
+        self.store.save_levels(self.s.study_name, REFERENCE_RUN, measured.get("levels", []))
+        self.store.finish_claim(self.s.study_name, "reference", self.worker, REFERENCE_RUN)
         self._set_reference_values(measured["summary"].as_dict())
         self.report("reference_done", summary=measured["summary"], quality=measured["quality"])
 

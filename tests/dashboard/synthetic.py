@@ -91,6 +91,9 @@ def make_study(path: Path, name: str = "synth") -> str:
     study.set_user_attr("max_quality_loss", 0.05)
     store = ResultStore(url)
     store.save_reference(name, config=config(), probe=PROBE, summary=summary(0.25, 20.0))
+    store.save_trial(name, -1, "measured", config=config(), summary=summary(0.25, 20.0), quality=quality(0.0),
+                     engine=summary(0.25, 20.0)["engine"], requests_jsonl=requests_jsonl([0.05, 0.1, 0.2, 0.25, 0.2]),
+                     log_tail="INFO GPU KV cache size: 1000 tokens\n", startup_s=25.0)
     dist = {"max_num_seqs": IntDistribution(1, 128)}
     for number, (kind, ttft, tps, loss, changes) in TRIALS.items():
         cfg = config(**changes)

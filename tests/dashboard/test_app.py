@@ -67,10 +67,13 @@ def test_pareto_page(monkeypatch, synthetic_url):
 def test_trials_page_filters_by_constraints(monkeypatch, synthetic_url):
     at = open_app(monkeypatch, synthetic_url, "synth", "Trials")
     table = at.dataframe[0].value
-    assert list(table["trial"]) == [0, 1, 2, 3, 4, 5, 6]  # front first
-    assert "ttft_p99 (ms)" in table.columns and table.loc[table["trial"] == 1, "ttft_p99 (ms)"].item() == 500.0
-    at.text_input(key="trials_filter").set_value("ttft_p99<400ms").run()
-    assert list(at.dataframe[0].value["trial"]) == [0]
+    # front first, the reference (vLLM's defaults, on the front here) a row like any trial
+    assert list(table["trial"]) == ["ref", "0", "1", "2", "3", "4", "5", "6"]
+    assert table.loc[table["trial"] == "ref", "category"].item() == "pareto"
+    assert "ttft_p99 (ms)" in table.columns and table.loc[table["trial"] == "1", "ttft_p99 (ms)"].item() == 500.0
+    at.text_input(key="trials_filter").set_value("ttft_p99 < 400ms").run()
+    assert list(at.dataframe[0].value["trial"]) == ["ref", "0"]
+    assert any(c.value.endswith("meet ttft_p99<400ms") for c in at.caption)  # echoed in the user's units
     at.text_input(key="trials_filter").set_value("ttft_p99 <").run()
     assert at.error and "cannot read" in at.error[0].value
 
@@ -83,6 +86,11 @@ def test_detail_page_measured_and_failed(monkeypatch, synthetic_url):
     labels = {m.label: m.value for m in at.metric}
     assert labels["prefix-cache hit rate"] == "25.0%" and labels["speculative acceptance"] == "60.0%"
     assert labels["greedy agreement"] == "90.0%"
+    cdf = figure(at, 0)
+    assert [t["name"] for t in cdf["data"]] == ["trial 0", "reference (vLLM's defaults)"]  # the reference overlaid
+    at.selectbox(key="detail_trial").set_value(-1).run()
+    assert at.subheader[0].value.startswith("Reference (vLLM's defaults) — measured")
+    assert not at.exception and not at.error
     at.selectbox(key="detail_trial").set_value(4).run()
     assert "no memory for the KV cache" in at.error[0].value
     assert any("ValueError: no memory" in c.value for c in at.code)
@@ -91,10 +99,12 @@ def test_detail_page_measured_and_failed(monkeypatch, synthetic_url):
 def test_compare_page(monkeypatch, synthetic_url):
     at = open_app(monkeypatch, synthetic_url, "synth", "Compare")
     at.selectbox(key="compare_a").set_value(0).run()
+    assert at.selectbox(key="compare_b").value == -1  # against vLLM's defaults unless asked otherwise
     at.selectbox(key="compare_b").set_value(2).run()
     rows = at.dataframe[0].value
     row = rows[rows["field"] == "config.max_num_seqs"].iloc[0]
     assert (row["trial 0"], row["trial 2"], row[""]) == ("8", "4", "≠")
+    assert list(rows["field"])[:2] == ["status", "config.max_num_seqs"]  # what differs in the config comes first
     assert len(at.get("plotly_chart")) == 3 and len(figure(at)["data"]) == 2  # both trials' CDFs overlaid
 
 

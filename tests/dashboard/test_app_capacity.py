@@ -23,12 +23,13 @@ def test_capacity_is_an_axis_and_a_column(monkeypatch, capacity_url):
     at.sidebar.radio(key="page").set_value("Trials").run()
     table = at.dataframe[0].value
     assert {"capacity", "capacity bracket", "capacity notes", "vs defaults"} <= set(table.columns)
-    row = table[table["trial"] == 3].iloc[0]
+    row = table[table["trial"] == "3"].iloc[0]
     assert row["capacity"] == 2.5 and row["capacity bracket"].startswith("[2.5, 2.97] req/s per GPU")
     assert row["capacity notes"].startswith("unstable")
-    assert table[table["trial"] == 4].iloc[0]["capacity notes"] == "client-limited (a lower bound)"
+    assert table[table["trial"] == "4"].iloc[0]["capacity notes"] == "client-limited (a lower bound)"
+    assert table[table["trial"] == "ref"].iloc[0]["capacity"] == 4.0  # vLLM's defaults, a row like any trial
     at.text_input(key="trials_filter").set_value("capacity>=5").run()
-    assert sorted(at.dataframe[0].value["trial"]) == [0, 4]
+    assert sorted(at.dataframe[0].value["trial"]) == ["0", "4"]
 
 
 def test_pareto_page_says_which_trials_the_defaults_beat(monkeypatch, capacity_url):
