@@ -11,6 +11,8 @@ from dashboard.data import (StudyView, TrialView, diff_text, display_value, floo
 
 STYLE = {
     "pareto": dict(name="Pareto front", color="#1f6feb", symbol="circle", size=15, opacity=1.0),
+    "tie": dict(name="tied with the front, inside the intervals", color="#1f6feb", symbol="circle-open", size=13,
+                opacity=0.9),
     "dominated": dict(name="dominated", color="#8c959f", symbol="circle", size=10, opacity=0.7),
     "infeasible": dict(name="violates SLO / quality gate", color="#d97706", symbol="x", size=12, opacity=0.9),
 }
@@ -51,7 +53,8 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
             marker["size"] = style["size"] * 0.6
             fig.add_trace(go.Scatter3d(x=coords[x], y=coords[y], z=coords[z], marker=marker, **common))
         else:
-            fig.add_trace(go.Scatter(x=coords[x], y=coords[y], marker=marker, **common))
+            fig.add_trace(go.Scatter(x=coords[x], y=coords[y], marker=marker, error_x=_error_bars(trials, x),
+                                     error_y=_error_bars(trials, y), **common))
     ref = [study.reference_metric(a) for a in axes]
     if not any(math.isnan(v) for v in ref):
         r = {a: _scaled([v], a) for a, v in zip(axes, ref)}
@@ -68,7 +71,9 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
             ref_marker["symbol"] = "diamond"
             fig.add_trace(go.Scatter3d(x=r[x], y=r[y], z=r[z], marker=ref_marker, **common))
         else:
-            fig.add_trace(go.Scatter(x=r[x], y=r[y], marker=ref_marker, **common))
+            run = [study.reference_run] if study.reference_run is not None else []
+            fig.add_trace(go.Scatter(x=r[x], y=r[y], marker=ref_marker, error_x=_error_bars(run, x),
+                                     error_y=_error_bars(run, y), **common))
     if not z:
         xs, ys = front_line(study.trials, x, y)
         if len(xs) > 1:
@@ -101,6 +106,21 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
                       title=f"study {study.name}: {len([t for t in study.trials if t.measured])} measured of "
                             f"{len(study.trials)} trials", template="plotly_white")
     return fig
+
+
+def _error_bars(trials: Sequence[TrialView], metric: str) -> dict[str, Any]:
+    """95% intervals as error bars (none where a point was measured without one)."""
+    if not trials:
+        return dict(visible=False)
+    _, factor = metric_label(metric)
+    plus, minus = [], []
+    for t in trials:
+        value, interval = t.metric(metric), t.interval(metric)
+        ok = interval is not None and not math.isnan(value)
+        plus.append(max(interval[1] - value, 0.0) * factor if ok else 0.0)
+        minus.append(max(value - interval[0], 0.0) * factor if ok else 0.0)
+    return dict(type="data", symmetric=False, array=plus, arrayminus=minus, thickness=1.2, width=3,
+                visible=any(plus) or any(minus))
 
 
 def _draw_floor_bands(fig: Any, bands: dict[str, tuple[float, float]], x: str, y: str) -> None:

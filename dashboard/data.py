@@ -36,7 +36,7 @@ METRICS: dict[str, str] = {
     "kld": "minimize", "ppl_change": "minimize", "top1_agreement": "maximize",
 }
 # Categories of a trial in the Pareto view, in drawing order.
-CATEGORIES = ("pareto", "dominated", "infeasible", "failed", "running")
+CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "failed", "running")
 # How an engine log shows its platform (the study does not record it yet): vLLM's KV-cache lines
 # ("CPU KV cache size", "GPU KV cache usage") and its start-up line "detected platform cpu".
 _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache (?:size|usage)|detected platform (cpu|cuda)\b")
@@ -100,6 +100,39 @@ def metric_value(name: str, summary: dict | None, quality: dict | None, engine: 
     raise InputError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
 
 
+def metric_interval(name: str, summary: dict | None, quality: dict | None) -> tuple[float, float] | None:
+    """The 95% interval of a measured metric (capacity: its bracket per GPU, an open upper end read
+    as the measured value); None for a metric measured without one."""
+    summary = summary or {}
+    head, _, stat = name.partition("_")
+    keys = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}
+    try:
+        if name == "capacity":
+            return _capacity_interval(capacity.capacity_of(summary))
+        if head in LATENCY_METRICS and stat in LATENCY_STATS:
+            entry = summary["latency_s"][head][stat]
+        elif name in ("quality_loss", "kld", "ppl_change", "top1_agreement"):
+            entry = quality["nll_delta_per_token" if name == "quality_loss" else name]
+        elif name in keys:
+            entry = summary[keys[name]]
+        else:
+            return None
+        low, high = _num(entry["ci_low"]), _num(entry["ci_high"])
+    except (KeyError, TypeError):
+        return None
+    return None if math.isnan(low) or math.isnan(high) else (low, high)
+
+
+def _capacity_interval(cap: dict | None) -> tuple[float, float] | None:
+    from replay.capacity import bracket_rps
+
+    if not cap:
+        return None
+    low, high = bracket_rps(cap)
+    gpus = max(int(cap.get("gpus") or 1), 1)
+    return low / gpus, (low if high is None else high) / gpus
+
+
 def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     """Settings where `config` differs from the reference (speculation flattened; the model path
     shown by its directory name)."""
@@ -138,6 +171,7 @@ class TrialView:
     wall_s: float | None = None
     on_front: bool = False
     beaten_by_reference: bool = False  # vLLM's defaults are at least as good on every objective
+    tied: bool = False  # dominated, but only by differences inside the 95% intervals (`clearly_dominates`)
 
     @property
     def is_reference(self) -> bool:
@@ -163,7 +197,7 @@ class TrialView:
             return "failed"
         if not self.feasible:
             return "infeasible"
-        return "pareto" if self.on_front else "dominated"
+        return "pareto" if self.on_front else "tie" if self.tied else "dominated"
 
     def metric(self, name: str) -> float:
         if name in self.objective_values and not math.isnan(self.objective_values[name]):
@@ -171,6 +205,20 @@ class TrialView:
         if not self.measured:
             return math.nan
         return metric_value(name, self.summary, self.quality, self.engine)
+
+    def interval(self, name: str) -> tuple[float, float] | None:
+        """The metric's 95% interval (None when measured without one, or not measured)."""
+        return metric_interval(name, self.summary, self.quality) if self.measured else None
+
+    @property
+    def sample_sizes(self) -> str:
+        """How many requests the latencies and how many probe prompts the quality rest on."""
+        parts = []
+        if self.summary and self.summary.get("requests") is not None:
+            parts.append(f"{self.summary['requests']} requests")
+        if self.quality and self.quality.get("n_prompts"):
+            parts.append(f"{self.quality['n_prompts']} probe prompts")
+        return ", ".join(parts)
 
 
 @dataclasses.dataclass
@@ -250,7 +298,7 @@ def pareto_mask(points: Sequence[Sequence[float]], directions: Sequence[str]) ->
 
 def front_on(trials: Sequence[TrialView], metrics: Sequence[str]) -> list[TrialView]:
     """Feasible measured trials on the Pareto front of the given metrics (e.g. the two plotted)."""
-    candidates = [t for t in trials if t.category in ("pareto", "dominated")]
+    candidates = [t for t in trials if t.category in ("pareto", "tie", "dominated")]
     directions = [METRICS[m] for m in metrics]
     mask = pareto_mask([[t.metric(m) for m in metrics] for t in candidates], directions)
     return [t for t, on in zip(candidates, mask) if on]
@@ -384,6 +432,8 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
         for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate"):
             if extra not in row:
                 row[extra] = t.metric(extra)
+        row["95% intervals"] = intervals_text(t, study.objectives)
+        row["based on"] = t.sample_sizes
         if study.decision is not None and study.decision.dominated_by_reference:
             row["vs defaults"] = "defaults beat it on every objective" if t.beaten_by_reference else ""
         row["differs from reference"] = (diff_text(t.diff) if t.config else
@@ -450,6 +500,21 @@ def display_value(name: str, value: Any) -> str:
     return str(value)
 
 
+def display_interval(name: str, interval: tuple[float, float] | None) -> str:
+    """`[270, 330] ms`: a 95% interval in the metric's display unit ("" without one)."""
+    if interval is None:
+        return ""
+    low, high = (display_value(name, v) for v in interval)
+    unit = " ms" if low.endswith(" ms") else ""
+    return f"[{low.removesuffix(' ms')}, {high.removesuffix(' ms')}]{unit}"
+
+
+def intervals_text(t: TrialView, metrics: Sequence[str]) -> str:
+    """Each metric's 95% interval, for the table (capacity's is its bracket)."""
+    parts = [f"{m} {display_interval(m, t.interval(m))}" for m in metrics if t.interval(m) is not None]
+    return " · ".join(parts)
+
+
 def flat_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """A config dump with speculation flattened, for side-by-side display."""
     if not config:
@@ -476,8 +541,12 @@ def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]
         va, vb = a.metric(name), b.metric(name)
         if math.isnan(va) and math.isnan(vb):
             continue
-        rows.append({"field": name, "a": display_value(name, va), "b": display_value(name, vb),
+        shown = [" ".join(filter(None, (display_value(name, v), display_interval(name, t.interval(name)))))
+                 for v, t in ((va, a), (vb, b))]
+        rows.append({"field": name, "a": shown[0], "b": shown[1],
                      "differs": display_value(name, va) != display_value(name, vb)})
+    rows.append({"field": "based on", "a": a.sample_sizes or "-", "b": b.sample_sizes or "-",
+                 "differs": a.sample_sizes != b.sample_sizes})
     ba, bb = (capacity.bracket_text(capacity.capacity_of(t.summary)) for t in (a, b))
     if ba or bb:
         rows.append({"field": "capacity bracket", "a": ba or "-", "b": bb or "-", "differs": ba != bb})
@@ -783,3 +852,27 @@ def mark_front(study: StudyView) -> None:
         t.on_front, t.beaten_by_reference = t.number in on_front, t.number in beaten
     if study.reference_run is not None:
         study.reference_run.on_front = any(c.label == REFERENCE for c in study.decision.front)
+    pool = candidates + ([study.reference_run] if study.reference_run is not None else [])
+    for t in pool:
+        t.tied = not t.on_front and not any(
+            clearly_dominates(other, t, study.objectives, study.directions) for other in pool if other is not t)
+
+
+def clearly_dominates(a: TrialView, b: TrialView, objectives: Sequence[str], directions: Sequence[str]) -> bool:
+    """`a` dominates `b`, and on at least one objective their 95% intervals do not overlap (a metric
+    without an interval counts as its value). Otherwise the difference is inside the measurement's
+    uncertainty: `b` is shown as tied with the front, not as dominated."""
+    va, vb = [a.metric(o) for o in objectives], [b.metric(o) for o in objectives]
+    if not dominates(va, vb, directions):
+        return False
+    for o, d, x, y in zip(objectives, directions, va, vb):
+        (_, a_high), (b_low, _) = _ordered(a.interval(o) or (x, x), d), _ordered(b.interval(o) or (y, y), d)
+        if a_high < b_low:
+            return True
+    return False
+
+
+def _ordered(interval: tuple[float, float], direction: str) -> tuple[float, float]:
+    """An interval as (best, worst) end of `direction`'s scale, negated for maximize (smaller is better)."""
+    low, high = interval
+    return (low, high) if direction == "minimize" else (-high, -low)

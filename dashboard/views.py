@@ -62,8 +62,11 @@ def _verdict_banners(study: data.StudyView) -> None:
     if decision.reference_is_best:
         st.warning(decision.verdict()[:1].upper() + decision.verdict()[1:], icon=":material/star:")
     elif decision.dominated_by_reference:
-        st.info(f"vLLM's defaults beat trial(s) {', '.join(map(str, decision.dominated_by_reference))} on every "
-                "objective: they are drawn as dominated, not on the front.")
+        beaten = [study.trial(n) for n in decision.dominated_by_reference]
+        ties = [t.number for t in beaten if t.tied]
+        st.info(f"vLLM's defaults beat trial(s) {', '.join(str(t.number) for t in beaten)} on every objective: not on "
+                "the front" + (f" (trial(s) {', '.join(map(str, ties))} only inside the 95% intervals: drawn as ties)"
+                               if ties else "") + ".")
 
 
 def _capacity_chart(study: data.StudyView, trials: list[data.TrialView], key: str) -> None:
@@ -163,7 +166,7 @@ def page_trials(study: data.StudyView) -> None:
             config[col] = st.column_config.NumberColumn(col, format="percent")
         elif col.startswith("capacity") and col in data.METRICS:
             config[col] = st.column_config.NumberColumn(data.metric_label(col)[0], format="%.3f")
-        elif col in ("capacity bracket", "capacity notes", "vs defaults"):
+        elif col in ("capacity bracket", "capacity notes", "vs defaults", "95% intervals", "based on"):
             config[col] = st.column_config.TextColumn(col, width="medium")
     st.dataframe(frame, hide_index=True, key="trials_table", column_config=config,
                  height=min(35 * (len(frame) + 1) + 3, 740))

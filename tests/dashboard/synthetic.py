@@ -185,7 +185,7 @@ CAPACITY_STUDIES = {
                           high=2.38), 0.01),                               # front, best by capacity (6.0)
         1: (0.5, capacity(1.2, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.5, "abandon"), (1.2, 0.96, "pass")],
                           high=2.0), 0.0),                                 # front (faster than the defaults)
-        2: (0.85, capacity(1.56, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.7, "fail"), (1.56, 0.95, "pass")],
+        2: (1.0, capacity(1.56, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.7, "fail"), (1.56, 0.95, "pass")],
                            high=2.0), 0.0),                                # only the reference dominates it
         3: (0.4, capacity(2.0, 2.5, [(1.0, 1.0, "pass"), (2.0, 0.96, "pass"), (4.0, 0.3, "abandon"),
                                      (2.83, 0.6, "abandon"), (2.38, 0.95, "pass"), (2.38, 0.9, "fail", "repeat")],

@@ -39,6 +39,26 @@ def test_capacity_is_a_metric_to_maximize(cap_study):
     assert [c.metric for c in data.parse_conditions("capacity>=3 and capacity_scale>1")] == ["capacity", "capacity_scale"]
 
 
+def test_a_difference_inside_the_intervals_is_a_tie_not_dominated(cap_study):
+    """Trial 2 is dominated by the reference on every objective, its TTFT clearly (1.0 s [0.9, 1.1] vs
+    0.8 s [0.72, 0.88]). At 0.85 s [0.77, 0.94], inside the reference's interval, and with its capacity
+    bracket [3.9, 5.0] overlapping the reference's [4.0, 4.2], the same point values are a tie."""
+    import copy
+
+    assert cap_study.trial(2).category == "dominated" and not cap_study.trial(2).tied
+    assert data.clearly_dominates(cap_study.reference_run, cap_study.trial(2), cap_study.objectives,
+                                  cap_study.directions)
+    study = copy.deepcopy(cap_study)
+    t = study.trial(2)
+    t.objective_values["ttft_p99"] = 0.85
+    t.summary["latency_s"]["ttft"]["p99"] = {"value": 0.85, "ci_low": 0.765, "ci_high": 0.935}
+    data.mark_front(study)
+    assert study.decision.dominated_by_reference == [2] and t.category == "tie" and t.beaten_by_reference
+    assert data.metric_interval("capacity", t.summary, None) == pytest.approx((3.9, 5.0))
+    fig = charts.pareto_figure(study, "ttft_p99", "capacity")
+    assert any(trace.name == "tied with the front, inside the intervals (1)" for trace in fig.data)
+
+
 def test_studies_without_capacity_keep_their_table(synthetic_url):
     study = data.load_study(synthetic_url, "synth")
     assert not data.has_capacity(study)
@@ -117,7 +137,8 @@ def test_steps_kinds_and_capacity_point():
 
 def test_compare_rows_include_capacity(cap_study):
     rows = {r["field"]: r for r in data.compare(cap_study, cap_study.trial(0), cap_study.trial(3))}
-    assert rows["capacity"]["a"] == "6" and rows["capacity"]["b"] == "2.5"
+    # per GPU, with the bracket as its interval (trial 3 runs on 2 GPUs)
+    assert rows["capacity"]["a"] == "6 [6, 7.14]" and rows["capacity"]["b"] == "2.5 [2.5, 2.975]"
     assert rows["capacity bracket"] == {"field": "capacity bracket", "a": "[6, 7.14] req/s", "b": "[5, 5.95] req/s",
                                         "differs": True}
 

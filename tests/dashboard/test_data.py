@@ -164,6 +164,8 @@ def test_filter_trials_by_constraints_and_category(study):
 def test_trial_table_rows(study):
     rows = {r["trial"]: r for r in data.trial_table(study)}
     assert rows[1]["output_tps"] == 45.0 and rows[1]["category"] == "pareto"
+    assert rows[1]["95% intervals"] == "ttft_p99 [450, 550] ms · output_tps [40.5, 49.5] · quality_loss [0.019, 0.021]"
+    assert rows[1]["based on"] == "4 requests, 4 probe prompts"
     assert rows[1]["differs from reference"] == "max_num_seqs=32"
     assert rows[5]["differs from reference"].startswith("sampled: max_num_seqs=")
     assert "AVX-512" in rows[5]["failure"]
@@ -198,7 +200,8 @@ def test_compare_marks_differences(study):
     rows = {r["field"]: r for r in data.compare(study, study.trial(0), study.trial(1))}
     assert rows["config.max_num_seqs"]["differs"] and rows["config.max_num_seqs"]["a"] == "8"
     assert not rows["config.dtype"]["differs"]
-    assert rows["ttft_p99"]["a"] == "300 ms" and rows["ttft_p99"]["b"] == "500 ms"
+    assert rows["ttft_p99"]["a"] == "300 ms [270, 330] ms" and rows["ttft_p99"]["b"] == "500 ms [450, 550] ms"
+    assert rows["based on"]["a"] == "4 requests, 4 probe prompts"  # sample sizes shown
 
 
 def test_front_on_two_axes_and_staircase(study):
@@ -268,3 +271,14 @@ def test_request_records_read_packed_and_plain_storage(study):
     assert plain.startswith("{")  # unpacked on load
     assert unpack_records(pack_records(plain)) == plain
     assert unpack_records(plain) == plain  # written by an older tracetune
+
+
+def test_the_pareto_chart_draws_95_percent_intervals_as_error_bars(study):
+    fig = charts.pareto_figure(study, "ttft_p99", "output_tps")
+    front = next(t for t in fig.data if t.name.startswith("Pareto front"))
+    order = [int(n) for n in front.text]
+    plus = dict(zip(order, front.error_x.array))
+    assert front.error_x.visible and plus[0] == pytest.approx(30.0) and plus[1] == pytest.approx(50.0)  # ms
+    assert dict(zip(order, front.error_y.arrayminus))[1] == pytest.approx(4.5)  # output_tps 45 [40.5, 49.5]
+    ref = next(t for t in fig.data if t.name == "reference (unquantized)")
+    assert ref.error_x.array == (pytest.approx(25.0),)  # the reference's run: 250 ms [225, 275]
