@@ -740,6 +740,8 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     rows, reference = _read_results(storage.engine, name)
     ref_config = reference["config"] if reference else {}
     attrs = study.user_attrs
+    silent = _silent_for(storage.engine, name)
+    grace = 2 * float(attrs.get("heartbeat_s") or 30)
     directions = [d.name.lower() for d in study.directions]
     objectives = list(attrs.get("objectives") or [f"objective_{i}" for i in range(len(directions))])
     trials = []
@@ -748,14 +750,18 @@ def load_study(url: str, name: str | None = None) -> StudyView:
         ua = ft.user_attrs
         state = ft.state.name
         status = ua.get("status") or row.get("status")
-        if state == "RUNNING" or state == "WAITING":
+        reason = row.get("failure_reason") or ua.get("failure_reason")
+        if state == "RUNNING" and silent.get(ft.number, 0.0) > grace:
+            status = "interrupted"
+            reason = (f"interrupted: its worker stopped sending heartbeats {silent[ft.number]:.0f} s ago (stopped or "
+                      f"crashed); resuming the study runs it again")
+        elif state == "RUNNING" or state == "WAITING":
             status = "running"
         elif status is None:
             status = "interrupted"
         # Trials without a measurement may be COMPLETE with penalty values for the sampler: never show those.
         values = dict(zip(objectives, ft.values)) if ft.values and state == "COMPLETE" and status == "measured" else {}
         config = row.get("config") or ua.get("config")
-        reason = row.get("failure_reason") or ua.get("failure_reason")
         if status == "interrupted" and not reason:
             reason = "interrupted: the tuner stopped during this trial (it is run again on resume)"
         constraints = list(ua.get("constraints") or [])
@@ -792,6 +798,31 @@ def _reference_run(study: StudyView, row: dict[str, Any] | None, config: dict[st
                      summary=summary, quality=row.get("quality"), engine=row.get("engine"),
                      requests_jsonl=row.get("requests_jsonl"), log_tail=row.get("log_tail"),
                      startup_s=row.get("startup_s"), wall_s=row.get("wall_s"))
+
+
+def _silent_for(engine: Any, name: str) -> dict[int, float]:
+    """Seconds since each RUNNING trial's worker last sent its heartbeat (Optuna's heartbeat table,
+    on the database's own clock); trials without one are left out."""
+    from sqlalchemy import func, inspect, select, text
+
+    if "trial_heartbeats" not in set(inspect(engine).get_table_names()):
+        return {}
+    query = text("SELECT t.number, h.heartbeat FROM trials t JOIN trial_heartbeats h ON h.trial_id = t.trial_id "
+                 "JOIN studies s ON s.study_id = t.study_id WHERE s.study_name = :name AND t.state = 'RUNNING'")
+    with engine.connect() as conn:
+        now = conn.execute(select(func.now())).scalar()
+        beats = conn.execute(query, {"name": name}).all()
+    now = _as_datetime(now)
+    return {number: (now - _as_datetime(beat)).total_seconds() for number, beat in beats}
+
+
+def _as_datetime(value: Any) -> Any:
+    """A timestamp as a naive datetime (SQLite hands back text)."""
+    import datetime as dt
+
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value.replace(tzinfo=None)
 
 
 def _read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:

@@ -206,6 +206,10 @@ def page_detail(study: data.StudyView) -> None:
             st.caption(capacity.headline(capacity.capacity_of(t.summary)))
         if t.beaten_by_reference:
             st.warning(f"vLLM's defaults beat trial {t.number} on every objective: keep the defaults over it.")
+    elif t.status == "running":
+        st.info("running: a worker is measuring it now")
+    elif t.status == "interrupted":
+        st.warning(t.failure_reason or "interrupted")
     else:
         st.error(t.failure_reason or "no reason stored")
     if not t.is_reference:

@@ -691,6 +691,7 @@ class Tuner:
                 study.set_user_attr("max_quality_loss", gate)
             study.set_user_attr("platform", self.platform.value)
             study.set_user_attr("vllm_version", installed_vllm_version())
+            study.set_user_attr("heartbeat_s", self.s.heartbeat_s)  # silent for twice this: its worker is gone
         elif stored != self.s.objectives:
             raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "
                              f"resume it with the same --objectives or pick a new --study")

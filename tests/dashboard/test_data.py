@@ -282,3 +282,34 @@ def test_the_pareto_chart_draws_95_percent_intervals_as_error_bars(study):
     assert dict(zip(order, front.error_y.arrayminus))[1] == pytest.approx(4.5)  # output_tps 45 [40.5, 49.5]
     ref = next(t for t in fig.data if t.name == "reference (unquantized)")
     assert ref.error_x.array == (pytest.approx(25.0),)  # the reference's run: 250 ms [225, 275]
+
+
+def test_a_running_trial_whose_worker_went_silent_is_shown_interrupted(tmp_path):
+    """Optuna's heartbeat table says when a running trial's worker last spoke: silent for longer than
+    twice the heartbeat, the trial was cut off (shown interrupted, live refresh off); recent, it runs."""
+    import datetime as dt
+
+    import sqlalchemy
+
+    from tests.dashboard.synthetic import make_study
+
+    url = make_study(tmp_path / "study.db")
+    engine = sqlalchemy.create_engine(url)
+
+    def beat(seconds_ago: float) -> data.StudyView:
+        with engine.begin() as conn:
+            trial_id = conn.execute(sqlalchemy.text("SELECT trial_id FROM trials WHERE number = 6")).scalar()
+            conn.execute(sqlalchemy.text("DELETE FROM trial_heartbeats"))
+            when = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=seconds_ago)
+            conn.execute(sqlalchemy.text("INSERT INTO trial_heartbeats (trial_id, heartbeat) VALUES (:t, :h)"),
+                         {"t": trial_id, "h": when.isoformat(sep=" ")})
+        return data.load_study(url, "synth")
+
+    stale = beat(600)
+    assert stale.trial(6).status == "interrupted" and not stale.running
+    import re
+
+    ago = re.search(r"stopped sending heartbeats (\d+) s ago", stale.trial(6).failure_reason)
+    assert ago and 595 <= int(ago.group(1)) <= 605  # the database's clock has whole seconds
+    fresh = beat(5)
+    assert fresh.trial(6).status == "running" and fresh.running
