@@ -261,3 +261,37 @@ def figure_summary(fig: Any) -> dict[str, int]:
     for trace in fig.data:
         out[trace.name] = len(trace.x) if trace.x is not None else 0
     return out
+
+
+def progress_figure(rows: Sequence[dict[str, Any]]):
+    """The hypervolume of the front after each trial (vLLM's defaults first), a marker per trial in
+    its category's colour: when the search found something, and when it stopped finding."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    labels = ["ref" if r["trial"] < 0 else str(r["trial"]) for r in rows]
+    fig.add_trace(go.Scatter(x=labels, y=[r["hypervolume"] for r in rows], mode="lines", line_shape="hv",
+                             name="front's hypervolume", line=dict(color="#1f6feb", width=2), hoverinfo="skip"))
+    for category in dict.fromkeys(r["category"] for r in rows):
+        style = STYLE.get(category, dict(name=category, color="#8c959f", symbol="circle-open"))
+        chosen = [(label, r) for label, r in zip(labels, rows) if r["category"] == category]
+        fig.add_trace(go.Scatter(x=[c[0] for c in chosen], y=[c[1]["hypervolume"] for c in chosen], mode="markers",
+                                 name=style["name"], marker=dict(color=style["color"], symbol=style["symbol"], size=9)))
+    fig.update_layout(title="search progress: hypervolume of the front (objectives scaled to [0, 1])",
+                      xaxis_title="trial", yaxis_title="hypervolume", xaxis_type="category", height=340,
+                      margin=dict(l=10, r=10, t=40, b=10), template="plotly_white")
+    return fig
+
+
+def importance_figure(importances: dict[str, dict[str, float]]):
+    """Per objective, each searched parameter's share of its variation (PED-ANOVA)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for i, (objective, values) in enumerate(importances.items()):
+        fig.add_trace(go.Bar(name=objective, x=list(values), y=list(values.values()),
+                             marker_color=PALETTE[i % len(PALETTE)]))
+    fig.update_layout(title="parameter importance per objective", barmode="group", yaxis_title="importance",
+                      height=340, margin=dict(l=10, r=10, t=40, b=10), template="plotly_white")
+    return fig
+

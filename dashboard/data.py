@@ -12,13 +12,14 @@ import dataclasses
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from dashboard import capacity
 from engine_adapter.errors import InputError
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
-from tuner.front import REFERENCE, Candidate, decide, dominates, economics
+from tuner.front import REFERENCE, Candidate, decide, dominates, economics, hypervolume
 from tuner.quality import floor_estimates, floor_text
 from tuner.storage import REFERENCE_RUN
 
@@ -36,7 +37,7 @@ METRICS: dict[str, str] = {
     "kld": "minimize", "ppl_change": "minimize", "top1_agreement": "maximize",
 }
 # Categories of a trial in the Pareto view, in drawing order.
-CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "failed", "running")
+CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "failed", "running", "duplicate")
 # How an engine log shows its platform (the study does not record it yet): vLLM's KV-cache lines
 # ("CPU KV cache size", "GPU KV cache usage") and its start-up line "detected platform cpu".
 _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache (?:size|usage)|detected platform (cpu|cuda)\b")
@@ -191,8 +192,8 @@ class TrialView:
 
     @property
     def category(self) -> str:
-        if self.status == "running":
-            return "running"
+        if self.status in ("running", "duplicate"):  # a duplicate reuses an earlier trial's result: not a failure
+            return self.status
         if not self.measured or self.state != "COMPLETE":
             return "failed"
         if not self.feasible:
@@ -551,6 +552,70 @@ def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]
     if ba or bb:
         rows.append({"field": "capacity bracket", "a": ba or "-", "b": bb or "-", "differs": ba != bb})
     return rows + [r for r in config_rows if not r["differs"]]
+
+
+# -- how the search went ------------------------------------------------------------------------
+def search_progress(study: StudyView) -> list[dict[str, Any]]:
+    """Per trial, in the order run: its category, and the hypervolume of the front of the feasible
+    measured trials so far with vLLM's defaults (objectives scaled to [0, 1] over every run shown,
+    reference point 1.1): the share of objective space the search has covered, and when it grew."""
+    runs = [t for t in study.candidates if t.category in ("pareto", "tie", "dominated")]
+    if not runs or not study.objectives:
+        return []
+    signs = [1.0 if d == "minimize" else -1.0 for d in study.directions]
+    raw = {t.number: [s * t.metric(o) for s, o in zip(signs, study.objectives)] for t in runs}
+    raw = {n: v for n, v in raw.items() if not any(math.isnan(x) for x in v)}
+    if not raw:
+        return []
+    lows = [min(v[i] for v in raw.values()) for i in range(len(signs))]
+    highs = [max(v[i] for v in raw.values()) for i in range(len(signs))]
+    scaled = {n: [(x - lo) / (hi - lo) if hi > lo else 0.0 for x, lo, hi in zip(v, lows, highs)]
+              for n, v in raw.items()}
+    seen = [scaled[REFERENCE_RUN]] if REFERENCE_RUN in scaled else []
+    ref_point = [1.1] * len(signs)
+    out = [{"trial": REFERENCE_RUN, "category": study.reference_run.category, "hypervolume": hypervolume(seen, ref_point)}
+           ] if seen else []
+    for t in sorted(study.trials, key=lambda t: t.number):
+        if t.number in scaled:
+            seen.append(scaled[t.number])
+        out.append({"trial": t.number, "category": t.category, "hypervolume": hypervolume(seen, ref_point)})
+    return out
+
+
+def failure_causes(trials: Sequence[TrialView]) -> list[dict[str, Any]]:
+    """Unmeasured trials grouped by cause (`tuner.front.group_failures`), the most frequent first."""
+    from tuner.front import group_failures
+
+    groups = group_failures([(t.number, t.status, (t.failure_reason or "")[:300]) for t in trials])
+    return [{"status": status, "count": len(numbers), "trials": ", ".join(map(str, numbers)), "reason": reason}
+            for status, reason, numbers in groups]
+
+
+def param_importances(study: StudyView) -> dict[str, dict[str, float]]:
+    """Per objective, how much each searched parameter moved it (Optuna's PED-ANOVA evaluator over
+    the measured trials only: a failed trial's penalty values would be noise). Empty when too few
+    trials were measured, or nothing varied."""
+    import optuna
+
+    measured = {t.number for t in study.trials if t.measured and t.objective_values}
+    source = optuna.load_study(study_name=study.name, storage=_optuna_storage(study.storage))
+    frozen = [ft for ft in source.get_trials(deepcopy=False) if ft.number in measured and ft.params]
+    if len(frozen) < 4:
+        return {}
+    copy = optuna.create_study(directions=study.directions)
+    copy.add_trials(frozen)
+    out = {}
+    for i, (objective, direction) in enumerate(zip(study.objectives, study.directions)):
+        sign = 1.0 if direction == "minimize" else -1.0  # the evaluator asks what makes the target low
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out[objective] = optuna.importance.get_param_importances(
+                    copy, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                    target=lambda t, i=i, sign=sign: sign * t.values[i])
+        except (RuntimeError, ValueError):  # every trial had the same parameter values
+            continue
+    return {o: v for o, v in out.items() if v}
 
 
 # -- per-request data (drill-down) --------------------------------------------------------------

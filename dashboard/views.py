@@ -107,18 +107,35 @@ def page_pareto(study: data.StudyView) -> None:
             st.info(f"Selected trial {chosen.number} ({chosen.category}): {data.diff_text(chosen.diff)}. "
                     f"Trial detail and Export now open on it.")
     counts = {c: sum(1 for t in study.trials if t.category == c) for c in data.CATEGORIES}
-    st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by another trial "
-               f"or by vLLM's defaults) · "
-               f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
-               f"{counts['failed']} failed or rejected (no measurements, listed below) · {counts['running']} running. "
-               "Hover a point for its config" + ("." if three_d else "; click it to open it in Trial detail and Export; "
-                                                  "the dotted line is the front on the two axes shown."))
     failed = [t for t in study.trials if t.category in ("failed", "running")]
+    line = " (the dotted line is the front on the two axes shown)" if len(data.front_on(study.trials, [x, y])) > 1 \
+        else ""
+    st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by another trial "
+               f"or by vLLM's defaults; bars: 95% intervals) · {counts['tie']} tied with it inside the intervals · "
+               f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
+               f"{counts['failed']} failed or rejected (no measurements, listed below) · {counts['running']} running"
+               + (f" · {counts['duplicate']} duplicates of earlier trials (not run again)" if counts["duplicate"] else "")
+               + ". "
+               "Hover a point for its config" + ("." if three_d else f"; click it to open it in Trial detail and Export{line}."))
     if failed:
-        with st.expander(f"Failed, rejected and running trials ({len(failed)}) — not on the chart"):
-            st.dataframe([{"trial": t.number, "status": t.status, "reason": (t.failure_reason or "")[:300],
-                           "sampled": ", ".join(f"{k}={v}" for k, v in t.params.items())} for t in failed],
-                         hide_index=True, key="failed_table")
+        causes = data.failure_causes(failed)
+        with st.expander(f"Failed, rejected and running trials ({len(failed)}, {len(causes)} causes) — not on the chart"):
+            st.dataframe(causes, hide_index=True, key="failed_table")
+    _search_progress(study)
+
+
+def _search_progress(study: data.StudyView) -> None:
+    """Hypervolume of the front after each trial, and which parameters moved each objective."""
+    rows = data.search_progress(study)
+    if len(rows) < 2:
+        return
+    with st.expander("Search progress and parameter importance"):
+        st.plotly_chart(charts.progress_figure(rows), key="progress_chart")
+        importances = data.param_importances(study)
+        if importances:
+            st.plotly_chart(charts.importance_figure(importances), key="importance_chart")
+        else:
+            st.caption("parameter importance needs at least 4 measured trials with different values")
 
 
 def _table_frame(study: data.StudyView, rows: list[dict]):
@@ -198,8 +215,10 @@ def page_detail(study: data.StudyView) -> None:
     if t.measured:
         cols = st.columns(len(study.objectives) + 2)
         for col, name in zip(cols, study.objectives):
+            # green when better than the reference, red when worse, whichever way the metric points
             col.metric(name, data.display_value(name, t.metric(name)), _metric_delta(study, t, name),
-                       delta_color="off")
+                       delta_color="inverse" if data.METRICS.get(name) == "minimize" else "normal",
+                       help=f"95% interval {data.display_interval(name, t.interval(name))}" if t.interval(name) else None)
         cols[-2].metric("engine start", f"{t.startup_s:.0f} s" if t.startup_s else "-")
         cols[-1].metric("trial wall time", f"{t.wall_s:.0f} s" if t.wall_s else "-")
         if capacity.capacity_of(t.summary):

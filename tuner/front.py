@@ -41,6 +41,37 @@ def front(candidates: Sequence[Candidate], directions: Sequence[str]) -> list[Ca
             if not any(dominates(o.values, c.values, directions) for o in candidates if o is not c)]
 
 
+def hypervolume(points: Sequence[Sequence[float]], ref: Sequence[float]) -> float:
+    """The volume the points dominate up to `ref`, every objective minimised (negate maximised ones);
+    a point not better than `ref` on every objective adds nothing. Exact, by slicing along the last
+    objective: fine for the few objectives and hundreds of trials of a study."""
+    pts = sorted((tuple(p) for p in points if all(x < r for x, r in zip(p, ref))), key=lambda p: p[-1])
+    if not pts:
+        return 0.0
+    if len(ref) == 1:
+        return ref[0] - pts[0][0]
+    volume = 0.0
+    for i, p in enumerate(pts):
+        upper = pts[i + 1][-1] if i + 1 < len(pts) else ref[-1]
+        if upper > p[-1]:
+            volume += (upper - p[-1]) * hypervolume([q[:-1] for q in pts[:i + 1]], ref[:-1])
+    return volume
+
+
+def group_failures(failures: Sequence[tuple[int, str, str]]) -> list[tuple[str, str, list[int]]]:
+    """(trial, status, reason) of unmeasured trials -> (status, reason, trials), one per cause, the
+    most frequent first. Reasons that differ only in their numbers (the same rule broken by other
+    values) are one cause, shown by its first trial's reason."""
+    import re
+
+    groups: dict[tuple[str, str], tuple[str, list[int]]] = {}
+    for number, status, reason in failures:
+        key = (status, re.sub(r"\d+(\.\d+)?", "N", reason or "")[:200])
+        groups.setdefault(key, (reason or "", []))[1].append(number)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1][1]), kv[1][1][0]))
+    return [(status, reason, numbers) for (status, _), (reason, numbers) in ordered]
+
+
 def deciding_objective(objectives: Sequence[str], directions: Sequence[str]) -> int:
     """Index of the objective "best" is judged by: the first one to maximise (capacity or
     throughput), else the first objective."""

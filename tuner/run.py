@@ -450,14 +450,14 @@ def _bracket(capacity: dict | None) -> str:
 
 
 def _print_failures(study, console) -> None:
+    from tuner.front import group_failures
+
     failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed",
                                                                          "unmeasurable")
               or (t.user_attrs.get("status") == "measured" and t.user_attrs.get("failure_reason"))]
-    by_reason: dict[tuple[str, str], list[int]] = {}
-    for t in failed:
-        key = (t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:160])
-        by_reason.setdefault(key, []).append(t.number)
-    for (status, reason), numbers in sorted(by_reason.items(), key=lambda kv: kv[1][0]):
+    causes = group_failures([(t.number, t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:300])
+                             for t in failed])
+    for status, reason, numbers in causes:
         console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"
                       f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)
 

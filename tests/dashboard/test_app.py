@@ -64,6 +64,32 @@ def test_pareto_page(monkeypatch, synthetic_url):
     assert fig3["layout"]["scene"]["zaxis"]["title"]["text"].startswith("quality_loss")
 
 
+def test_pareto_page_groups_failures_by_cause_and_shows_search_progress(monkeypatch, synthetic_url):
+    at = open_app(monkeypatch, synthetic_url, "synth", "Pareto")
+    labels = [e.proto.label for e in at.expander]
+    assert "Failed, rejected and running trials (3, 3 causes) — not on the chart" in labels
+    causes = at.dataframe[0].value  # the only table on the page
+    assert list(causes["status"]) == ["engine_failed", "rejected", "running"] and list(causes["count"]) == [1, 1, 1]
+    progress = json.loads(at.get("plotly_chart")[1].proto.spec)
+    assert progress["layout"]["title"]["text"].startswith("search progress: hypervolume")
+    assert progress["data"][0]["x"][:3] == ["ref", "0", "1"]  # vLLM's defaults first, then the trials in order
+    hv = progress["data"][0]["y"]
+    assert hv[0] < hv[1] < hv[2] == pytest.approx(hv[-1])  # trials 0 and 1 grew the front, nothing after
+
+
+def test_detail_deltas_are_coloured_by_better_or_worse(monkeypatch, synthetic_url):
+    """Trial 0 against the reference: TTFT p99 300 vs 250 ms (worse: red, although the number went up),
+    output 30 vs 20 tok/s (better: green)."""
+    from streamlit.proto.Metric_pb2 import Metric
+
+    at = open_app(monkeypatch, synthetic_url, "synth", "Trial detail")
+    at.selectbox(key="detail_trial").set_value(0).run()
+    metrics = {m.label: m for m in at.metric}
+    assert metrics["ttft_p99"].delta == "+50 ms vs reference" and metrics["ttft_p99"].proto.color == Metric.RED
+    assert metrics["output_tps"].delta.startswith("+10") and metrics["output_tps"].proto.color == Metric.GREEN
+    assert metrics["ttft_p99"].proto.help == "95% interval [270, 330] ms"
+
+
 def test_trials_page_filters_by_constraints(monkeypatch, synthetic_url):
     at = open_app(monkeypatch, synthetic_url, "synth", "Trials")
     table = at.dataframe[0].value

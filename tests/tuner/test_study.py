@@ -212,3 +212,24 @@ def test_levels_round_trip_as_columns(tmp_path):
     assert list(first["itl_count"]) == [0, 1, 2] and len(first["itl_s"]) == 3
     assert list(first["error"]) == ["", "", "HTTP 500: boom"]
     assert store.levels("s", 5) == []
+
+
+def test_failures_group_by_cause_when_only_their_numbers_differ():
+    from tuner.front import group_failures
+
+    causes = group_failures([
+        (1, "rejected", "max_num_batched_tokens (512) is below max_model_len (2048) without chunked prefill"),
+        (2, "engine_failed", "engine exited at start: no memory for the KV cache"),
+        (3, "rejected", "max_num_batched_tokens (1024) is below max_model_len (2048) without chunked prefill"),
+        (4, "rejected", "max_num_batched_tokens (256) is below max_model_len (2048) without chunked prefill")])
+    assert [(status, numbers) for status, _, numbers in causes] == [("rejected", [1, 3, 4]), ("engine_failed", [2])]
+    assert causes[0][1].startswith("max_num_batched_tokens (512)")  # shown by its first trial's reason
+
+
+def test_hypervolume_is_exact_on_known_fronts():
+    from tuner.front import hypervolume
+
+    assert hypervolume([[0.0, 0.0]], [1.0, 1.0]) == 1.0
+    assert hypervolume([[0.0, 0.5], [0.5, 0.0]], [1.0, 1.0]) == pytest.approx(0.75)
+    assert hypervolume([[0.5, 0.5, 0.5]], [1.0, 1.0, 1.0]) == pytest.approx(0.125)
+    assert hypervolume([[2.0, 0.0]], [1.0, 1.0]) == 0.0  # outside the reference point: nothing
