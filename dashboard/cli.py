@@ -31,6 +31,7 @@ examples:
   tune export --storage sqlite:///runs/traffic/study.db --study traffic --trial 3 --format k8s -o deploy.yaml
   tune export --pick "max:output_tps where ttft_p99<500ms" --format compose -o compose.yaml
   tune export --pick "min:ttft_p99 where quality_loss<0.01 and output_tps>20" --format helm-values
+  tune export --reference --format k8s             # vLLM's defaults, when no trial beats them
 
 --pick chooses among the feasible trials on the Pareto front: max:METRIC or min:METRIC, then
 optionally 'where' and conditions joined by 'and' (latencies in seconds, or with ms/s/us).
@@ -66,6 +67,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--best", action="store_true",
                        help="the front's best on the first objective to maximize (as best.json)")
     which.add_argument("--pick", metavar="EXPR", help="a rule over the front, e.g. 'max:output_tps where ttft_p99<0.5'")
+    which.add_argument("--reference", action="store_true",
+                       help="vLLM's defaults as the study measured them (the answer when no trial beats them)")
     exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
     exp.add_argument("-o", "--output", type=Path, metavar="PATH", help="write here instead of stdout")
     exp.add_argument("--image", metavar="IMAGE",
@@ -165,7 +168,7 @@ def export_command(args: argparse.Namespace, console) -> int:
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,
                             vllm_version=args.vllm_version, allow_dummy_weights=args.allow_dummy_weights)
     study = load_study(storage_url(args.storage), args.study)
-    trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick)
+    trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick, reference=args.reference)
     text = export(study, trial, args.fmt, options)
     if args.output is None:
         sys.stdout.write(text)

@@ -181,10 +181,15 @@ def pick_for(study: StudyView, rule: PickRule) -> TrialView:
     return best_trial(study) if rule == best_rule(study) else pick_trial(study, rule)
 
 
-def select_trial(study: StudyView, *, trial: int | None = None, best: bool = False, pick: str | None = None) -> TrialView:
-    """The trial `--trial N`, `--best` or `--pick EXPR` names (exactly one of them)."""
-    if sum(x is not None and x is not False for x in (trial, best or None, pick)) != 1:
-        raise InputError("choose the trial with exactly one of --trial N, --best or --pick EXPR")
+def select_trial(study: StudyView, *, trial: int | None = None, best: bool = False, pick: str | None = None,
+                 reference: bool = False) -> TrialView:
+    """The trial `--trial N`, `--best`, `--pick EXPR` or `--reference` names (exactly one of them)."""
+    if sum(x is not None and x is not False for x in (trial, best or None, pick, reference or None)) != 1:
+        raise InputError("choose the trial with exactly one of --trial N, --best, --pick EXPR or --reference")
+    if reference:
+        if study.reference_run is None:
+            raise InputError(f"study {study.name!r} has no measured reference yet; nothing to export")
+        return study.reference_run
     if trial is not None:
         chosen = study.trial(trial)
         if chosen.config is None or not chosen.measured:
@@ -324,7 +329,12 @@ def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions
 
 
 def _label(trial: TrialView) -> str:
-    return "the reference (vLLM's defaults)" if trial.number < 0 else f"trial {trial.number}"
+    return "the reference (vLLM's defaults)" if trial.is_reference else f"trial {trial.number}"
+
+
+def _trial_id(trial: TrialView) -> str:
+    """How exports name the trial: its number, or "reference"."""
+    return "reference" if trial.is_reference else str(trial.number)
 
 
 def _platform_lines(study: StudyView, options: ExportOptions) -> list[str]:
@@ -348,7 +358,7 @@ def _dollars(text: str) -> str:
 def _name(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     if options.name:
         return options.name
-    return k8s_name(f"tracetune-{study.name}-t{trial.number}")[:63].strip("-")
+    return k8s_name(f"tracetune-{study.name}-" + ("ref" if trial.is_reference else f"t{trial.number}"))[:63].strip("-")
 
 
 def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
@@ -438,7 +448,7 @@ def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) ->
     name = _name(study, trial, options)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tracetune"}
     meta: dict[str, Any] = {"name": name, "labels": labels,
-                            "annotations": {"tracetune.io/study": study.name, "tracetune.io/trial": str(trial.number),
+                            "annotations": {"tracetune.io/study": study.name, "tracetune.io/trial": _trial_id(trial),
                                             "tracetune.io/measured-platform": study.platform}}
     if options.namespace:
         meta["namespace"] = options.namespace
@@ -486,7 +496,7 @@ def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> t
         "livenessProbe": container["livenessProbe"],
         "volumes": _volumes(options),
         "volumeMounts": container["volumeMounts"],
-        "podAnnotations": {"tracetune.io/study": study.name, "tracetune.io/trial": str(trial.number),
+        "podAnnotations": {"tracetune.io/study": study.name, "tracetune.io/trial": _trial_id(trial),
                            "tracetune.io/measured-platform": study.platform},
     }
     return values, spec
@@ -506,7 +516,7 @@ def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not _is_secret(k, v)}
     doc = {
         "tracetune_export": 1,
-        "study": study.name, "trial": "reference" if trial.number < 0 else trial.number,
+        "study": study.name, "trial": "reference" if trial.is_reference else trial.number,
         "measured_platform": study.platform, "measured_vllm": study.vllm_version,
         "target_vllm": gpu_vllm_version(study, options), "note": " ".join(_platform_lines(study, options)),
         "chosen_under": {"slos": study.slos, "quality_gate": str(study.quality_gate) if study.quality_gate else None},
@@ -538,7 +548,7 @@ def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions 
     if fmt not in _EXPORTERS:
         raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if trial.config is None:
-        raise InputError(f"trial {trial.number} has no stored config ({trial.status}); nothing to export")
+        raise InputError(f"{_label(trial)} has no stored config ({trial.status}); nothing to export")
     options = options or ExportOptions()
     options = dataclasses.replace(options, image=image_of(study, options))
     if _dummy(trial) and not options.allow_dummy_weights:

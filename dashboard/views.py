@@ -12,7 +12,7 @@ import streamlit as st
 from dashboard import capacity, charts, data
 from dashboard.cli import ENV_STORAGE, ENV_STUDY
 from dashboard.export import (FILE_NAMES, FORMATS, ExportOptions, ReferenceIsBest, best_rule, best_trial, export,
-                              parse_pick, pick_for)
+                              image_of, parse_pick, pick_for)
 from engine_adapter.errors import TuneError
 from tuner.quality import verdict
 
@@ -168,6 +168,9 @@ def page_trials(study: data.StudyView) -> None:
     if conditions:
         st.caption(f"{len(trials)} of {len(study.candidates)} candidates (the reference included) meet "
                    + " and ".join(map(str, conditions)))
+    if not trials:
+        st.info("No trial meets " + (" and ".join(map(str, conditions)) if conditions else "the chosen categories"))
+        return
     frame = _table_frame(study, data.trial_table(study, data.sort_for_table(trials)))
     config = {"differs from reference": st.column_config.TextColumn(width="large"),
               "failure": st.column_config.TextColumn(width="medium"),
@@ -320,7 +323,7 @@ def page_export(study: data.StudyView) -> None:
         number = _pick_trial(study, "Trial", measured, st.session_state.get("detail_default", _default_trial(study)),
                              key="export_trial")
         trial = study.trial(number)
-        cli_choice = f"--trial {number}"
+        cli_choice = "--reference" if trial.is_reference else f"--trial {number}"
         if trial.beaten_by_reference:
             st.warning(f"vLLM's defaults beat trial {number} on every objective: prefer the defaults.")
     else:
@@ -340,12 +343,17 @@ def page_export(study: data.StudyView) -> None:
     fmt = st.radio("Format", list(FORMATS), horizontal=True, key="export_format")
     with st.expander("Deployment settings"):
         d1, d2, d3, d4 = st.columns(4)
-        image = d1.text_input("image", value="", placeholder="vllm/vllm-openai:v<measured vLLM>", key="export_image")
+        image = d1.text_input("image", value="", placeholder=image_of(study, ExportOptions()), key="export_image",
+                              help="default: vLLM's image at the GPU release the deployment runs")
         port = d2.number_input("port", value=8000, min_value=1, max_value=65535, key="export_port")
         gpus = d3.number_input("GPUs", value=1, min_value=0, max_value=64, key="export_gpus")
         pvc = d4.text_input("models PVC (k8s/helm)", value="models", key="export_pvc")
+    dummy = (trial.config or {}).get("load_format") == "dummy"
+    allow = dummy and st.checkbox("Export it anyway, random weights and all (a test deployment: its server answers "
+                                  "with noise)", value=False, key="export_dummy")
     try:
-        options = ExportOptions(image=image or None, port=int(port), gpus=int(gpus), models_pvc=pvc or "models")
+        options = ExportOptions(image=image or None, port=int(port), gpus=int(gpus), models_pvc=pvc or "models",
+                                allow_dummy_weights=allow)
         text = export(study, trial, fmt, options)
     except TuneError as exc:
         st.error(str(exc))
@@ -356,7 +364,7 @@ def page_export(study: data.StudyView) -> None:
     st.code(text, language=LANG[fmt], wrap_lines=True, height=min(24 * (text.count("\n") + 2), 640))
     extra = "".join(f" --{k} {shlex.quote(str(v))}" for k, v in
                     (("image", image), ("port", port if port != 8000 else ""), ("gpus", gpus if gpus != 1 else ""),
-                     ("models-pvc", pvc if pvc != "models" else "")) if v != "")
+                     ("models-pvc", pvc if pvc != "models" else "")) if v != "") + (" --allow-dummy-weights" if allow else "")
     st.caption("The same from the command line: `tune export --storage "
                f"{shlex.quote(data.display_url(study.storage))} --study {shlex.quote(study.name)} {cli_choice} --format {fmt}{extra}`")
 

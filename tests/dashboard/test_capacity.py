@@ -210,6 +210,10 @@ def test_best_refuses_when_the_defaults_win(defaults_study):
     with pytest.raises(ReferenceIsBest):
         pick_for(defaults_study, parse_pick("max:capacity"))
     assert select_trial(defaults_study, trial=0).number == 0  # by number it still exports
+    chosen = select_trial(defaults_study, reference=True)  # and the answer itself: vLLM's defaults
+    doc = json.loads(export(defaults_study, chosen, "json"))
+    assert doc["trial"] == "reference" and doc["config"] == defaults_study.reference["config"]
+    assert "tracetune-cap-defaults-ref" in export(defaults_study, chosen, "k8s")
 
 
 def test_tune_export_best_exits_2_when_the_defaults_win(capacity_url):

@@ -61,7 +61,7 @@ def test_export_errors_are_clear_exit_2(synthetic_url, args, message):
 
 def test_export_needs_exactly_one_choice_and_a_known_format(synthetic_url):
     out = tune("export", "--storage", synthetic_url, "--format", "json")
-    assert out.returncode == 2 and "one of the arguments --trial --best --pick is required" in out.stderr
+    assert out.returncode == 2 and "one of the arguments --trial --best --pick --reference is required" in out.stderr
     out = tune("export", "--storage", synthetic_url, "--best", "--format", "yaml")
     assert out.returncode == 2 and "invalid choice" in out.stderr
 
