@@ -45,7 +45,9 @@ def _pick_trial(study: data.StudyView, label: str, options: list[int], default: 
 def _default_trial(study: data.StudyView) -> int | None:
     try:
         return best_trial(study).number
-    except TuneError:  # nothing on the front yet, or vLLM's defaults are best
+    except ReferenceIsBest:
+        return data.REFERENCE_RUN if study.reference_run is not None else None
+    except TuneError:  # nothing on the front yet
         pass
     measured = study.front + [t for t in study.trials if t.measured]
     return measured[0].number if measured else (study.trials[0].number if study.trials else None)

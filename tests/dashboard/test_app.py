@@ -180,12 +180,12 @@ def test_pages_on_a_real_study(monkeypatch, real_study, page):
                      and t["name"] != "reference (unquantized)")
         assert points == len(measured)
     elif page == "Trials":
-        assert sorted(at.dataframe[0].value["trial"]) == [t.number for t in study.trials]
+        assert sorted(at.dataframe[0].value["trial"]) == sorted(["ref", *(str(t.number) for t in study.trials)])
     elif page == "Trial detail":
-        for number in [t.number for t in study.trials]:
+        for number in [t.number for t in study.candidates]:
             at.selectbox(key="detail_trial").set_value(number).run()
             assert not at.exception, (number, [e.value for e in at.exception])
-            if number in measured:
+            if number in measured or number == study.reference_run.number:
                 assert len(at.get("plotly_chart")) == 4  # three CDFs and the timeline
             else:
                 assert at.error  # the failure reason
@@ -194,7 +194,7 @@ def test_pages_on_a_real_study(monkeypatch, real_study, page):
     elif page == "Export":
         for fmt in ("vllm-cmd", "k8s"):
             at.radio(key="export_format").set_value(fmt).run()
-            assert "measured on platform: cpu" in at.code[0].value
+            assert "measured on platform cpu with vLLM " in at.code[0].value
 
 
 def test_a_study_that_just_started_renders(monkeypatch, tmp_path):

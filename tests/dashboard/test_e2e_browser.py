@@ -110,3 +110,67 @@ def test_dashboard_in_a_real_browser(real_study, artifacts):
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
     assert docs[0]["metadata"]["annotations"]["tracetune.io/trial"] == str(selected)
     assert docs[0]["metadata"]["annotations"]["tracetune.io/measured-platform"] == "cpu"
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+def test_decisions_in_a_real_browser(tmp_path, artifacts):
+    """A study built with known values (tests/dashboard/synthetic.py, "cap_defaults": vLLM's defaults
+    beat both trials; trial 0 made a random-weight config), in Chromium: the reference banner, the
+    reference's row, 95% interval bars on the Pareto chart, and the Export page refusing trial 0's
+    random weights until asked on purpose."""
+    import json as jsonlib
+
+    import sqlalchemy
+    from playwright.sync_api import sync_playwright
+
+    from tests.dashboard.synthetic import make_capacity_studies
+
+    url = make_capacity_studies(tmp_path / "study.db")
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as conn:
+        row = conn.execute(sqlalchemy.text("SELECT config_json FROM tracetune_trial_results WHERE study_name = 'cap_defaults' "
+                                           "AND trial_number = 0")).scalar()
+        conn.execute(sqlalchemy.text("UPDATE tracetune_trial_results SET config_json = :c WHERE study_name = 'cap_defaults' "
+                                     "AND trial_number = 0"), {"c": jsonlib.dumps({**jsonlib.loads(row),
+                                                                                   "load_format": "dummy"})})
+    engine.dispose()
+    shots = artifacts / "decisions"
+    shots.mkdir(exist_ok=True)
+    proc, port = start_dashboard("--storage", url, "--study", "cap_defaults")
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox"] if os.geteuid() == 0 else [])
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
+            _wait_idle(page)
+            # the banner: nothing beats vLLM's defaults
+            page.get_by_text(re.compile("no configuration beats vLLM's defaults", re.I)).first.wait_for(timeout=30_000)
+            # 95% intervals drawn as error bars (plotly's errorbar paths), on the trials and the reference
+            bars = page.eval_on_selector_all(".js-plotly-plot .errorbar path", "els => els.length")
+            assert bars >= 4, bars
+            _fit_and_shoot(page, shots / "1-pareto.png")
+
+            _goto(page, "Trials")
+            page.locator('[data-testid="stDataFrame"] [role="gridcell"]', has_text="ref").first.wait_for(state="attached")
+            cells = page.locator('[data-testid="stDataFrame"] [role="gridcell"]').all_inner_texts()
+            assert "ref" in cells and "pareto" in cells  # the reference is a row, on the front
+            _fit_and_shoot(page, shots / "2-trials.png")
+
+            _goto(page, "Export")  # opens on the answer, vLLM's defaults; then trial 0, the random-weight one
+            page.get_by_text(re.compile(r"kind: Deployment|vllm serve")).first.wait_for(timeout=30_000)
+            picker = page.get_by_role("combobox", name="Trial", exact=True)
+            assert picker.input_value().startswith("reference (vLLM's defaults) · ")
+            picker.click()
+            page.get_by_role("option", name=re.compile(r"^trial 0 ")).click()
+            page.get_by_text(re.compile("was measured with random weights")).first.wait_for(timeout=30_000)
+            assert not page.get_by_role("button", name=re.compile("Download")).count()
+            _fit_and_shoot(page, shots / "3-export-refused.png")
+            page.get_by_text(re.compile("Export it anyway, random weights and all")).click()
+            page.get_by_role("button", name=re.compile("Download")).first.wait_for(timeout=30_000)
+            page.get_by_text(re.compile("WARNING: measured with random weights")).first.wait_for(timeout=30_000)
+            _fit_and_shoot(page, shots / "4-export-on-purpose.png")
+            browser.close()
+    finally:
+        stop(proc)
