@@ -262,6 +262,9 @@ def main(argv: list[str], console) -> int:
         elif event == "waiting":
             who = f" (worker {f['owner']})" if f.get("owner") else ""
             console.print(f"  waiting for {f['what']}{who}: another worker is measuring it")
+        elif event == "timeout":
+            console.print(f"[yellow]--timeout {f['limit_s']:g} s reached[/]: no new trial started; {f['done']} of "
+                          f"{f['trials']} trials done. Run the same command to go on.", highlight=False)
         elif event == "recovered":
             console.print(f"  trials {f['trials']} belonged to a worker that is gone: marked failed and queued again")
         if event in ("trial_done", "trial_failed") and replay_task is not None:

@@ -263,10 +263,6 @@ def _healthy(server: VLLMServer) -> bool:
         return False
 
 
-class TrialFailed(Exception):
-    """An objective that cannot report values (kept for callers; failures are infeasible trials)."""
-
-
 COUNTED = ("measured", "engine_failed", "failed", "unmeasurable")  # statuses that count toward --trials
 
 
@@ -714,7 +710,7 @@ class Tuner:
         waiting_announced = False
         while counted(study) < self.s.trials and skipped(study) < max_skipped:
             if deadline is not None and time.monotonic() > deadline:
-                self.report("timeout")
+                self.report("timeout", limit_s=self.s.timeout_s, done=counted(study), trials=self.s.trials)
                 break
             self.recover(study)
             if counted(study) + running(study) >= self.s.trials:
@@ -726,7 +722,7 @@ class Tuner:
                 time.sleep(min(2.0, self.s.heartbeat_s / 2))
                 continue
             try:
-                study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+                study.optimize(self.objective, n_trials=1)
             except KeyboardInterrupt:
                 self._requeue_interrupted(study)
                 raise

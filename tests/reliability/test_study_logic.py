@@ -346,3 +346,14 @@ def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypat
     fp8 = tuner._quality(type("S", (), {"endpoint": "server-2"})(),
                          VLLMConfig(model=tmp_path / "model", max_num_seqs=4, kv_cache_dtype="fp8"), "trial-0002")
     assert fp8.reused_from is None and measured == ["server-0", "server-2"] and fp8.key != again.key
+
+
+def test_a_study_stopped_by_its_timeout_says_so(tmp_path):
+    """--timeout stops starting new trials; the reporter hears how many were done (it used to say nothing)."""
+    tuner = make_tuner(tmp_path, good_unless_one, space_yaml=SEQS, trials=4)
+    tuner.s.timeout_s = 0.0
+    events = []
+    tuner.report = lambda event, **fields: events.append((event, fields))
+    tuner.run()
+    assert ("timeout", {"limit_s": 0.0, "done": 0, "trials": 4}) in events
+    assert tuner.calls == ["reference"]  # the reference, and no trial after the deadline
