@@ -98,7 +98,7 @@ def write_trace(path: Path, rate: float, n: int, tokens: int) -> None:
 def run_tracetune(port: int, rate: float, n: int, tokens: int, tmp: Path, cpus: list[int], procs: int) -> dict:
     trace, out = tmp / f"trace-{rate:g}.jsonl", tmp / f"tt-{port}"
     write_trace(trace, rate, n, tokens)
-    cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "tuner.cli", "replay",
+    cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "cli", "replay",
            "--trace", str(trace), "--endpoint", f"http://127.0.0.1:{port}", "--served-model", "zero",
            "--warmup", "0", "--request-timeout", "60", "--client-procs", str(procs), "--out", str(out)]
     t0 = time.perf_counter()

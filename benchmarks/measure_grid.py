@@ -38,9 +38,7 @@ def main() -> int:
     points = space.grid()
     storage = f"sqlite:///{(args.run_dir / 'study.db').resolve()}"
     if not args.export_only:
-        from rich.console import Console
-
-        from tuner.run import main as tune_main
+        from cli.main import main as tune_main
 
         argv = ["--trace", str(args.trace), "--space", str(args.space), "--study", args.study,
                 "--run-dir", str(args.run_dir), "--storage", storage, "--trials", str(len(points)),
@@ -48,7 +46,7 @@ def main() -> int:
                 "--probe-prompts", "4", "--probe-tokens", "16"]
         for point in points:
             argv += ["--try", json.dumps(point)]
-        rc = tune_main(argv, Console())
+        rc = tune_main(argv)
         if rc:
             return rc
     return export(args, space, storage)

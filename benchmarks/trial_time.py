@@ -38,7 +38,7 @@ def run_study(out: Path, args: argparse.Namespace, capacity: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "space.yaml").write_text(SPACE)
     objectives = "ttft_p99,capacity,quality_loss" if capacity else "ttft_p99,output_tps,quality_loss"
-    cmd = [sys.executable, "-m", "tuner.cli", "--trace", str(args.trace), "--space", str(out / "space.yaml"),
+    cmd = [sys.executable, "-m", "cli", "--trace", str(args.trace), "--space", str(out / "space.yaml"),
            "--trials", str(len(CONFIGS)), "--study", "bench", "--run-dir", str(out), "--slo", args.slo,
            "--objectives", objectives, "--sampler", "random"]
     for config in CONFIGS:

@@ -4,5 +4,12 @@
 - `capacity.py`: capacity at the SLO (bracket, caveats, load steps) from a run's stored result.
 - `charts.py`: plotly figures from those views.
 - `export.py`: vllm-cmd / compose / k8s / helm-values / json exporters and `--pick` rules.
-- `views.py` + `app.py`: the Streamlit pages (thin); `cli.py`: the two subcommands.
+- `views.py` + `app.py`: the Streamlit pages (thin); the two commands are `cli/dashboard.py`.
 """
+
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent / "app.py"  # what `tune dashboard` runs under Streamlit
+# How `tune dashboard` tells the app which study to open.
+ENV_STORAGE = "TRACETUNE_DASHBOARD_STORAGE"
+ENV_STUDY = "TRACETUNE_DASHBOARD_STUDY"

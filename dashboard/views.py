@@ -10,7 +10,7 @@ import time
 import streamlit as st
 
 from dashboard import capacity, charts, data
-from dashboard.cli import ENV_STORAGE, ENV_STUDY
+from dashboard import ENV_STORAGE, ENV_STUDY
 from dashboard.export import (FILE_NAMES, FORMATS, ExportOptions, ReferenceIsBest, best_rule, best_trial, export,
                               image_of, parse_pick, pick_for)
 from engine_adapter.errors import TuneError

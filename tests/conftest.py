@@ -25,7 +25,7 @@ parameters:
 
 def run_tune(*args, timeout=1800, cwd=ROOT):
     """`tune ARGS...` as a user runs it (a subprocess of this Python)."""
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
 
 

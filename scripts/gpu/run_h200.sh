@@ -10,7 +10,7 @@ export TRACETUNE_SRC=$SRC
 source "$REPO/scripts/gpu/env.sh"
 OUT=${OUT:-/root/out}; mkdir -p "$OUT" /root/runs
 cd "$SRC"
-TUNE="python3 -m tuner.cli"
+TUNE="python3 -m cli"
 step=$1; budget=${2:-540}
 case $step in
   ceiling)

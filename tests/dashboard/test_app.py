@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from dashboard.cli import ENV_STORAGE, ENV_STUDY
+from dashboard import ENV_STORAGE, ENV_STUDY
 from dashboard.views import PAGES
 from tests.dashboard.conftest import ROOT
 

@@ -18,7 +18,7 @@ TRACES = Path(__file__).resolve().parents[2] / "examples" / "public_traces"  # s
 
 
 def tune(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

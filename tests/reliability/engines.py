@@ -127,7 +127,7 @@ class Tune:
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._f = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", *args], cwd=ROOT, stdout=self._f,
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT, stdout=self._f,
                                      stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200", **(env or {})},
                                      preexec_fn=sigint_default)
 

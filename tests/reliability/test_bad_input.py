@@ -762,7 +762,7 @@ def test_bad_space_is_named_by_file_line_and_field(kind, data):
 
 def run_tune(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -59,7 +59,7 @@ def test_a_rate_no_client_can_keep_is_a_client_overloaded_verdict_not_engine_err
     trace.write_text("".join(json.dumps({"timestamp": i / 200_000, "prompt": "hi", "output_length": 8}) + "\n"
                              for i in range(20_000)))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "tuner.cli", "replay", "--trace", str(trace), "--endpoint", zero_server,
+    done = subprocess.run([sys.executable, "-m", "cli", "replay", "--trace", str(trace), "--endpoint", zero_server,
                            "--served-model", "zero", "--warmup", "0", "--client-procs", "1", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

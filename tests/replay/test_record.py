@@ -18,8 +18,9 @@ from aiohttp import web
 from engine_adapter.errors import InputError
 from engine_adapter.http_stream import Session
 from engine_adapter.openai_client import new_session, stream_completion
-from replay.record import (RecordingProxy, ResponseSummary, add_record_parser, build_record, parse_listen,
-                           parse_upstream, percentile, summarize_response)
+from cli.record import add_parser as add_record_parser
+from replay.record import (RecordingProxy, ResponseSummary, build_record, parse_listen, parse_upstream, percentile,
+                           summarize_response)
 from replay.trace import load_trace
 from tests.replay.sse_server import SSEServer
 
@@ -467,7 +468,7 @@ def test_record_command_runs_until_sigint_and_prints_a_summary(tmp_path):
     driver = (
         "import argparse, sys\n"
         "from rich.console import Console\n"
-        "from replay.record import add_record_parser, record_command\n"
+        "from cli.record import add_parser as add_record_parser, record_command\n"
         "p = argparse.ArgumentParser(); add_record_parser(p.add_subparsers(dest='command'))\n"
         "sys.exit(record_command(p.parse_args(sys.argv[1:]), Console(width=300)))\n"
     )

@@ -12,7 +12,7 @@ import pytest
 
 
 def tune(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_commands_and_examples():
@@ -21,8 +21,19 @@ def test_help_lists_commands_and_examples():
     assert "engine" in out.stdout and "examples:" in out.stdout
 
 
+def test_help_shows_the_main_jobs_options_on_one_parser():
+    out = tune("--help")
+    for option in ("--trace FILE", "--trials N", "--slo SPEC", "--storage URL", "--max-quality-loss GATE"):
+        assert option in out.stdout, option
+    assert "tune --trace examples/traffic.jsonl" in out.stdout  # the main job's examples
+    bare = tune()
+    assert bare.returncode == 0 and "usage: tune --trace FILE" in bare.stdout
+    missing = tune("--trials", "2")
+    assert missing.returncode == 2 and "the main job needs --trace FILE" in missing.stderr
+
+
 def test_help_does_not_import_heavy_packages():
-    code = "import sys; from tuner.cli import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n" \
+    code = "import sys; from cli.main import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n" \
            "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\nprint('HEAVY', heavy)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "HEAVY []" in out.stdout

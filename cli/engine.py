@@ -32,7 +32,7 @@ def model_prepare(args: argparse.Namespace) -> int:
 
 
 def _config_from(args: argparse.Namespace):
-    from engine_adapter.cli_options import resolve_engine_config
+    from cli.engine_options import resolve_engine_config
 
     with console.status("preparing model…"):
         return resolve_engine_config(args, _progress)

@@ -21,8 +21,8 @@ and every percentile target holds; capacity is the highest passing k, reported w
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from engine_adapter.cli_options import add_engine_options
-    from replay.cli import add_target_options
+    from cli.engine_options import add_engine_options
+    from cli.replay import add_target_options
 
     cp = sub.add_parser("capacity", help="highest request rate a configuration serves within the SLO",
                         epilog=CAPACITY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def capacity_command(args: argparse.Namespace, console) -> int:
     from engine_adapter.errors import InputError
     from replay.capacity import CapacityOptions, LevelRunner, settle
-    from replay.cli import prepare_run, prepared_requests
+    from cli.replay import prepare_run, prepared_requests
     from replay.metrics import parse_slos
     from replay.runner import ReplayOptions
 
@@ -73,7 +73,7 @@ def capacity_command(args: argparse.Namespace, console) -> int:
     if args.json is not None and args.json.is_dir():
         raise InputError(f"--json {args.json}: is a directory; name a file")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from replay.cli import engine_cores, serving_target
+    from cli.replay import engine_cores, serving_target
 
     with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
         everything = prepared_requests(trace, replay_options, tokenizer_dir, console)

@@ -82,7 +82,7 @@ def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from engine_adapter.cli_options import add_engine_options
+    from cli.engine_options import add_engine_options
 
     rp = sub.add_parser("replay", help="replay a trace against an engine and measure latency/throughput/goodput",
                         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,7 +276,7 @@ def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, A
                          f"tokenizer) so prompts of the right token counts can be made")
     config = None
     if not args.endpoint:  # a bad --model or engine flag fails here, before the results directory exists
-        from engine_adapter.cli_options import resolve_engine_config
+        from cli.engine_options import resolve_engine_config
 
         config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
     out_dir = args.out or Path("runs") / f"{args.command}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"

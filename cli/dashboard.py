@@ -10,9 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-APP = Path(__file__).resolve().parent / "app.py"
-ENV_STORAGE = "TRACETUNE_DASHBOARD_STORAGE"
-ENV_STUDY = "TRACETUNE_DASHBOARD_STUDY"
+from dashboard import APP, ENV_STORAGE, ENV_STUDY
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")  # = dashboard.export.FORMATS (not imported: fast --help)
 
 DASHBOARD_EPILOG = """\

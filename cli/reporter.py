@@ -1,0 +1,109 @@
+"""What the main job prints while a study runs: one method per event the tuner reports
+(`Tuner.report(event, **fields)`), and the live progress line of the engine being measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cli.results import fmt_objective
+
+
+class ConsoleReporter:
+    """`reporter(event, **fields)` prints the event; an event without a method is ignored (the
+    tuner may report more than the console shows)."""
+
+    def __init__(self, console: Any, progress: Any, *, storage: str, platform: str) -> None:
+        self.console, self.progress = console, progress
+        self.storage, self.platform = storage, platform
+        self.task = None  # the progress line of the engine being measured
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        handler = getattr(self, f"on_{event}", None)
+        if handler is not None:
+            handler(**fields)
+
+    def print(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+
+    def replay_progress(self, done: int, total: int, in_flight: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=done, total=total, info=f"in flight {in_flight}")
+
+    # -- the study ------------------------------------------------------------------------------
+    def on_study(self, name: str, done: int, remaining: int) -> None:
+        self.console.print(f"study [bold]{name}[/] · storage {self.storage} · platform {self.platform} · "
+                           f"{done} trials done, {remaining} to run")
+
+    def on_reference_start(self, **_: Any) -> None:
+        self.console.print("[bold]reference[/] (unquantized, auto KV cache, no speculation): measuring")
+
+    def on_reference_reused(self) -> None:
+        self.console.print("reference: reusing the study's stored reference continuations")
+
+    def on_reference_done(self, summary: Any, **_: Any) -> None:
+        self.console.print(f"reference: TTFT p99 {fmt_objective('ttft_p99', summary.latency['ttft']['p99'].value)} · "
+                           f"{summary.output_throughput_tps.value:.1f} tok/s at the trace's rate")
+
+    def on_waiting(self, what: str, owner: str = "", **_: Any) -> None:
+        who = f" (worker {owner})" if owner else ""
+        self.console.print(f"  waiting for {what}{who}: another worker is measuring it")
+
+    def on_timeout(self, limit_s: float, done: int, trials: int) -> None:
+        self.print(f"[yellow]--timeout {limit_s:g} s reached[/]: no new trial started; {done} of {trials} trials "
+                   f"done. Run the same command to go on.")
+
+    def on_recovered(self, trials: list[int]) -> None:
+        self.console.print(f"  trials {trials} belonged to a worker that is gone: marked failed and queued again")
+
+    # -- one trial ------------------------------------------------------------------------------
+    def on_trial_start(self, number: int, values: dict[str, Any], **_: Any) -> None:
+        self.console.print(f"\n[bold]trial {number}[/] {dict(values)}")
+
+    def on_engine_starting(self, label: str) -> None:
+        self.task = self.progress.add_task(f"  {label}: engine starting", total=None, info="")
+
+    def on_engine_ready(self, label: str, startup_s: float) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, description=f"  {label}: replay (engine up in {startup_s:.0f}s)")
+
+    def on_client_overloaded(self, label: str, lag_p99_s: float, procs: int, **_: Any) -> None:
+        self.print(f"  {label}: [yellow]client overloaded[/] (schedule lag p99 {lag_p99_s * 1000:.0f} ms): measured "
+                   f"again with {procs} client processes")
+
+    def on_capacity_step(self, label: str, step: Any) -> None:
+        self.print("  " + step.line(label))
+
+    def on_capacity_done(self, label: str, capacity: Any) -> None:
+        self.print(f"  {label}: {capacity.headline()}")
+
+    def on_quality(self, label: str) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, info="quality probe")
+
+    def on_quality_reused(self, label: str, trial: int) -> None:
+        self.print(f"  {label}: quality as measured for trial {trial} (same weights, precisions, kernels and "
+                   f"decoding path)")
+
+    def on_probe_noisy(self, label: str, kld: Any, **_: Any) -> None:
+        self.print(f"  {label}: [yellow]quality probe too noisy[/]: lossless by construction, yet measured beyond "
+                   f"the reference's noise floor (KLD {kld.value:.4f}); the gate does not count it against this "
+                   f"configuration")
+
+    def on_trial_done(self, number: int, objectives: dict[str, float], constraints: list[float], wall_s: float,
+                      startup_s: float, **_: Any) -> None:
+        values = " · ".join(f"{k} {fmt_objective(k, v)}" for k, v in objectives.items())
+        feasible = "feasible" if all(c <= 0 for c in constraints) else "[yellow]violates constraints[/]"
+        self.console.print(f"  trial {number}: {values} · {feasible} · {wall_s:.0f}s (engine start {startup_s:.0f}s)")
+        self._end_task()
+
+    def on_trial_failed(self, number: int, status: str, reason: str, **_: Any) -> None:
+        self.print(f"  trial {number}: [red]{status}[/] (infeasible) · {reason[:300]}")
+        self._end_task()
+
+    def on_duplicate(self, number: int, original: int, **_: Any) -> None:
+        self.console.print(f"  trial {number}: same configuration as trial {original}: result reused, no engine started")
+
+    def _end_task(self) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None

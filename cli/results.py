@@ -1,0 +1,174 @@
+"""What the main job prints and writes when the study ends: the Pareto front with vLLM's defaults
+competing, the verdict, the quality floor and self-check, failures grouped by cause, and
+best.json / pareto.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def fmt_objective(name: str, value: float) -> str:
+    """An objective's value as the console shows it."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if name == "capacity":
+        return f"{value:.3g} req/s"
+    if name.endswith(("_p50", "_p90", "_p99", "_mean")):
+        return f"{value * 1000:.0f} ms"
+    if name == "quality_loss":
+        return f"{value:+.4f}"
+    return f"{value:.2f}"
+
+
+def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, args) -> dict:
+    """One candidate of the final table: the reference or a trial, with what it was measured."""
+    from tuner.front import economics
+    from tuner.study import config_diff
+
+    config = result.get("config") or {}
+    summary = result.get("summary") or {}
+    diff = {} if label == "reference" else config_diff(config, ref_config) if config else {}
+    if "model" in diff and "weight_bits" in (result.get("values") or {}):
+        # a quantized checkpoint's path says less than the search-space value that made it
+        diff = {"weight_bits": result["values"]["weight_bits"], **{k: v for k, v in diff.items() if k != "model"}}
+    return {"trial": label, "values": values, "config": config, "differs_from_reference": diff, "summary": summary,
+            "quality": result.get("quality") or {}, "capacity": summary.get("capacity"),
+            "economics": economics(summary.get("capacity"), gpu_hour_cost=args.gpu_hour_cost,
+                                   target_rate=args.target_rate)}
+
+
+def report_results(tuner, study, args, console, run_dir: Path) -> None:
+    """The front (vLLM's defaults competing like any trial), the verdict in plain words, failures
+    grouped by reason, and best.json / pareto.json."""
+    from tuner.front import REFERENCE, Candidate, decide
+    from tuner.study import OBJECTIVES, pareto_trials
+
+    name, objectives = tuner.s.study_name, tuner.s.objectives
+    directions = [OBJECTIVES[o] for o in objectives]
+    reference = tuner.store.reference(name)
+    ref_config = reference["config"] if reference else {}
+    if tuner.reference_values is None and reference and reference.get("summary"):
+        tuner._set_reference_values(reference["summary"])
+    results = {r["trial_number"]: r for r in tuner.store.trials(name)}
+    trials = {t.number: t for t in pareto_trials(study)}
+    ref_candidate = None
+    if tuner.reference_values is not None:
+        ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
+    decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
+                      objectives, directions)
+    rows = []
+    for c in decision.front:
+        result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
+            if c.label == REFERENCE else results.get(c.label, {})
+        rows.append(_row(c.label, dict(zip(objectives, c.values)), result, ref_config, args))
+    console.print(_front_table(rows, objectives, name, len(study.trials), args))
+    _print_quality_floor(reference, results, console)
+    console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
+    if decision.dominated_by_reference:
+        console.print(f"  vLLM's defaults beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
+                      f"objective: they are not on the front.", highlight=False)
+    _print_failures(study, console)
+    (run_dir / "pareto.json").write_text(json.dumps({"study": name, "objectives": objectives, "trials": rows,
+                                                     "verdict": decision.verdict()}, indent=2, default=str))
+    if decision.best is None:
+        console.print("no feasible measured trial yet: nothing on the front.")
+        return
+    best = next(r for r in rows if r["trial"] == decision.best.label)
+    best = {**best, "verdict": decision.verdict(), "by": decision.by,
+            "reference_is_best": decision.reference_is_best}
+    (run_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
+    which = "vLLM's defaults (the reference)" if decision.reference_is_best else f"trial {best['trial']}"
+    console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / 'best.json'} and "
+                  f"{run_dir / 'pareto.json'}", highlight=False)
+
+
+def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
+    from rich.table import Table
+
+    from tuner.quality import units_text
+
+    has_capacity = any(r["capacity"] for r in rows)
+    on_front = sum(r["trial"] != "reference" for r in rows)
+    table = Table(title=f"Pareto front of study {name} ({on_front} of {n_trials} trials + vLLM's defaults)")
+    table.add_column("trial", justify="right")
+    table.add_column("differs from reference", overflow="fold")
+    for objective in objectives:
+        table.add_column(objective, justify="right")
+    if has_capacity:
+        table.add_column("capacity bracket", justify="right")
+    if args.gpu_hour_cost is not None:
+        table.add_column("$/1M out tok", justify="right")
+    if args.target_rate is not None:
+        table.add_column(f"GPUs for {args.target_rate:g} req/s", justify="right")
+    has_units = any((r["quality"] or {}).get("kld") for r in rows)
+    if has_units:
+        table.add_column("quality vs reference", justify="right")
+    for r in rows:
+        cells = []
+        for objective in objectives:
+            value = r["values"][objective]
+            # (capacity's interval is its bracket, a column of its own)
+            ci = None if objective == "capacity" or (r["trial"] == "reference" and objective == "quality_loss") \
+                else _ci_of(objective, r["summary"], r["quality"])
+            cells.append(fmt_objective(objective, value) + (f" [dim][{fmt_objective(objective, ci[0])}, {fmt_objective(objective, ci[1])}][/]" if ci else ""))
+        if has_capacity:
+            cells.append(_bracket(r["capacity"]))
+        econ = r["economics"]
+        if args.gpu_hour_cost is not None:
+            cells.append(f"{econ.get('usd_per_1m_output_tokens', math.nan):.3g}")
+        if args.target_rate is not None:
+            cells.append(f"{econ.get('gpus_total', math.nan):g}")
+        if has_units:
+            cells.append(units_text(r["quality"]) if r["trial"] != "reference" else "-")
+        label = "ref" if r["trial"] == "reference" else str(r["trial"])
+        diff = "(vLLM's defaults)" if r["trial"] == "reference" else \
+            ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
+        table.add_row(label, diff, *cells)
+    return table
+
+
+def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:
+    """The probe's noise floor and the study's self-check on it (lossless configurations within it)."""
+    from tuner.quality import floor_text, self_check
+
+    floor = floor_text((reference or {}).get("probe"))
+    check = self_check([(n, r.get("quality")) for n, r in sorted(results.items())])
+    for line in (floor, check):
+        if line:
+            console.print(("[yellow]" + line + "[/]") if "too noisy" in line else line, highlight=False)
+
+
+def _bracket(capacity: dict | None) -> str:
+    from replay.capacity import bracket_text, caveats
+
+    return " · ".join([bracket_text(capacity), *caveats(capacity)]) if capacity else "-"
+
+
+def _print_failures(study, console) -> None:
+    from tuner.front import group_failures
+
+    failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed",
+                                                                         "unmeasurable")
+              or (t.user_attrs.get("status") == "measured" and t.user_attrs.get("failure_reason"))]
+    causes = group_failures([(t.number, t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:300])
+                             for t in failed])
+    for status, reason, numbers in causes:
+        console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"
+                      f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)
+
+
+def _ci_of(name: str, summary: dict, quality: dict):
+    if name == "quality_loss" and quality:
+        q = quality["nll_delta_per_token"]
+        return q["ci_low"], q["ci_high"]
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        if name.startswith(metric + "_") and summary:
+            e = summary["latency_s"][metric][name.split("_", 1)[1]]
+            return e["ci_low"], e["ci_high"]
+    key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}.get(name)
+    if key and summary.get(key):
+        return summary[key]["ci_low"], summary[key]["ci_high"]
+    return None

@@ -1,0 +1,317 @@
+"""`tune --trace FILE ...`: the main job. Builds the study from flags, shows progress, prints the
+Pareto front and writes best.json / pareto.json."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+TUNE_EPILOG = """\
+the main job:
+  tune --trace examples/traffic.jsonl --trials 6 --eager --slo "ttft:p99<2s,tpot:p99<100ms"   # capacity at the SLO
+  tune --trace traffic.jsonl --slo "ttft:p99<1s,tpot:p99<50ms" --gpu-hour-cost 3.5 --target-rate 40
+  tune --trace traffic.jsonl --space my_space.yaml --slo "ttft:p99<500ms,tpot:p50<50ms" --max-quality-loss 0.05
+  tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40
+  tune --trace traffic.jsonl --study nightly          # run again: resumes the study, does not start over
+  # several workers (any hosts) on one study: same --study and --storage, one engine each
+  tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40 --engine-port 8100
+"""
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The main job's options, on the root parser (`tune --help` lists them)."""
+    from cli.engine_options import add_engine_options
+    from cli.replay import add_client_options
+
+    p.add_argument("--trace", type=Path, metavar="FILE", help="native JSONL trace: runs the main job")
+    p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
+    p.add_argument("--trials", type=int, default=6, metavar="N", help="total trials in the study (default 6)")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop starting new trials after S seconds")
+    p.add_argument("--study", metavar="NAME", help="study name (default: derived from the trace file name)")
+    p.add_argument("--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite in the run directory)")
+    p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
+    p.add_argument("--slo", metavar="SPEC", help="constraints, e.g. 'ttft:p99<500ms,tpot:p50<50ms'")
+    p.add_argument("--max-quality-loss", metavar="GATE",
+                   help="quality gate, beyond the reference's own noise floor: kld:0.01 (KL divergence, nats/token), "
+                        "ppl:+1%% (perplexity), top1:0.99 (top-1 agreement), or a number of nats (NLL increase "
+                        "per token)")
+    p.add_argument("--objectives", metavar="LIST",
+                   help="default: ttft_p99,capacity,quality_loss with --slo (ttft_p99,output_tps,quality_loss "
+                        "without); also goodput, request_tps, tpot_p50, e2e_p99, ...")
+    p.add_argument("--attainment", type=float, default=0.95, metavar="F",
+                   help="capacity: share of requests that must meet every --slo threshold at a load level "
+                        "(default 0.95)")
+    p.add_argument("--precision", type=float, default=0.05, metavar="F",
+                   help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
+    p.add_argument("--max-duration", type=float, metavar="S",
+                   help="measure only the requests of the trace's first S seconds (after --time-scale)")
+    p.add_argument("--gpu-hour-cost", type=float, metavar="USD",
+                   help="price of one GPU hour: adds $ per 1M output (and input) tokens at capacity")
+    p.add_argument("--target-rate", type=float, metavar="RPS",
+                   help="requests/s of this traffic to serve: adds the replicas and GPUs each config needs")
+    p.add_argument("--sampler", choices=["nsga2", "tpe", "gp", "random"], default="nsga2")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", dest="engine_type", choices=["vllm", "openai"], default="vllm",
+                   help="vllm (tracetune starts each config) or openai (a running endpoint: cannot be tuned)")
+    p.add_argument("--probe-prompts", type=int, default=16, metavar="N",
+                   help="quality probe size, prompts from the trace (default 16: intervals are over prompts)")
+    p.add_argument("--probe-tokens", type=int, default=32, metavar="N",
+                   help="tokens per probe continuation (default 32)")
+    p.add_argument("--time-scale", type=float, default=1.0, metavar="F", help="multiply inter-arrival times by F")
+    p.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests per trial")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured warm-up requests per trial")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="a request not finished after S seconds counts as failed (default 600)")
+    add_client_options(p)
+    p.add_argument("--heartbeat", type=int, default=30, metavar="S",
+                   help="liveness mark in the study database every S seconds; a worker silent for 2*S is "
+                        "considered dead and its trial is re-run (default 30)")
+    p.add_argument("--engine-port", type=int, metavar="N",
+                   help="port for this worker's engines (default: a free port)")
+    p.add_argument("--api-key-env", metavar="NAME",
+                   help="start engines that require the API key in environment variable NAME and send it "
+                        "with every request (the key is never stored)")
+    p.add_argument("--try", dest="try_first", action="append", default=[], metavar="JSON",
+                   help="search-space values to try first, e.g. '{\"max_num_seqs\": 32}' (repeatable; "
+                        "unset parameters are sampled)")
+    add_engine_options(p)
+
+
+def _default_study_name(trace: Path) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", trace.stem) or "study"
+
+
+def run(args: argparse.Namespace, console) -> int:
+    """The main job from the root parser's arguments: check them, build the study, run it with
+    progress on the console, print and write the results."""
+    _check_flags(args)
+    request = build_request(args, console)
+    tuner, progress = _tuner(request, console)
+    study = _run_study(tuner, progress, request, console)
+    if study is None:
+        return 130
+    from cli.results import report_results
+
+    report_results(tuner, study, args, console, request.run_dir)
+    return 0
+
+
+@dataclasses.dataclass
+class TuneRequest:
+    """What the main job was asked, checked and resolved: what the tuner is built from."""
+
+    settings: Any  # tuner.study.StudySettings
+    trace: Any  # replay.trace.Trace
+    space: Any  # search_spaces.space.SearchSpace, with what this machine cannot run removed
+    model_dir: Path
+    platform: Any  # engine_adapter.platform.Platform
+    run_dir: Path
+    base: dict[str, Any]  # engine settings from the command line, held for every trial
+    storage_shown: str
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    from engine_adapter.errors import InputError
+
+    if args.engine_type == "openai":
+        raise InputError("--engine openai is an endpoint tracetune cannot reconfigure, so there is nothing to "
+                         "search; measure it with `tune replay --trace FILE --endpoint URL`")
+    for flag, value, low in (("--trials", args.trials, 1), ("--heartbeat", args.heartbeat, 1)):
+        if value < low:
+            raise InputError(f"{flag} must be >= {low}, got {value}")
+    for flag, value in (("--request-timeout", args.request_timeout), ("--gpu-hour-cost", args.gpu_hour_cost),
+                        ("--target-rate", args.target_rate), ("--max-duration", args.max_duration)):
+        if value is not None and not value > 0:
+            raise InputError(f"{flag} must be > 0, got {value}")
+
+
+def _api_key(args: argparse.Namespace, base_config: Any) -> str | None:
+    """The key engines require: from --api-key-env (handed to vLLM through VLLM_API_KEY, so it never
+    appears in a command line, a config or the database), or one passed straight to vLLM."""
+    import os
+
+    from engine_adapter.errors import InputError
+
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise InputError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
+        os.environ["VLLM_API_KEY"] = key
+        return key
+    extra = list(base_config.extra_args)  # --engine-arg=--api-key=... is needed by our requests too
+    for i, arg in enumerate(extra):
+        if arg == "--api-key" and i + 1 < len(extra):
+            return extra[i + 1]
+        if arg.startswith("--api-key="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _tries(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from engine_adapter.errors import InputError
+
+    out = []
+    for item in args.try_first:
+        try:
+            params = json.loads(item)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--try {item!r}: not valid JSON ({exc.msg})") from None
+        if not isinstance(params, dict):
+            raise InputError(f"--try {item!r}: expected a JSON object of search-space values")
+        out.append(params)
+    return out
+
+
+def build_request(args: argparse.Namespace, console) -> TuneRequest:
+    """Every input read and checked before anything is started or written."""
+    import os
+
+    from cli.engine_options import engine_config_from_args
+    from engine_adapter.models import resolve_model
+    from engine_adapter.platform import detect_platform
+    from replay.metrics import parse_slos
+    from replay.trace import load_trace
+    from search_spaces.space import DEFAULT_SPACE, load_space
+    from tuner.quality import parse_gate
+    from tuner.storage import display_url, secret_values
+    from tuner.study import parse_objectives
+
+    slos = parse_slos(args.slo)
+    gate = parse_gate(args.max_quality_loss)
+    enqueue = _tries(args)
+    objectives = parse_objectives(args.objectives, has_slo=bool(slos))
+    trace = load_trace(args.trace)
+    space = load_space(args.space or DEFAULT_SPACE)
+    study_name = args.study or _default_study_name(args.trace)
+    run_dir = args.run_dir or Path("runs") / study_name
+    storage = args.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
+    platform = detect_platform()
+    model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
+    base_config = engine_config_from_args(args, model_dir)  # the base every trial starts from
+    base = {k: v for k, v in base_config.model_dump(exclude_defaults=True).items() if k not in ("model", "speculative")}
+    api_key = _api_key(args, base_config)
+    # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the
+    # storage URL, the environment tracetune runs in) are scrubbed from everything stored.
+    secrets = secret_values(env=base_config.env, process_env=dict(os.environ), args=base_config.extra_args,
+                            urls=[storage], extra=[api_key] if api_key else [])
+    settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
+                         enqueue=enqueue, secrets=secrets, api_key=api_key)
+    request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
+                          run_dir=run_dir, base=base, storage_shown=display_url(storage))
+    request.space = _runnable_space(request, console)
+    return request
+
+
+def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list,
+              gate: Any, enqueue: list, secrets: list[str], api_key: str | None) -> Any:
+    from replay.runner import ReplayOptions
+    from tuner.study import StudySettings
+
+    replay_options = ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests,
+                                   max_duration_s=args.max_duration, warmup_requests=args.warmup,
+                                   request_timeout_s=args.request_timeout)
+    capacity_options = None
+    if "capacity" in objectives:
+        from replay.capacity import CapacityOptions
+
+        capacity_options = CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision)
+    economics = {k: v for k, v in (("gpu_hour_cost", args.gpu_hour_cost), ("target_rate", args.target_rate))
+                 if v is not None}
+    return StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
+                         slos=slos, max_quality_loss=gate, sampler=args.sampler, seed=args.seed, replay=replay_options,
+                         capacity=capacity_options, economics=economics, probe_prompts=args.probe_prompts,
+                         probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
+                         enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
+                         api_key=api_key, client_procs=args.client_procs)
+
+
+def _runnable_space(request: TuneRequest, console) -> Any:
+    """The space without the choices this platform can never run (said once, with the reason, not
+    rejected trial after trial) and with the engine settings given on the command line pinned; --try
+    values checked against it."""
+    from search_spaces.translate import unrunnable_choices
+
+    space, platform = request.space, request.platform
+    never = unrunnable_choices(space, platform=platform, model_dir=request.model_dir, base=request.base)
+    for name, choices in never.items():
+        for choice, reason in choices.items():
+            console.print(f"[dim]·[/] search space: {name}={choice} removed on this {platform.value} machine: {reason}",
+                          highlight=False)
+    if never:
+        space = space.without({name: list(choices) for name, choices in never.items()})
+    space, pinned = space.pinned(request.base)
+    for name in pinned:
+        console.print(f"[dim]·[/] search space: {name}={request.base[name]} for every trial (set on the command line)",
+                      highlight=False)
+    _check_tries(request.settings.enqueue, space, never, platform)
+    return space
+
+
+def _check_tries(enqueue: list[dict], space: Any, never: dict, platform: Any) -> None:
+    from engine_adapter.errors import InputError
+
+    unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
+    if unknown:
+        raise InputError(f"--try names {unknown}, which are not parameters of the search space {space.name!r}")
+    for params in enqueue:
+        for name, value in params.items():
+            choices = space.parameters[name].choices
+            if choices is not None and value not in choices:
+                why = never.get(name, {}).get(value)
+                raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}"
+                                 + (f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"))
+
+
+def _tuner(request: TuneRequest, console) -> tuple[Any, Any]:
+    """The study's tuner, reporting to the console, and the progress display it updates (the run
+    directory is made only now: every input has been checked)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cli.reporter import ConsoleReporter
+    from tuner.study import Tuner
+
+    synthesizer = None
+    if any(r.input_length is not None for r in request.trace.records):
+        from transformers import AutoTokenizer
+
+        from replay.synth import PromptSynthesizer
+        synthesizer = PromptSynthesizer(AutoTokenizer.from_pretrained(str(request.model_dir)))
+
+    def make_checkpoint(scheme: str) -> Path:
+        from engine_adapter.quantize import quantized_checkpoint
+        return quantized_checkpoint(request.model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}"))
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+    reporter = ConsoleReporter(console, progress, storage=request.storage_shown, platform=request.platform.value)
+    request.run_dir.mkdir(parents=True, exist_ok=True)
+    tuner = Tuner(request.settings, trace=request.trace, space=request.space, model_dir=request.model_dir,
+                  platform=request.platform, run_dir=request.run_dir, base=request.base,
+                  make_checkpoint=make_checkpoint, synthesizer=synthesizer, report=reporter,
+                  on_replay_progress=reporter.replay_progress)
+    return tuner, progress
+
+
+def _run_study(tuner: Any, progress: Any, request: TuneRequest, console) -> Any:
+    """Run the study; SIGTERM (a scheduler, `kill`) stops as cleanly as Ctrl-C: engines stopped,
+    the trial re-queued. None when interrupted."""
+    import signal
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with progress:
+            return tuner.run()
+    except KeyboardInterrupt:
+        console.print(f"\n[bold]interrupted[/]: every engine was stopped; completed trials are saved in "
+                      f"{request.storage_shown}. Resume with the same command (study "
+                      f"{request.settings.study_name!r}); the interrupted trial runs again.", highlight=False)
+        return None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
