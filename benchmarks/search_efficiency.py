@@ -49,7 +49,7 @@ def main() -> int:
     import optuna
 
     from search_spaces.space import load_space
-    from tuner.study import make_sampler
+    from tuner.objectives import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -178,7 +178,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     from search_spaces.space import DEFAULT_SPACE, load_space
     from tuner.quality import parse_gate
     from tuner.storage import display_url, secret_values
-    from tuner.study import parse_objectives
+    from tuner.objectives import parse_objectives
 
     slos = parse_slos(args.slo)
     gate = parse_gate(args.max_quality_loss)

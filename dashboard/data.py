@@ -26,7 +26,7 @@ from tuner.storage import REFERENCE_RUN
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
 # Every metric a trial can be plotted, filtered or picked by, and which way is better. The names are
-# the tuner's objective names (tuner.study.OBJECTIVES) so `--objectives` and `--pick` agree.
+# the tuner's objective names (tuner.objectives.OBJECTIVES) so `--objectives` and `--pick` agree.
 METRICS: dict[str, str] = {
     **{f"{m}_{s}": "minimize" for m in LATENCY_METRICS for s in LATENCY_STATS},
     "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize", "quality_loss": "minimize",

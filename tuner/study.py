@@ -12,146 +12,37 @@ was killed (SIGKILL included) is failed and retried with the same parameters
 (`RetryHeartbeatStaleTrialCallback`). Several workers may share one study: the reference and
 every configuration are claimed through a database row (`ResultStore.claim`), so nothing is
 measured twice; a worker that draws a configuration already measured reuses that result.
+
+Parts: `tuner/objectives.py` (objectives, constraints, samplers), `tuner/measure.py` (one engine run:
+start, replay or capacity search, quality probe, stop), `tuner/coordination.py` (storage with its
+heartbeat, claims, what counts, recovery), `tuner/quality.py`, `tuner/front.py` (the front with
+vLLM's defaults competing), `tuner/storage.py` (tracetune's tables).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from engine_adapter.errors import EngineError, InputError, TuneError
 from engine_adapter.platform import Platform, installed_vllm_version
-from engine_adapter.vllm_server import VLLMConfig, VLLMServer
-from replay.capacity import CapacityOptions, LevelRunner, settle
-from replay.metrics import SLO, STATS, Summary, summarize
-from replay.runner import ReplayOptions, ReplayResult, prepare, replay
+from engine_adapter.vllm_server import VLLMConfig
+from replay.capacity import CapacityOptions
+from replay.metrics import SLO, Summary
+from replay.runner import ReplayOptions, prepare
 from replay.trace import Trace
-from replay import workers
 from search_spaces.space import SearchSpace
 from search_spaces.translate import Rejected, reference_config, to_engine_config
-from tuner.quality import (QualityGate, QualityResult, Reference, lossless_by_construction, measure_candidate,
-                           measure_reference, probe_prompts, quality_key)
-from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, normalize_url, owner_is_dead, worker_id
-
-SAMPLERS = ("nsga2", "tpe", "gp", "random")
-_METRIC_STAT = {f"{m}_{s}": (m, s) for m in ("ttft", "tpot", "itl", "e2e") for s in STATS}
-OBJECTIVES: dict[str, str] = {**{name: "minimize" for name in _METRIC_STAT},
-                              "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize",
-                              "capacity": "maximize", "quality_loss": "minimize"}
-
-
-def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
-    """`ttft_p99,output_tps,quality_loss` -> names. Default: latency at the trace's own rate,
-    capacity at the SLO (with --slo; throughput at the trace's rate without), quality loss."""
-    if not spec:
-        return ["ttft_p99", "capacity" if has_slo else "output_tps", "quality_loss"]
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in OBJECTIVES]
-    if unknown:
-        raise InputError(f"--objectives: unknown {unknown}; choose from {sorted(OBJECTIVES)}")
-    for needs_slo in ("goodput", "capacity"):
-        if needs_slo in names and not has_slo:
-            raise InputError(f"--objectives {needs_slo} needs --slo (it counts requests meeting the SLO), "
-                             f"e.g. --slo 'ttft:p99<2s,tpot:p99<100ms'")
-    if len(set(names)) != len(names):
-        raise InputError("--objectives: each objective once")
-    return names
-
-
-def objective_value(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> float:
-    """One objective from a trial's summary and quality (objects, or their stored `as_dict()`)."""
-    s = summary.as_dict() if isinstance(summary, Summary) else summary
-    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
-    if name in _METRIC_STAT:
-        metric, stat = _METRIC_STAT[name]
-        return s["latency_s"][metric][stat]["value"]
-    if name == "output_tps":
-        return s["output_throughput_tps"]["value"]
-    if name == "request_tps":
-        return s["request_throughput_rps"]["value"]
-    if name == "goodput":
-        return s["goodput_rps"]["value"] if s.get("goodput_rps") else 0.0
-    if name == "capacity":  # requests/s per GPU at the SLO (replay.capacity)
-        return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
-    if name == "quality_loss":
-        return q["nll_delta_per_token"]["value"] if q else math.nan
-    raise KeyError(name)
-
-
-def constraint_values(summary: Summary | dict, quality: QualityResult | dict | None, slos: list[SLO],
-                      max_quality_loss: QualityGate | float | None) -> list[float]:
-    """<= 0 means satisfied (Optuna's convention): one per SLO, one for the quality gate."""
-    s = summary.as_dict() if isinstance(summary, Summary) else summary
-    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
-    out = []
-    for slo in slos:
-        value = s["latency_s"][slo.metric][slo.stat]["value"] if slo.stat in STATS else math.nan
-        out.append(value - slo.threshold_s if not math.isnan(value) else math.inf)
-    if max_quality_loss is not None:
-        gate = max_quality_loss if isinstance(max_quality_loss, QualityGate) else QualityGate("nats", max_quality_loss)
-        out.append(gate.violation(q))
-    return out
-
-
-# Violation given to a trial whose engine could not serve: every constraint at once. (A finite
-# number: GPSampler fits a model to constraint values, and inf would break it.)
-FAILED_VIOLATION = 1.0
-
-
-def constraint_names(slos: list[SLO], max_quality_loss: QualityGate | float | None) -> list[str]:
-    """The constraints every trial reports to the sampler, in order: the share of requests that
-    failed (1.0 when the engine could not start, crashed or timed out, or the config was
-    rejected), then one per SLO, then the quality gate."""
-    return ["failed_requests"] + [f"slo {s}" for s in slos] + (["quality_gate"] if max_quality_loss is not None else [])
-
-
-def sampler_constraints(trial: Any, n_constraints: int) -> list[float]:
-    """The constraint values stored on a finished trial (<= 0 feasible)."""
-    stored = trial.user_attrs.get("sampler_constraints")
-    if stored is not None:
-        return list(stored)
-    user = list(trial.user_attrs.get("constraints", []))  # a measured trial from an older tracetune
-    return ([0.0] + user + [FAILED_VIOLATION] * n_constraints)[:n_constraints]
-
-
-def _has_set_constraint() -> bool:
-    import optuna
-
-    return hasattr(optuna.trial.Trial, "set_constraint")
-
-
-def set_constraints(trial: Any, names: list[str], values: list[float]) -> None:
-    """Record a trial's constraints where its sampler reads them: `Trial.set_constraint` on
-    Optuna >= 5 (`constraints_func` is deprecated there), a user attribute that the
-    `constraints_func` of `make_sampler` returns on Optuna 4."""
-    trial.set_user_attr("sampler_constraints", list(values))
-    if _has_set_constraint():
-        for name, value in zip(names, values):
-            trial.set_constraint(name, value)
-
-
-def make_sampler(name: str, seed: int | None, n_constraints: int = 1):
-    """An Optuna sampler that sees every trial's constraints, so infeasible trials (failed
-    engines, failed requests, violated SLOs) steer the search away instead of being dropped."""
-    import optuna
-
-    kwargs = {} if _has_set_constraint() else {
-        "constraints_func": lambda trial: sampler_constraints(trial, n_constraints)}
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8, **kwargs)
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **kwargs)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, **kwargs)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise InputError(f"--sampler must be one of {SAMPLERS}, got {name!r}")
+from tuner.coordination import Coordination, ClaimHeartbeat, stored_choices, config_key, counted, make_storage, running, skipped
+from tuner.measure import EngineRuns, client_overload_reason
+from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
+                              objective_value, set_constraints)
+from tuner.quality import QualityGate, QualityResult, Reference
+from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, worker_id
 
 
 @dataclasses.dataclass
@@ -194,91 +85,10 @@ class StudySettings:
         return constraint_names(self.slos, self.max_quality_loss)
 
 
-def make_storage(url: str, heartbeat_s: int):
-    """Optuna's RDBStorage with the heartbeat on: a RUNNING trial whose worker stops beating for
-    2 x `heartbeat_s` is failed and re-queued (WAITING, same parameters) up to twice."""
-    import warnings
-
-    import optuna
-
-    url = normalize_url(url)
-    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if url.startswith("sqlite"):
-        engine_kwargs = {"connect_args": {"timeout": 60}}
-    import random
-
-    from sqlalchemy.exc import SQLAlchemyError
-
-    for attempt in range(6):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2))
-        except SQLAlchemyError:
-            # Workers starting together on a new database race to create Optuna's tables; the
-            # loser sees "already exists" and simply connects again.
-            if attempt == 5:
-                raise
-            time.sleep(0.2 + random.random())
-
-
-def config_key(config_json: dict[str, Any]) -> str:
-    """Identity of a configuration across workers and hosts: the engine config without the
-    worker's own environment (CPU binding, visible GPUs) and with the model named by its
-    directory (checkpoint caches live in different places on different hosts)."""
-    ident = {k: v for k, v in config_json.items() if k != "env"}
-    ident["model"] = Path(str(config_json.get("model", ""))).name
-    return "config:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
-
-
-class _Beat:
-    """Refreshes a claim's heartbeat from a thread while the owner measures."""
-
-    def __init__(self, store: ResultStore, study_name: str, key: str, owner: str, every_s: float) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(store, study_name, key, owner, every_s), daemon=True)
-
-    def _run(self, store, study_name, key, owner, every_s) -> None:
-        while not self._stop.wait(every_s):
-            try:
-                store.touch_claim(study_name, key, owner)
-            except Exception:  # a database blip: the next beat tries again
-                pass
-
-    def __enter__(self) -> _Beat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-def _healthy(server: VLLMServer) -> bool:
-    try:
-        return server.get("/health", timeout_s=10).status_code == 200
-    except EngineError:
-        return False
-
-
-COUNTED = ("measured", "engine_failed", "failed", "unmeasurable")  # statuses that count toward --trials
-
-
-def client_overload_reason(summary: Summary) -> str:
-    """Why a trial is unmeasurable when its replay measured the client, not the engine."""
-    lag = summary.schedule_lag.get("p99", 0.0) if summary.schedule_lag else 0.0
-    return (f"unmeasurable: the replay client could not keep the trace's schedule (lag p99 {lag * 1000:.0f} ms "
-            f"> {summary.lag_bound_s * 1000:.0f} ms, {summary.client_errors} client-side failures) even with every "
-            f"core the engine leaves; this is not the engine's failure. Run the client on a machine with more "
-            f"free cores (--client-procs N) or replay a slower part of the trace")
-
-
 Reporter = Callable[..., None]
 
 
-class Tuner:
+class Tuner(EngineRuns, Coordination):
     """Runs one study; `report(event, **fields)` receives progress for display."""
 
     def __init__(self, settings: StudySettings, *, trace: Trace, space: SearchSpace, model_dir: Path,
@@ -306,153 +116,6 @@ class Tuner:
         self._quality_known: dict[str, tuple[int, dict[str, Any]]] = {}  # quality key -> (trial, quality)
         self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
-    # -- one engine run: start, replay, probe, stop ------------------------------------------
-    def _measure(self, config: VLLMConfig, label: str, *, with_quality: bool, start: float = 1.0) -> dict[str, Any]:
-        server = VLLMServer(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
-        out: dict[str, Any] = {}
-        phase = "start"
-        try:
-            self.report("engine_starting", label=label)
-            out["startup_s"] = server.launch(config, self.s.start_timeout_s)
-            if self.headers:
-                server.endpoint = dataclasses.replace(server.endpoint, headers=self.headers)
-            self.report("engine_ready", label=label, startup_s=out["startup_s"])
-            phase = "replay"
-            server.reset_prefix_cache()
-            if self.s.capacity is None:
-                result, out["summary"] = self._trace_rate_replay(server, label, self._engine_cores(config))
-            else:
-                runner = self._level_runner(server, label, start, self._engine_cores(config))
-                result = self._trace_rate_level(runner, server, out)
-                phase = "capacity search"
-                capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus())
-                if runner.results[1.0] is not result:  # the trace's rate was measured again (client lag)
-                    result = runner.results[1.0]
-                    out["summary"] = summarize(result, self.s.slos)
-                out["summary"].capacity = capacity.as_dict()
-                out["levels"] = [(step.scale, step.repeat, res.records) for step, res in runner.measured]
-                self.report("capacity_done", label=label, capacity=capacity)
-            out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
-            self._require_served(server, phase, out["summary"])
-            if with_quality:
-                phase = "quality probe"
-                out["quality"] = self._quality(server, config, label)
-        except EngineError as exc:
-            if phase != "start":
-                self._check_alive(server, phase, cause=exc)
-            raise
-        finally:
-            out["log_tail"] = server.process.log_tail() if server.process else ""
-            server.stop()
-        return out
-
-    def _quality(self, server: VLLMServer, config: VLLMConfig, label: str) -> QualityResult:
-        """The probe on this server, or the stored result of a configuration with the same quality
-        key (weights, precisions, kernels, decoding path: `tuner.quality.quality_key`)."""
-        config_json = json.loads(config.model_dump_json())
-        key = quality_key(config_json)
-        lossless = self.reference_config is not None and lossless_by_construction(
-            config_json, json.loads(self.reference_config.model_dump_json()))
-        if self.reference is not None and label != "reference":
-            known = self._quality_known.get(key) or next(
-                ((n, q) for n, c, q in self.store.measured_qualities(self.s.study_name) if quality_key(c) == key), None)
-            if known is not None:
-                number, stored = known
-                self.report("quality_reused", label=label, trial=number)
-                return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number, lossless=lossless)
-        self.report("quality", label=label)
-        if self.reference is None:
-            prompts = probe_prompts(self.trace, self.s.probe_prompts)
-            self.reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
-        quality = dataclasses.replace(measure_candidate(server.endpoint, self.reference), key=key, lossless=lossless)
-        if quality.probe_noisy:
-            self.report("probe_noisy", label=label, kld=quality.kld, beyond=quality.beyond_floor)
-        if label.startswith("trial-"):
-            self._quality_known[key] = (int(label.split("-")[1]), quality.as_dict())
-        return quality
-
-    def _engine_cores(self, config: VLLMConfig) -> int:
-        return workers.engine_cores(self.platform.value, config.gpus())
-
-    def _trace_rate_replay(self, server: VLLMServer, label: str, engine_cores: int) -> tuple[ReplayResult, Summary]:
-        """The trace at its own rate. A replay whose client could not keep the schedule (its
-        summary says client_overloaded) measured the client: it is sent again by twice as many
-        client processes while the machine has the cores; what is still overloaded then is
-        reported as unmeasurable by `_measured`, never as the engine's failure."""
-        n_warm = min(self.s.replay.warmup_requests, len(self.requests))
-        procs = self.s.client_procs or workers.auto_client_procs(self.requests[n_warm:], engine_cores)
-        while True:
-            result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
-                            engine=server, headers=self.headers or None, on_progress=self.on_replay_progress,
-                            client_procs=procs)
-            summary = summarize(result, self.s.slos)
-            more = workers.more_client_procs(procs, engine_cores)
-            if not summary.client_overloaded or more <= procs:
-                return result, summary
-            self.report("client_overloaded", label=label, procs=more, lag_p99_s=summary.schedule_lag.get("p99", 0.0))
-            settle(server, reset_prefix_cache=True)
-            procs = more
-
-    def _level_runner(self, server: VLLMServer, label: str, start_scale: float, engine_cores: int) -> LevelRunner:
-        """Load levels on this running engine; each starts drained with an empty prefix cache."""
-        n_warm = min(self.s.replay.warmup_requests, len(self.requests))
-        options = dataclasses.replace(self.s.capacity, start_scale=start_scale)
-        return LevelRunner(server.endpoint.base_url, server.endpoint.model, self.requests[n_warm:], self.s.replay,
-                           options, warmup=self.requests[:n_warm], engine=server, headers=self.headers or None,
-                           before_level=lambda: settle(server, reset_prefix_cache=True),
-                           on_progress=self.on_replay_progress, client_procs=self.s.client_procs,
-                           engine_cores=engine_cores,
-                           on_level=lambda step: self.report("capacity_step", label=label, step=step))
-
-    def _trace_rate_level(self, runner: LevelRunner, server: VLLMServer, out: dict[str, Any]) -> ReplayResult:
-        """The trace at its own rate, replayed in full (never abandoned): the latency objectives
-        come from it, and it is the capacity search's first level."""
-        step = runner.level(1.0, abandon=False)
-        result = runner.results[1.0]
-        out["summary"] = summarize(result, self.s.slos)
-        out["seed_steps"] = [step]
-        self._require_served(server, "replay", out["summary"])
-        return result
-
-    def _require_served(self, server: VLLMServer, phase: str, summary: Summary) -> None:
-        """The engine is alive and answered at least one request of the replay."""
-        self._check_alive(server, phase)
-        if summary.succeeded == 0:
-            raise EngineError(f"every request failed, e.g. {summary.error_examples[:1]}",
-                              log_tail=server.process.log_tail())
-
-    @property
-    def capacity_start(self) -> float:
-        """Where a trial's capacity search starts: the reference's capacity (most configurations
-        land near it, so the bracket closes in a few levels), else the trace's own rate."""
-        if self.s.capacity is None or not self.reference_capacity:
-            return 1.0
-        return min(max(self.reference_capacity, self.s.capacity.min_scale), self.s.capacity.max_scale)
-
-    @staticmethod
-    def _check_alive(server: VLLMServer, phase: str, cause: Exception | None = None) -> None:
-        """Name a dead engine as the reason (an error seen by the client is only its symptom)."""
-        code = server.process.exit_code()
-        if code is not None or not _healthy(server):
-            why = f" (the client saw: {str(cause).splitlines()[0][:300]})" if cause else ""
-            raise EngineError(f"the engine crashed during the {phase}" + (f", exit code {code}" if code is not None
-                                                                           else ", /health no longer answers") + why,
-                              exit_code=code, log_tail=server.process.log_tail()) from cause
-
-    def _claim_or_wait(self, key: str, trial_number: int, what: str) -> dict[str, Any] | None:
-        """None once this worker owns `key`; the finished claim row when another worker (or an
-        earlier trial) has measured it. Waits while a live worker is still measuring it."""
-        announced = False
-        while True:
-            holder = self.store.claim(self.s.study_name, key, owner=self.worker, trial_number=trial_number,
-                                      stale_after_s=self.s.grace_s)
-            if holder is None or holder["state"] == "done":
-                return holder
-            if not announced:
-                self.report("waiting", what=what, owner=holder["owner"], trial=holder["trial_number"])
-                announced = True
-            time.sleep(min(2.0, self.s.heartbeat_s / 2))
-
     def ensure_reference(self) -> None:
         """Measure the unquantized reference once per study (reused on resume, and by every other
         worker: the first one claims it, the others wait for its row)."""
@@ -472,7 +135,7 @@ class Tuner:
             return
         self.report("reference_start", config=self.reference_config)
         try:
-            with _Beat(self.store, self.s.study_name, "reference", self.worker, self.s.heartbeat_s):
+            with ClaimHeartbeat(self.store, self.s.study_name, "reference", self.worker, self.s.heartbeat_s):
                 measured = self._measure(self.reference_config, "reference", with_quality=True)
         except BaseException:
             self.store.release_claim(self.s.study_name, "reference", self.worker)
@@ -517,7 +180,7 @@ class Tuner:
         if holder is not None:
             return self._reuse(trial, holder["trial_number"], values=values, config=config_json, t0=t0)
         try:
-            with _Beat(self.store, self.s.study_name, key, self.worker, self.s.heartbeat_s):
+            with ClaimHeartbeat(self.store, self.s.study_name, key, self.worker, self.s.heartbeat_s):
                 result = self._measured(trial, config, config_json, values, t0)
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM) or a bug: the configuration is free for the next worker.
@@ -651,7 +314,7 @@ class Tuner:
     def _check_space_matches(self, study: Any) -> None:
         """Optuna cannot resume a study whose categorical choices changed (e.g. another --space, or
         choices this platform cannot run removed on another kind of machine): say so up front."""
-        for name, before in _stored_choices(study).items():
+        for name, before in stored_choices(study).items():
             param = self.space.parameters.get(name)
             if param is None or param.choices is None:
                 continue
@@ -698,7 +361,7 @@ class Tuner:
         # study already has are skipped, so a resumed or second worker does not add them again.
         for params in self.s.enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
-        self.recover(study)
+        self.recover(study, storage)
         self.report("study", name=self.s.study_name, done=counted(study),
                     remaining=max(self.s.trials - counted(study), 0))
         if counted(study) < self.s.trials:
@@ -712,7 +375,7 @@ class Tuner:
             if deadline is not None and time.monotonic() > deadline:
                 self.report("timeout", limit_s=self.s.timeout_s, done=counted(study), trials=self.s.trials)
                 break
-            self.recover(study)
+            self.recover(study, storage)
             if counted(study) + running(study) >= self.s.trials:
                 # Other workers are measuring the last trials: wait for them (or for their
                 # heartbeat to go stale, which re-queues their trial for us).
@@ -727,79 +390,6 @@ class Tuner:
                 self._requeue_interrupted(study)
                 raise
         return study
-
-    def recover(self, study: Any) -> list[int]:
-        """Fail the RUNNING trials of dead workers and re-queue them (same parameters): workers on
-        this host whose process is gone at once, any other after its heartbeat's grace period.
-        Returns the numbers of the trials failed here."""
-        import optuna
-
-        TrialState = optuna.trial.TrialState
-        storage = study._storage
-        callback = storage.get_heartbeat_stale_trial_callback()
-        failed = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = t.user_attrs.get("worker")
-            if owner and owner != self.worker and owner_is_dead(owner):
-                try:
-                    if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-                        failed.append(t.number)
-                        if callback is not None:
-                            callback(study, storage.get_trial(t._trial_id))
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    pass  # another worker got there first
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
-        if failed:
-            self.report("recovered", trials=failed)
-        return failed
-
-    def _requeue_interrupted(self, study: Any) -> None:
-        """A Ctrl-C'd (or SIGTERMed) trial is FAIL in Optuna: queue it again, with the same
-        parameters, so the next run measures it. Interruptions are not the configuration's
-        fault, so unlike dead workers' trials these are re-queued every time."""
-        import warnings
-
-        import optuna
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            requeue = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-            if t.user_attrs.get("worker") == self.worker and "status" not in t.user_attrs:
-                requeue(study, t)
-
-
-def counted(study: Any) -> int:
-    """Trials that count toward --trials: measured or failed with a reason. Interrupted trials
-    (Ctrl-C, a killed worker) have no status and are run again."""
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state.is_finished() and t.user_attrs.get("status") in COUNTED)
-
-
-def skipped(study: Any) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") in ("rejected", "duplicate"))
-
-
-def running(study: Any) -> int:
-    import optuna
-
-    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
-
-
-def _stored_choices(study: Any) -> dict[str, tuple]:
-    """Categorical choices each parameter had in the study's earlier trials."""
-    import optuna
-
-    out: dict[str, tuple] = {}
-    for t in study.get_trials(deepcopy=False):
-        for name, dist in t.distributions.items():
-            if isinstance(dist, optuna.distributions.CategoricalDistribution):
-                out.setdefault(name, tuple(dist.choices))
-    return out
 
 
 def pareto_trials(study: Any) -> list[Any]:

@@ -13,7 +13,7 @@ import pytest
 from tests.reliability.engines import (FAST, TRACE, Tune, describe, engines_of, gone_within, kill_tagged, new_tag,
                                       run_tune, wait_for)
 from tuner.storage import ResultStore
-from tuner.study import counted, make_storage
+from tuner.coordination import counted, make_storage
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,8 @@ import pytest
 from tests.reliability.pg import postgres_url  # noqa: F401 - fixture
 from tests.reliability.scripted import crash, fake_quality, fake_summary, make_tuner
 from tuner.storage import ResultStore, secret_values, worker_id
-from tuner.study import counted, make_storage, pareto_trials
+from tuner.coordination import counted, make_storage
+from tuner.study import pareto_trials
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQS = """\
@@ -293,7 +294,7 @@ def test_a_replay_the_client_could_not_keep_is_unmeasurable_not_an_engine_failur
 
 def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(tmp_path, monkeypatch):
     """Twice the processes each time, within the cores the engine leaves (8 cores, engine on 2)."""
-    import tuner.study as study_module
+    import tuner.measure as study_module
 
     tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
     tuner.s.client_procs = 1
@@ -328,7 +329,7 @@ def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(
 def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypatch):
     """A config differing from a measured one only in batching knobs reuses its stored quality (from
     the database: another worker's, or before a resume); a different KV-cache precision is measured."""
-    import tuner.study as study_module
+    import tuner.measure as study_module
     from engine_adapter.vllm_server import VLLMConfig
     from tuner.quality import ProbeItem, Reference
 

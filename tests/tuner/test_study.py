@@ -11,7 +11,8 @@ from replay.metrics import Estimate, Summary, parse_slos
 from tuner.quality import QualityResult, Reference, ProbeItem, _agreement
 from tuner.front import REFERENCE, Candidate, decide, dominates, economics
 from tuner.storage import ResultStore
-from tuner.study import config_diff, constraint_values, objective_value, parse_objectives
+from tuner.objectives import constraint_values, objective_value, parse_objectives
+from tuner.study import config_diff
 
 
 def est(v):
@@ -153,7 +154,7 @@ def test_objective_and_constraint_values_from_stored_dicts_match_the_objects():
 
 
 def test_config_key_ignores_the_workers_own_environment_and_model_location():
-    from tuner.study import config_key
+    from tuner.coordination import config_key
 
     a = {"model": "/home/a/.cache/tracetune/models/ckpt-W8A8-1234", "max_num_seqs": 8,
          "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}, "extra_args": []}

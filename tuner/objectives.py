@@ -1,0 +1,130 @@
+"""What a trial is judged by: objectives (name -> direction), how each is read from a measured
+run, the constraints every trial reports (failed requests, SLOs, the quality gate), and the
+samplers that see them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from engine_adapter.errors import InputError
+from replay.metrics import SLO, STATS, Summary
+from tuner.quality import QualityGate, QualityResult
+
+SAMPLERS = ("nsga2", "tpe", "gp", "random")
+
+
+_METRIC_STAT = {f"{m}_{s}": (m, s) for m in ("ttft", "tpot", "itl", "e2e") for s in STATS}
+
+
+OBJECTIVES: dict[str, str] = {**{name: "minimize" for name in _METRIC_STAT},
+                              "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize",
+                              "capacity": "maximize", "quality_loss": "minimize"}
+
+
+def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
+    """`ttft_p99,output_tps,quality_loss` -> names. Default: latency at the trace's own rate,
+    capacity at the SLO (with --slo; throughput at the trace's rate without), quality loss."""
+    if not spec:
+        return ["ttft_p99", "capacity" if has_slo else "output_tps", "quality_loss"]
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in OBJECTIVES]
+    if unknown:
+        raise InputError(f"--objectives: unknown {unknown}; choose from {sorted(OBJECTIVES)}")
+    for needs_slo in ("goodput", "capacity"):
+        if needs_slo in names and not has_slo:
+            raise InputError(f"--objectives {needs_slo} needs --slo (it counts requests meeting the SLO), "
+                             f"e.g. --slo 'ttft:p99<2s,tpot:p99<100ms'")
+    if len(set(names)) != len(names):
+        raise InputError("--objectives: each objective once")
+    return names
+
+
+def objective_value(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> float:
+    """One objective from a trial's summary and quality (objects, or their stored `as_dict()`)."""
+    s = summary.as_dict() if isinstance(summary, Summary) else summary
+    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
+    if name in _METRIC_STAT:
+        metric, stat = _METRIC_STAT[name]
+        return s["latency_s"][metric][stat]["value"]
+    if name == "output_tps":
+        return s["output_throughput_tps"]["value"]
+    if name == "request_tps":
+        return s["request_throughput_rps"]["value"]
+    if name == "goodput":
+        return s["goodput_rps"]["value"] if s.get("goodput_rps") else 0.0
+    if name == "capacity":  # requests/s per GPU at the SLO (replay.capacity)
+        return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
+    if name == "quality_loss":
+        return q["nll_delta_per_token"]["value"] if q else math.nan
+    raise KeyError(name)
+
+
+def constraint_values(summary: Summary | dict, quality: QualityResult | dict | None, slos: list[SLO],
+                      max_quality_loss: QualityGate | float | None) -> list[float]:
+    """<= 0 means satisfied (Optuna's convention): one per SLO, one for the quality gate."""
+    s = summary.as_dict() if isinstance(summary, Summary) else summary
+    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
+    out = []
+    for slo in slos:
+        value = s["latency_s"][slo.metric][slo.stat]["value"] if slo.stat in STATS else math.nan
+        out.append(value - slo.threshold_s if not math.isnan(value) else math.inf)
+    if max_quality_loss is not None:
+        gate = max_quality_loss if isinstance(max_quality_loss, QualityGate) else QualityGate("nats", max_quality_loss)
+        out.append(gate.violation(q))
+    return out
+
+
+# Violation given to a trial whose engine could not serve: every constraint at once. (A finite
+# number: GPSampler fits a model to constraint values, and inf would break it.)
+FAILED_VIOLATION = 1.0
+
+
+def constraint_names(slos: list[SLO], max_quality_loss: QualityGate | float | None) -> list[str]:
+    """The constraints every trial reports to the sampler, in order: the share of requests that
+    failed (1.0 when the engine could not start, crashed or timed out, or the config was
+    rejected), then one per SLO, then the quality gate."""
+    return ["failed_requests"] + [f"slo {s}" for s in slos] + (["quality_gate"] if max_quality_loss is not None else [])
+
+
+def sampler_constraints(trial: Any, n_constraints: int) -> list[float]:
+    """The constraint values stored on a finished trial (<= 0 feasible)."""
+    stored = trial.user_attrs.get("sampler_constraints")
+    if stored is not None:
+        return list(stored)
+    user = list(trial.user_attrs.get("constraints", []))  # a measured trial from an older tracetune
+    return ([0.0] + user + [FAILED_VIOLATION] * n_constraints)[:n_constraints]
+
+
+def _has_set_constraint() -> bool:
+    import optuna
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def set_constraints(trial: Any, names: list[str], values: list[float]) -> None:
+    """Record a trial's constraints where its sampler reads them: `Trial.set_constraint` on
+    Optuna >= 5 (`constraints_func` is deprecated there), a user attribute that the
+    `constraints_func` of `make_sampler` returns on Optuna 4."""
+    trial.set_user_attr("sampler_constraints", list(values))
+    if _has_set_constraint():
+        for name, value in zip(names, values):
+            trial.set_constraint(name, value)
+
+
+def make_sampler(name: str, seed: int | None, n_constraints: int = 1):
+    """An Optuna sampler that sees every trial's constraints, so infeasible trials (failed
+    engines, failed requests, violated SLOs) steer the search away instead of being dropped."""
+    import optuna
+
+    kwargs = {} if _has_set_constraint() else {
+        "constraints_func": lambda trial: sampler_constraints(trial, n_constraints)}
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8, **kwargs)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, **kwargs)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, **kwargs)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise InputError(f"--sampler must be one of {SAMPLERS}, got {name!r}")
