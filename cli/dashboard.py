@@ -123,7 +123,7 @@ def streamlit_argv(host: str, port: int) -> list[str]:
 
 
 def dashboard_command(args: argparse.Namespace, console) -> int:
-    from dashboard.data import resolve_study, storage_url
+    from dashboard.storage import resolve_study, storage_url
     from engine_adapter.errors import InputError
 
     if not 0 < args.port < 65536:
@@ -159,7 +159,8 @@ def dashboard_command(args: argparse.Namespace, console) -> int:
 
 
 def export_command(args: argparse.Namespace, console) -> int:
-    from dashboard.data import load_study, storage_url
+    from dashboard.data import load_study
+    from dashboard.storage import storage_url
     from dashboard.export import ExportOptions, FILE_NAMES, export, select_trial
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,

@@ -1,6 +1,7 @@
 """The dashboard (`tune dashboard`) and exports (`tune export`): read-only views of a study's storage.
 
-- `data.py`: loading a study, Pareto logic, filters, tables, per-request data (plain functions).
+- `data.py`: a study loaded as `StudyView` (the front with the reference, ties, thresholds); `storage.py`:
+  reading a storage safely; `metrics.py`, `tables.py`, `records.py`, `progress.py`: what pages show.
 - `capacity.py`: capacity at the SLO (bracket, caveats, load steps) from a run's stored result.
 - `charts.py`: plotly figures from those views.
 - `export.py`: vllm-cmd / compose / k8s / helm-values / json exporters and `--pick` rules.

@@ -27,7 +27,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from dashboard import capacity
-from dashboard.data import METRICS, Condition, StudyView, TrialView, display_value, parse_conditions
+from dashboard.data import StudyView, TrialView
+from dashboard.metrics import METRICS, display_value
+from dashboard.tables import Condition, parse_conditions
 from engine_adapter.errors import InputError
 
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")

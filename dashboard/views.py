@@ -9,7 +9,7 @@ import time
 
 import streamlit as st
 
-from dashboard import capacity, charts, data
+from dashboard import capacity, charts, data, metrics, progress, records, storage, tables
 from dashboard import ENV_STORAGE, ENV_STUDY
 from dashboard.export import (FILE_NAMES, FORMATS, ExportOptions, ReferenceIsBest, best_rule, best_trial, export,
                               image_of, parse_pick, pick_for)
@@ -27,7 +27,7 @@ def _load(url: str, name: str) -> data.StudyView:
 
 @st.cache_data(ttl=10, show_spinner=False)
 def _studies(url: str) -> list[str]:
-    return data.study_names(url)
+    return storage.study_names(url)
 
 
 def _trial_label(study: data.StudyView, number: int) -> str:
@@ -82,19 +82,20 @@ def _capacity_chart(study: data.StudyView, trials: list[data.TrialView], key: st
 
 # -- pages ---------------------------------------------------------------------------------------
 def page_pareto(study: data.StudyView) -> None:
-    metrics = list(data.METRICS)
+    names = list(metrics.METRICS)
     objectives = study.objectives
     c1, c2, c3, c4 = st.columns([3, 3, 1, 3])
+
     def index(position: int, fallback: str) -> int:
         name = objectives[position] if len(objectives) > position else fallback
-        return metrics.index(name) if name in metrics else metrics.index(fallback)
+        return names.index(name) if name in names else names.index(fallback)
 
-    x = c1.selectbox("x axis", metrics, index=index(0, "ttft_p99"), key="pareto_x")
-    y = c2.selectbox("y axis", metrics, index=index(1, "output_tps"), key="pareto_y")
+    x = c1.selectbox("x axis", names, index=index(0, "ttft_p99"), key="pareto_x")
+    y = c2.selectbox("y axis", names, index=index(1, "output_tps"), key="pareto_y")
     three_d = c3.toggle("3-D", value=False, key="pareto_3d")
     z = None
     if three_d:
-        z = c4.selectbox("z axis", metrics, index=index(2, "quality_loss"), key="pareto_z")
+        z = c4.selectbox("z axis", names, index=index(2, "quality_loss"), key="pareto_z")
     _verdict_banners(study)
     fig = charts.pareto_figure(study, x, y, z)
     if z:
@@ -120,7 +121,7 @@ def page_pareto(study: data.StudyView) -> None:
                + ". "
                "Hover a point for its config" + ("." if three_d else f"; click it to open it in Trial detail and Export{line}."))
     if failed:
-        causes = data.failure_causes(failed)
+        causes = tables.failure_causes(failed)
         with st.expander(f"Failed, rejected and running trials ({len(failed)}, {len(causes)} causes) — not on the chart"):
             st.dataframe(causes, hide_index=True, key="failed_table")
     _search_progress(study)
@@ -128,12 +129,12 @@ def page_pareto(study: data.StudyView) -> None:
 
 def _search_progress(study: data.StudyView) -> None:
     """Hypervolume of the front after each trial, and which parameters moved each objective."""
-    rows = data.search_progress(study)
+    rows = progress.search_progress(study)
     if len(rows) < 2:
         return
     with st.expander("Search progress and parameter importance"):
         st.plotly_chart(charts.progress_figure(rows), key="progress_chart")
-        importances = data.param_importances(study)
+        importances = progress.param_importances(study)
         if importances:
             st.plotly_chart(charts.importance_figure(importances), key="importance_chart")
         else:
@@ -148,8 +149,8 @@ def _table_frame(study: data.StudyView, rows: list[dict]):
         frame["trial"] = [("ref" if n == data.REFERENCE_RUN else str(n)) for n in frame["trial"]]
     renames = {}
     for col in frame.columns:
-        label, factor = data.metric_label(col)
-        if col in data.METRICS and factor != 1.0:
+        label, factor = metrics.metric_label(col)
+        if col in metrics.METRICS and factor != 1.0:
             frame[col] = frame[col] * factor
             renames[col] = label
     return frame.rename(columns=renames)
@@ -162,18 +163,18 @@ def page_trials(study: data.StudyView) -> None:
                               "Trials without a value for a metric are left out.")
     categories = c2.multiselect("Show", list(data.CATEGORIES), default=list(data.CATEGORIES), key="trials_categories")
     try:
-        conditions = data.parse_conditions(text, what="constraints")
+        conditions = tables.parse_conditions(text, what="constraints")
     except TuneError as exc:
         st.error(str(exc))
         conditions = []
-    trials = data.filter_trials(study.candidates, conditions, categories=categories)
+    trials = tables.filter_trials(study.candidates, conditions, categories=categories)
     if conditions:
         st.caption(f"{len(trials)} of {len(study.candidates)} candidates (the reference included) meet "
                    + " and ".join(map(str, conditions)))
     if not trials:
         st.info("No trial meets " + (" and ".join(map(str, conditions)) if conditions else "the chosen categories"))
         return
-    frame = _table_frame(study, data.trial_table(study, data.sort_for_table(trials)))
+    frame = _table_frame(study, tables.trial_table(study, tables.sort_for_table(trials)))
     config = {"differs from reference": st.column_config.TextColumn(width="large"),
               "failure": st.column_config.TextColumn(width="medium"),
               "startup_s": st.column_config.NumberColumn("engine start (s)", format="%.0f")}
@@ -186,8 +187,8 @@ def page_trials(study: data.StudyView) -> None:
             config[col] = st.column_config.NumberColumn(col, format="%+.4f")
         elif col == "error_rate":
             config[col] = st.column_config.NumberColumn(col, format="percent")
-        elif col.startswith("capacity") and col in data.METRICS:
-            config[col] = st.column_config.NumberColumn(data.metric_label(col)[0], format="%.3f")
+        elif col.startswith("capacity") and col in metrics.METRICS:
+            config[col] = st.column_config.NumberColumn(metrics.metric_label(col)[0], format="%.3f")
         elif col in ("capacity bracket", "capacity notes", "vs defaults", "95% intervals", "based on"):
             config[col] = st.column_config.TextColumn(col, width="medium")
     st.dataframe(frame, hide_index=True, key="trials_table", column_config=config,
@@ -202,7 +203,7 @@ def _metric_delta(study: data.StudyView, trial: data.TrialView, name: str) -> st
     value = trial.metric(name)
     if math.isnan(ref) or math.isnan(value):
         return None
-    _, factor = data.metric_label(name)
+    _, factor = metrics.metric_label(name)
     if factor == 1000.0:
         return f"{(value - ref) * 1000:+.0f} ms vs reference"
     return f"{value - ref:+.3g} vs reference"
@@ -221,9 +222,9 @@ def page_detail(study: data.StudyView) -> None:
         cols = st.columns(len(study.objectives) + 2)
         for col, name in zip(cols, study.objectives):
             # green when better than the reference, red when worse, whichever way the metric points
-            col.metric(name, data.display_value(name, t.metric(name)), _metric_delta(study, t, name),
-                       delta_color="inverse" if data.METRICS.get(name) == "minimize" else "normal",
-                       help=f"95% interval {data.display_interval(name, t.interval(name))}" if t.interval(name) else None)
+            col.metric(name, metrics.display_value(name, t.metric(name)), _metric_delta(study, t, name),
+                       delta_color="inverse" if metrics.METRICS.get(name) == "minimize" else "normal",
+                       help=f"95% interval {metrics.display_interval(name, t.interval(name))}" if t.interval(name) else None)
         cols[-2].metric("engine start", f"{t.startup_s:.0f} s" if t.startup_s else "-")
         cols[-1].metric("trial wall time", f"{t.wall_s:.0f} s" if t.wall_s else "-")
         if capacity.capacity_of(t.summary):
@@ -250,7 +251,7 @@ def page_detail(study: data.StudyView) -> None:
         left, right = st.columns(2)
         with left:
             st.markdown("**Engine counters** (measured phase)")
-            counters = data.engine_counters(t)
+            counters = records.engine_counters(t)
             k1, k2, k3 = st.columns(3)
             rate = counters["prefix_cache_hit_rate"]
             k1.metric("prefix-cache hit rate", "-" if rate is None else f"{rate:.1%}",
@@ -297,7 +298,7 @@ def page_compare(study: data.StudyView) -> None:
     b = _pick_trial(study, "B", others, data.REFERENCE_RUN if data.REFERENCE_RUN in others else others[0],
                     key="compare_b")
     ta, tb = study.trial(a), study.trial(b)
-    rows = data.compare(study, ta, tb)
+    rows = tables.compare(study, ta, tb)
     only_diff = st.toggle("only differences", value=False, key="compare_only_diff")
     shown = [r for r in rows if r["differs"] or not only_diff]
     st.dataframe([{"": ("≠" if r["differs"] else ""), "field": r["field"], ta.title: r["a"], tb.title: r["b"]}
@@ -368,7 +369,7 @@ def page_export(study: data.StudyView) -> None:
                     (("image", image), ("port", port if port != 8000 else ""), ("gpus", gpus if gpus != 1 else ""),
                      ("models-pvc", pvc if pvc != "models" else "")) if v != "") + (" --allow-dummy-weights" if allow else "")
     st.caption("The same from the command line: `tune export --storage "
-               f"{shlex.quote(data.display_url(study.storage))} --study {shlex.quote(study.name)} {cli_choice} --format {fmt}{extra}`")
+               f"{shlex.quote(storage.display_url(study.storage))} --study {shlex.quote(study.name)} {cli_choice} --format {fmt}{extra}`")
 
 
 RENDER = {"Pareto": page_pareto, "Trials": page_trials, "Trial detail": page_detail, "Compare": page_compare,
@@ -380,8 +381,8 @@ def main() -> None:
     st.set_page_config(page_title="tracetune", page_icon="📈", layout="wide")
     with st.sidebar:
         st.title("tracetune")
-        given = os.environ.get(ENV_STORAGE) or data.default_storage() or ""
-        shown = data.display_url(given) if given else ""
+        given = os.environ.get(ENV_STORAGE) or storage.default_storage() or ""
+        shown = storage.display_url(given) if given else ""
         typed = st.text_input("Storage", value=shown, key="storage",
                               help="the study database (SQLAlchemy URL); the dashboard only reads it")
         # The password of a database URL is never shown; the masked text stands for the given URL.
@@ -392,7 +393,7 @@ def main() -> None:
         try:
             names = _studies(url)
         except (TuneError, Exception) as exc:  # a bad URL is the user's input: say so, do not crash
-            st.error(f"cannot read {data.display_url(url)}: {data.display_url(str(exc))}")
+            st.error(f"cannot read {storage.display_url(url)}: {storage.display_url(str(exc))}")
             return
         if not names:
             st.warning("This storage holds no study yet.")

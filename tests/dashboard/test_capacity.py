@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from dashboard import capacity, charts, data
+from dashboard import capacity, charts, data, metrics, tables
 from dashboard.export import ReferenceIsBest, best_rule, best_trial, export, parse_pick, pick_for, select_trial
 from engine_adapter.errors import InputError
 from tests.dashboard.synthetic import CAPACITY_SLO, CAPACITY_STUDIES, REFERENCE_CAPACITY
@@ -28,15 +28,15 @@ def defaults_study(capacity_url):
 
 # -- metrics -------------------------------------------------------------------------------------
 def test_capacity_is_a_metric_to_maximize(cap_study):
-    assert data.METRICS["capacity"] == "maximize" and data.METRICS["capacity_scale"] == "maximize"
-    assert data.metric_label("capacity") == ("capacity (req/s per GPU at the SLO)", 1.0)
+    assert metrics.METRICS["capacity"] == "maximize" and metrics.METRICS["capacity_scale"] == "maximize"
+    assert metrics.metric_label("capacity") == ("capacity (req/s per GPU at the SLO)", 1.0)
     assert cap_study.objectives == ["ttft_p99", "capacity", "quality_loss"]
     assert cap_study.trial(0).metric("capacity") == pytest.approx(6.0)
     assert cap_study.trial(3).metric("capacity") == pytest.approx(2.5)      # 5 req/s on 2 GPUs
     assert cap_study.trial(3).metric("capacity_scale") == pytest.approx(2.0)
     assert cap_study.reference_metric("capacity") == pytest.approx(4.0)
-    assert math.isnan(data.metric_value("capacity", {"latency_s": {}}, None))  # a run without capacity
-    assert [c.metric for c in data.parse_conditions("capacity>=3 and capacity_scale>1")] == ["capacity", "capacity_scale"]
+    assert math.isnan(metrics.metric_value("capacity", {"latency_s": {}}, None))  # a run without capacity
+    assert [c.metric for c in tables.parse_conditions("capacity>=3 and capacity_scale>1")] == ["capacity", "capacity_scale"]
 
 
 def test_a_difference_inside_the_intervals_is_a_tie_not_dominated(cap_study):
@@ -54,7 +54,7 @@ def test_a_difference_inside_the_intervals_is_a_tie_not_dominated(cap_study):
     t.summary["latency_s"]["ttft"]["p99"] = {"value": 0.85, "ci_low": 0.765, "ci_high": 0.935}
     data.mark_front(study)
     assert study.decision.dominated_by_reference == [2] and t.category == "tie" and t.beaten_by_reference
-    assert data.metric_interval("capacity", t.summary, None) == pytest.approx((3.9, 5.0))
+    assert metrics.metric_interval("capacity", t.summary, None) == pytest.approx((3.9, 5.0))
     fig = charts.pareto_figure(study, "ttft_p99", "capacity")
     assert any(trace.name == "tied with the front, inside the intervals (1)" for trace in fig.data)
 
@@ -62,7 +62,7 @@ def test_a_difference_inside_the_intervals_is_a_tie_not_dominated(cap_study):
 def test_studies_without_capacity_keep_their_table(synthetic_url):
     study = data.load_study(synthetic_url, "synth")
     assert not data.has_capacity(study)
-    row = data.trial_table(study)[0]
+    row = tables.trial_table(study)[0]
     assert not {"capacity", "capacity bracket", "capacity notes", "vs defaults"} & set(row)
 
 
@@ -95,7 +95,7 @@ def test_when_the_defaults_beat_every_trial(defaults_study):
     assert defaults_study.front == []
     assert defaults_study.decision.reference_is_best
     assert "no configuration beats vLLM's defaults" in defaults_study.decision.verdict()
-    rows = {r["trial"]: r for r in data.trial_table(defaults_study)}
+    rows = {r["trial"]: r for r in tables.trial_table(defaults_study)}
     assert rows[0]["vs defaults"] == "defaults beat it on every objective" and rows[2]["vs defaults"] == ""
 
 
@@ -114,7 +114,7 @@ def test_bracket_and_flags():
 
 
 def test_trial_table_has_capacity_columns(cap_study):
-    rows = {r["trial"]: r for r in data.trial_table(cap_study)}
+    rows = {r["trial"]: r for r in tables.trial_table(cap_study)}
     assert rows[0]["capacity"] == pytest.approx(6.0)
     assert rows[0]["capacity bracket"] == "[6, 7.14] req/s per GPU"
     assert rows[3]["capacity bracket"] == "[2.5, 2.97] req/s per GPU ([5, 5.95] req/s on 2 GPUs)"
@@ -136,7 +136,7 @@ def test_steps_kinds_and_capacity_point():
 
 
 def test_compare_rows_include_capacity(cap_study):
-    rows = {r["field"]: r for r in data.compare(cap_study, cap_study.trial(0), cap_study.trial(3))}
+    rows = {r["field"]: r for r in tables.compare(cap_study, cap_study.trial(0), cap_study.trial(3))}
     # per GPU, with the bracket as its interval (trial 3 runs on 2 GPUs)
     assert rows["capacity"]["a"] == "6 [6, 7.14]" and rows["capacity"]["b"] == "2.5 [2.5, 2.975]"
     assert rows["capacity bracket"] == {"field": "capacity bracket", "a": "[6, 7.14] req/s", "b": "[5, 5.95] req/s",
@@ -243,7 +243,7 @@ def test_reads_what_replay_capacity_stores():
                                    step(1.5, True, repeat=True)],
                             capacity_scale=1.5, bracket_high=2.0, base_rps=2.0, base_output_tps=100.0, gpus=2)
     cap = result.as_dict()
-    assert data.metric_value("capacity", {"capacity": cap}, None) == pytest.approx(1.5)
+    assert metrics.metric_value("capacity", {"capacity": cap}, None) == pytest.approx(1.5)
     assert capacity.bracket_text(cap) == "[3, 4] req/s"
     assert [s["kind"] for s in capacity.steps(cap)] == ["passed", "abandoned", "passed", "passed"]
     assert capacity.capacity_point(cap) == (pytest.approx(3.0), 1.0)
@@ -255,7 +255,7 @@ def test_cost_and_sizing_columns_and_export_lines(cap_study, defaults_study):
     from tuner.front import economics
 
     assert cap_study.economics == {"gpu_hour_cost": 2.5, "target_rate": 40.0}
-    rows = {r["trial"]: r for r in data.trial_table(cap_study)}
+    rows = {r["trial"]: r for r in tables.trial_table(cap_study)}
     measured = [t for t in cap_study.trials if t.measured and capacity.capacity_of(t.summary)]
     t = measured[0]
     expected = economics(capacity.capacity_of(t.summary), gpu_hour_cost=2.5, target_rate=40.0)
@@ -264,10 +264,10 @@ def test_cost_and_sizing_columns_and_export_lines(cap_study, defaults_study):
     header = export(cap_study, t, "vllm-cmd")
     assert "$2.5/GPU-hour" in header and "per 1M output tokens" in header and "for 40 req/s of this traffic" in header
     # a study run without the flags has no such columns
-    assert not any("$/1M" in key for row in data.trial_table(defaults_study) for key in row)
+    assert not any("$/1M" in key for row in tables.trial_table(defaults_study) for key in row)
     # cost is a metric too: a Pareto axis and a filter
     assert t.metric("usd_per_1m_output_tokens") == pytest.approx(expected["usd_per_1m_output_tokens"])
-    assert data.METRICS["usd_per_1m_output_tokens"] == "minimize"
+    assert metrics.METRICS["usd_per_1m_output_tokens"] == "minimize"
     assert math.isnan(next(x for x in defaults_study.trials if x.measured).metric("usd_per_1m_output_tokens"))
     fig = charts.pareto_figure(cap_study, "usd_per_1m_output_tokens", "capacity")
     assert fig.data

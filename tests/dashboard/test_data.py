@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dashboard import charts, data
+from dashboard import charts, data, metrics, records, storage, tables
 from engine_adapter.errors import InputError
 from tests.dashboard.synthetic import SLO
 
@@ -86,7 +86,7 @@ def test_metric_value_reads_every_metric_from_stored_dicts(study):
     assert t.metric("spec_acceptance_rate") == pytest.approx(0.6)
     assert math.isnan(t.metric("goodput"))  # no SLO-based goodput stored
     with pytest.raises(InputError, match="unknown metric"):
-        data.metric_value("nope", t.summary, t.quality)
+        metrics.metric_value("nope", t.summary, t.quality)
 
 
 def test_thresholds_from_slos_and_quality_gate(study):
@@ -100,10 +100,10 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
 
     quality = {"nll_delta_per_token": {"value": 0.02}, "kld": {"value": 0.013}, "ppl_change": {"value": 0.021},
                "top1_agreement": {"value": 0.94}}
-    assert data.metric_value("kld", {}, quality) == pytest.approx(0.013)
-    assert data.metric_value("top1_agreement", {}, quality) == pytest.approx(0.94)
-    assert data.metric_label("ppl_change") == ("perplexity change vs reference (%)", 100.0)
-    assert math.isnan(data.metric_value("kld", {}, {"nll_delta_per_token": {"value": 0.1}}))  # an older study
+    assert metrics.metric_value("kld", {}, quality) == pytest.approx(0.013)
+    assert metrics.metric_value("top1_agreement", {}, quality) == pytest.approx(0.94)
+    assert metrics.metric_label("ppl_change") == ("perplexity change vs reference (%)", 100.0)
+    assert math.isnan(metrics.metric_value("kld", {}, {"nll_delta_per_token": {"value": 0.1}}))  # an older study
     from tuner.quality import parse_gate
 
     for spec, gate, metric, limit in (("kld:0.01", "kld<=0.01", "kld", 0.01),
@@ -142,62 +142,62 @@ def test_a_lossless_trial_beyond_the_floor_says_the_probe_is_too_noisy(study):
 
 
 def test_parse_conditions_units_and_errors():
-    conds = data.parse_conditions("ttft_p99<500ms and output_tps>=20, quality_loss <= 0.01")
+    conds = tables.parse_conditions("ttft_p99<500ms and output_tps>=20, quality_loss <= 0.01")
     assert [(c.metric, c.op, c.value) for c in conds] == [("ttft_p99", "<", pytest.approx(0.5)),
                                                           ("output_tps", ">=", 20.0), ("quality_loss", "<=", 0.01)]
-    assert data.parse_conditions("  ") == []
+    assert tables.parse_conditions("  ") == []
     with pytest.raises(InputError, match="unknown metric 'ttft'"):
-        data.parse_conditions("ttft<1")
+        tables.parse_conditions("ttft<1")
     with pytest.raises(InputError, match="cannot read"):
-        data.parse_conditions("ttft_p99 < lots")
+        tables.parse_conditions("ttft_p99 < lots")
     with pytest.raises(InputError, match="not a latency"):
-        data.parse_conditions("output_tps>5ms")
+        tables.parse_conditions("output_tps>5ms")
 
 
 def test_filter_trials_by_constraints_and_category(study):
-    got = data.filter_trials(study.trials, data.parse_conditions("ttft_p99<0.55"))
+    got = tables.filter_trials(study.trials, tables.parse_conditions("ttft_p99<0.55"))
     assert [t.number for t in got] == [0, 1]  # unmeasured trials never meet a condition
-    got = data.filter_trials(study.trials, [], categories=["failed"])
+    got = tables.filter_trials(study.trials, [], categories=["failed"])
     assert [t.number for t in got] == [4, 5]
 
 
 def test_trial_table_rows(study):
-    rows = {r["trial"]: r for r in data.trial_table(study)}
+    rows = {r["trial"]: r for r in tables.trial_table(study)}
     assert rows[1]["output_tps"] == 45.0 and rows[1]["category"] == "pareto"
     assert rows[1]["95% intervals"] == "ttft_p99 [450, 550] ms · output_tps [40.5, 49.5] · quality_loss [0.019, 0.021]"
     assert rows[1]["based on"] == "4 requests, 4 probe prompts"
     assert rows[1]["differs from reference"] == "max_num_seqs=32"
     assert rows[5]["differs from reference"].startswith("sampled: max_num_seqs=")
     assert "AVX-512" in rows[5]["failure"]
-    order = [t.number for t in data.sort_for_table(study.trials)]
+    order = [t.number for t in tables.sort_for_table(study.trials)]
     assert order == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_cdf_and_latency_cdfs(study):
-    xs, ys = data.cdf([3.0, None, 1.0, 2.0, math.nan])
+    xs, ys = records.cdf([3.0, None, 1.0, 2.0, math.nan])
     assert xs == [1.0, 2.0, 3.0] and ys == pytest.approx([1 / 3, 2 / 3, 1.0])
-    records = data.request_records(study.trial(0))
-    assert len(records) == 5
-    cdfs = data.latency_cdfs(records)
+    rows = records.request_records(study.trial(0))
+    assert len(rows) == 5
+    cdfs = records.latency_cdfs(rows)
     assert len(cdfs["ttft"][0]) == 4          # the failed request has no TTFT
     assert len(cdfs["itl"][0]) == 12          # gaps pooled over successful requests
     assert cdfs["e2e"][1][-1] == 1.0
 
 
 def test_timeline_sorted_by_send_time(study):
-    rows = data.timeline(data.request_records(study.trial(1)))
+    rows = records.timeline(records.request_records(study.trial(1)))
     assert [r["send_s"] for r in rows] == sorted(r["send_s"] for r in rows)
     assert [r["success"] for r in rows].count(False) == 1 and rows[3]["error"] == "timeout"
 
 
 def test_engine_counters(study):
-    c = data.engine_counters(study.trial(0))
+    c = records.engine_counters(study.trial(0))
     assert c["prefix_cache_hit_rate"] == 0.25 and c["spec_decode_acceptance_rate"] == 0.6
-    assert data.engine_counters(study.trial(5))["prefix_cache_hit_rate"] is None
+    assert records.engine_counters(study.trial(5))["prefix_cache_hit_rate"] is None
 
 
 def test_compare_marks_differences(study):
-    rows = {r["field"]: r for r in data.compare(study, study.trial(0), study.trial(1))}
+    rows = {r["field"]: r for r in tables.compare(study, study.trial(0), study.trial(1))}
     assert rows["config.max_num_seqs"]["differs"] and rows["config.max_num_seqs"]["a"] == "8"
     assert not rows["config.dtype"]["differs"]
     assert rows["ttft_p99"]["a"] == "300 ms [270, 330] ms" and rows["ttft_p99"]["b"] == "500 ms [450, 550] ms"
@@ -229,12 +229,12 @@ def test_default_storage_is_the_newest_run(tmp_path):
     import os
     import time
 
-    assert data.default_storage(tmp_path) is None
+    assert storage.default_storage(tmp_path) is None
     for name in ("old", "new"):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "study.db").write_bytes(b"")
         os.utime(tmp_path / "runs" / name / "study.db", (time.time() - (100 if name == "old" else 0),) * 2)
-    assert data.default_storage(tmp_path) == f"sqlite:///{(tmp_path / 'runs' / 'new' / 'study.db').resolve()}"
+    assert storage.default_storage(tmp_path) == f"sqlite:///{(tmp_path / 'runs' / 'new' / 'study.db').resolve()}"
 
 
 def test_missing_sqlite_file_is_refused_not_created(tmp_path):
@@ -247,7 +247,7 @@ def test_missing_sqlite_file_is_refused_not_created(tmp_path):
 def test_unknown_study_names_the_ones_there(synthetic_url):
     with pytest.raises(InputError, match=r"studies there: \['synth'\]"):
         data.load_study(synthetic_url, "other")
-    assert data.resolve_study(synthetic_url, None) == "synth"
+    assert storage.resolve_study(synthetic_url, None) == "synth"
 
 
 def test_loading_never_writes_measurements(synthetic_url, tmp_path):

@@ -1,0 +1,141 @@
+"""Every metric a trial can be plotted, filtered, compared or picked by: its direction, label and
+display unit, how it is read from a stored run (summary, quality, engine counters), and its 95%
+interval."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dashboard import capacity
+from engine_adapter.errors import InputError
+
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+LATENCY_STATS = ("mean", "p50", "p90", "p99")
+
+
+# Every metric a trial can be plotted, filtered or picked by, and which way is better. The names are
+# the tuner's objective names (tuner.objectives.OBJECTIVES) so `--objectives` and `--pick` agree.
+METRICS: dict[str, str] = {
+    **{f"{m}_{s}": "minimize" for m in LATENCY_METRICS for s in LATENCY_STATS},
+    "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize", "quality_loss": "minimize",
+    "error_rate": "minimize", "prefix_cache_hit_rate": "maximize", "spec_acceptance_rate": "maximize",
+    "capacity": "maximize", "capacity_scale": "maximize",  # at the SLO: req/s per GPU, and the load factor k
+    "usd_per_1m_output_tokens": "minimize",  # at capacity, with the study's --gpu-hour-cost
+    # quality in the units quantization is judged by (tuner.quality), vs the reference
+    "kld": "minimize", "ppl_change": "minimize", "top1_agreement": "maximize",
+}
+
+
+def metric_label(name: str) -> tuple[str, float]:
+    """Axis label and the factor that turns the stored value (SI units) into the shown one."""
+    if name.split("_")[0] in LATENCY_METRICS and name.split("_")[-1] in LATENCY_STATS:
+        return f"{name} (ms)", 1000.0
+    return {
+        "output_tps": ("output_tps (tokens/s)", 1.0), "request_tps": ("request_tps (req/s)", 1.0),
+        "goodput": ("goodput (req/s meeting SLOs)", 1.0), "quality_loss": ("quality_loss (nats/token vs reference)", 1.0),
+        "error_rate": ("error_rate", 1.0), "prefix_cache_hit_rate": ("prefix-cache hit rate", 1.0),
+        "spec_acceptance_rate": ("speculative acceptance rate", 1.0),
+        "capacity": ("capacity (req/s per GPU at the SLO)", 1.0),
+        "capacity_scale": ("capacity_scale (x the trace's rate at the SLO)", 1.0),
+        "usd_per_1m_output_tokens": ("$ per 1M output tokens at capacity", 1.0),
+        "kld": ("KL divergence from the reference (nats/token, top-20)", 1.0),
+        "ppl_change": ("perplexity change vs reference (%)", 100.0),
+        "top1_agreement": ("top-1 agreement with the reference", 1.0),
+    }.get(name, (name, 1.0))
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def metric_value(name: str, summary: dict | None, quality: dict | None, engine: dict | None = None) -> float:
+    """One metric of a measured run from its stored summary/quality/engine dicts (NaN when absent)."""
+    summary = summary or {}
+    engine = engine if engine is not None else (summary.get("engine") or {})
+    head, _, stat = name.partition("_")
+    if head in LATENCY_METRICS and stat in LATENCY_STATS:
+        try:
+            return _num(summary["latency_s"][head][stat]["value"])
+        except (KeyError, TypeError):
+            return math.nan
+    if name in ("quality_loss", "kld", "ppl_change", "top1_agreement"):
+        try:
+            return _num(quality["nll_delta_per_token" if name == "quality_loss" else name]["value"])
+        except (KeyError, TypeError):
+            return math.nan
+    key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}
+    if name in key:
+        entry = summary.get(key[name])  # goodput is None when the study has no SLOs
+        return _num(entry["value"]) if isinstance(entry, dict) else math.nan
+    if name == "error_rate":
+        return _num(summary.get("error_rate"))
+    if name == "prefix_cache_hit_rate":
+        return _num(engine.get("prefix_cache_hit_rate"))
+    if name == "spec_acceptance_rate":
+        return _num(engine.get("spec_decode_acceptance_rate"))
+    if name in ("capacity", "capacity_scale", "usd_per_1m_output_tokens"):  # replay.capacity's result
+        stored = capacity.capacity_of(summary) or {}
+        key = {"capacity": "capacity_rps_per_gpu"}.get(name, name)  # the cost: added by `with_costs`
+        return _num(stored.get(key))
+    raise InputError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
+
+
+def metric_interval(name: str, summary: dict | None, quality: dict | None) -> tuple[float, float] | None:
+    """The 95% interval of a measured metric (capacity: its bracket per GPU, an open upper end read
+    as the measured value); None for a metric measured without one."""
+    summary = summary or {}
+    head, _, stat = name.partition("_")
+    keys = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}
+    try:
+        if name == "capacity":
+            return _capacity_interval(capacity.capacity_of(summary))
+        if head in LATENCY_METRICS and stat in LATENCY_STATS:
+            entry = summary["latency_s"][head][stat]
+        elif name in ("quality_loss", "kld", "ppl_change", "top1_agreement"):
+            entry = quality["nll_delta_per_token" if name == "quality_loss" else name]
+        elif name in keys:
+            entry = summary[keys[name]]
+        else:
+            return None
+        low, high = _num(entry["ci_low"]), _num(entry["ci_high"])
+    except (KeyError, TypeError):
+        return None
+    return None if math.isnan(low) or math.isnan(high) else (low, high)
+
+
+def _capacity_interval(cap: dict | None) -> tuple[float, float] | None:
+    from replay.capacity import bracket_rps
+
+    if not cap:
+        return None
+    low, high = bracket_rps(cap)
+    gpus = max(int(cap.get("gpus") or 1), 1)
+    return low / gpus, (low if high is None else high) / gpus
+
+
+def display_value(name: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        _, factor = metric_label(name)
+        if factor == 1000.0:
+            return f"{value * 1000:.0f} ms"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def display_interval(name: str, interval: tuple[float, float] | None) -> str:
+    """`[270, 330] ms`: a 95% interval in the metric's display unit ("" without one)."""
+    if interval is None:
+        return ""
+    low, high = (display_value(name, v) for v in interval)
+    unit = " ms" if low.endswith(" ms") else ""
+    return f"[{low.removesuffix(' ms')}, {high.removesuffix(' ms')}]{unit}"

@@ -1,0 +1,59 @@
+"""A trial's request records, for the drill-down: latency CDFs, the request timeline, engine counters."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable, Sequence
+
+from dashboard.data import TrialView
+
+
+# -- per-request data (drill-down) --------------------------------------------------------------
+def request_records(trial: TrialView) -> list[dict[str, Any]]:
+    if not trial.requests_jsonl:
+        return []
+    return [json.loads(line) for line in trial.requests_jsonl.splitlines() if line.strip()]
+
+
+def cdf(values: Iterable[float | None]) -> tuple[list[float], list[float]]:
+    """Empirical CDF: sorted values and the fraction of values <= each."""
+    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    n = len(xs)
+    return xs, [(i + 1) / n for i in range(n)]
+
+
+def latency_cdfs(records: Sequence[dict[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+    """TTFT, ITL (pooled gaps) and E2E CDFs of the successful requests, in seconds."""
+    ok = [r for r in records if r.get("success")]
+    return {
+        "ttft": cdf(r.get("ttft_s") for r in ok),
+        "itl": cdf(g for r in ok for g in (r.get("itl_s") or [])),
+        "e2e": cdf(r.get("e2e_s") for r in ok),
+    }
+
+
+def timeline(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per request: send time since replay start, TTFT and E2E latency, success, error."""
+    return [{"index": r.get("index"), "send_s": r.get("send_s"), "ttft_s": r.get("ttft_s"), "e2e_s": r.get("e2e_s"),
+             "lag_s": r.get("lag_s"), "success": bool(r.get("success")), "output_tokens": r.get("output_tokens"),
+             "error": r.get("error") or ""} for r in sorted(records, key=lambda r: r.get("send_s") or 0.0)]
+
+
+def engine_counters(trial: TrialView) -> dict[str, float | None]:
+    """The engine's own counters over the measured phase, with the two rates people look at."""
+    engine = trial.engine or (trial.summary or {}).get("engine") or {}
+
+    def get(key: str) -> float | None:
+        value = engine.get(key)
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+    return {
+        "prefix_cache_hit_rate": get("prefix_cache_hit_rate"),
+        "prefix_cache_hits": get("prefix_cache_hits"), "prefix_cache_queries": get("prefix_cache_queries"),
+        "spec_decode_acceptance_rate": get("spec_decode_acceptance_rate"),
+        "spec_decode_accepted_tokens": get("spec_decode_accepted_tokens"),
+        "spec_decode_draft_tokens": get("spec_decode_draft_tokens"),
+        "preemptions": get("preemptions"),
+        "prompt_tokens": get("prompt_tokens"), "generation_tokens": get("generation_tokens"),
+    }

@@ -1,0 +1,169 @@
+"""Tables of a study: the Trials table and its filter conditions, Compare's rows, failures grouped
+by cause."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Iterable, Sequence
+
+from dashboard import capacity
+from dashboard.data import CATEGORIES, StudyView, TrialView, diff_text, has_capacity
+from dashboard.metrics import LATENCY_METRICS, METRICS, display_interval, display_value
+from engine_adapter.errors import InputError
+from tuner.front import economics
+
+
+# -- conditions (table filters and --pick) ------------------------------------------------------
+_COND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|==|!=|<|>)\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(ms|s|us)?\s*$")
+
+
+_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, None: 1.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    metric: str
+    op: str
+    value: float
+    text: str = dataclasses.field(default="", compare=False)  # as the user wrote it (`ttft_p99<500ms`)
+
+    def holds(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        return {"<": value < self.value, "<=": value <= self.value, ">": value > self.value,
+                ">=": value >= self.value, "==": value == self.value, "!=": value != self.value}[self.op]
+
+    def __str__(self) -> str:
+        return self.text or f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_conditions(text: str | None, *, what: str = "filter") -> list[Condition]:
+    """`ttft_p99<0.5 and output_tps>=15` (latencies in seconds, or with a unit: `ttft_p99<500ms`)."""
+    if not text or not text.strip():
+        return []
+    out = []
+    for part in re.split(r"\s+and\s+|\s*,\s*|\s*&&?\s*", text.strip()):
+        if not part:
+            continue
+        m = _COND.match(part)
+        if not m:
+            raise InputError(f"{what}: cannot read {part!r}; write METRIC OP NUMBER, e.g. 'ttft_p99<0.5' or "
+                             f"'ttft_p99<500ms and output_tps>20' (OP: < <= > >= == !=)")
+        metric, op, number, unit = m.groups()
+        if metric not in METRICS:
+            raise InputError(f"{what}: unknown metric {metric!r} in {part!r}; choose from {sorted(METRICS)}")
+        if unit and metric.split("_")[0] not in LATENCY_METRICS:
+            raise InputError(f"{what}: {metric} is not a latency, so {part!r} cannot carry a time unit")
+        out.append(Condition(metric, op, float(number) * _UNITS[unit], text=re.sub(r"\s+", "", part)))
+    return out
+
+
+def filter_trials(trials: Iterable[TrialView], conditions: Sequence[Condition], *,
+                  categories: Sequence[str] | None = None) -> list[TrialView]:
+    """Trials meeting every condition (a trial without a value for a metric does not meet it)."""
+    out = []
+    for t in trials:
+        if categories is not None and t.category not in categories:
+            continue
+        if all(c.holds(t.metric(c.metric)) for c in conditions):
+            out.append(t)
+    return out
+
+
+# -- tables --------------------------------------------------------------------------------------
+def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> list[dict[str, Any]]:
+    """One row per trial: number, category, status, each objective, throughput/latency extras,
+    the difference from the reference, and the failure reason."""
+    rows = []
+    with_capacity = has_capacity(study)
+    for t in (study.trials if trials is None else trials):
+        row: dict[str, Any] = {"trial": t.number, "category": t.category, "status": t.status}
+        for name in study.objectives:
+            row[name] = t.metric(name)
+        if with_capacity:
+            row.setdefault("capacity", t.metric("capacity"))
+            row.update(capacity.table_columns(t.summary if t.measured else None))
+            row.update(cost_columns(study, t.summary if t.measured else None))
+        for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate"):
+            if extra not in row:
+                row[extra] = t.metric(extra)
+        row["95% intervals"] = intervals_text(t, study.objectives)
+        row["based on"] = t.sample_sizes
+        if study.decision is not None and study.decision.dominated_by_reference:
+            row["vs defaults"] = "defaults beat it on every objective" if t.beaten_by_reference else ""
+        row["differs from reference"] = (diff_text(t.diff) if t.config else
+                                         "sampled: " + ", ".join(f"{k}={v}" for k, v in t.params.items()))
+        row["startup_s"] = t.startup_s
+        row["failure"] = (t.failure_reason or "")[:200]
+        rows.append(row)
+    return rows
+
+
+def cost_columns(study: StudyView, summary: dict | None) -> dict[str, float]:
+    """The table's cost and sizing columns (none when the study was run without the flags)."""
+    names = {"usd_per_1m_output_tokens": "$/1M output tokens", "usd_per_1m_input_tokens": "$/1M input tokens",
+             "replicas": "replicas", "gpus_total": f"GPUs for {study.economics.get('target_rate', 0):g} req/s"}
+    columns = economics({"capacity_rps": 1.0}, **study.economics) if study.economics else {}  # which the flags give
+    costs = study.costs(summary)
+    return {names[key]: costs.get(key, math.nan) for key in columns}
+
+
+def sort_for_table(trials: Iterable[TrialView]) -> list[TrialView]:
+    """Front first, then dominated, infeasible, failed and running; by trial number within each."""
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    return sorted(trials, key=lambda t: (order[t.category], t.number))
+
+
+def intervals_text(t: TrialView, metrics: Sequence[str]) -> str:
+    """Each metric's 95% interval, for the table (capacity's is its bracket)."""
+    parts = [f"{m} {display_interval(m, t.interval(m))}" for m in metrics if t.interval(m) is not None]
+    return " · ".join(parts)
+
+
+def flat_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """A config dump with speculation flattened, for side-by-side display."""
+    if not config:
+        return {}
+    out = {k: v for k, v in config.items() if k not in ("speculative", "env", "extra_args")}
+    spec = config.get("speculative") or {}
+    for k, v in spec.items():
+        out[f"speculative.{k}"] = v
+    out["extra_args"] = " ".join(config.get("extra_args") or []) or None
+    out["env"] = ", ".join(sorted(config.get("env") or {})) or None
+    return out
+
+
+def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]]:
+    """Side-by-side rows, with whether they differ: status, the config fields that differ, every
+    metric, then the config fields that are the same."""
+    rows = [{"field": "status", "a": a.status, "b": b.status, "differs": a.status != b.status}]
+    ca, cb = flat_config(a.config), flat_config(b.config)
+    config_rows = [{"field": f"config.{key}", "a": "-" if ca.get(key) is None else str(ca.get(key)),
+                    "b": "-" if cb.get(key) is None else str(cb.get(key)), "differs": ca.get(key) != cb.get(key)}
+                   for key in dict.fromkeys([*ca, *cb])]
+    rows += [r for r in config_rows if r["differs"]]
+    for name in [*study.objectives, *(m for m in METRICS if m not in study.objectives)]:
+        va, vb = a.metric(name), b.metric(name)
+        if math.isnan(va) and math.isnan(vb):
+            continue
+        shown = [" ".join(filter(None, (display_value(name, v), display_interval(name, t.interval(name)))))
+                 for v, t in ((va, a), (vb, b))]
+        rows.append({"field": name, "a": shown[0], "b": shown[1],
+                     "differs": display_value(name, va) != display_value(name, vb)})
+    rows.append({"field": "based on", "a": a.sample_sizes or "-", "b": b.sample_sizes or "-",
+                 "differs": a.sample_sizes != b.sample_sizes})
+    ba, bb = (capacity.bracket_text(capacity.capacity_of(t.summary)) for t in (a, b))
+    if ba or bb:
+        rows.append({"field": "capacity bracket", "a": ba or "-", "b": bb or "-", "differs": ba != bb})
+    return rows + [r for r in config_rows if not r["differs"]]
+
+
+def failure_causes(trials: Sequence[TrialView]) -> list[dict[str, Any]]:
+    """Unmeasured trials grouped by cause (`tuner.front.group_failures`), the most frequent first."""
+    from tuner.front import group_failures
+
+    groups = group_failures([(t.number, t.status, (t.failure_reason or "")[:300]) for t in trials])
+    return [{"status": status, "count": len(numbers), "trials": ", ".join(map(str, numbers)), "reason": reason}
+            for status, reason, numbers in groups]
