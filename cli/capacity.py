@@ -55,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def capacity_command(args: argparse.Namespace, console) -> int:
     from engine_adapter.errors import InputError
-    from replay.capacity import CapacityOptions, LevelRunner, settle
+    from replay.capacity import CapacityOptions
+    from replay.levels import LevelRunner, settle
     from cli.replay import prepare_run, prepared_requests
     from replay.metrics import parse_slos
     from replay.runner import ReplayOptions

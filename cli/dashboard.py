@@ -161,7 +161,8 @@ def dashboard_command(args: argparse.Namespace, console) -> int:
 def export_command(args: argparse.Namespace, console) -> int:
     from dashboard.data import load_study
     from dashboard.storage import storage_url
-    from dashboard.export import ExportOptions, FILE_NAMES, export, select_trial
+    from dashboard.export import ExportOptions, FILE_NAMES, export
+    from dashboard.pick import select_trial
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,

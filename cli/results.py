@@ -89,7 +89,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
 def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
     from rich.table import Table
 
-    from tuner.quality import units_text
+    from tuner.quality_gate import units_text
 
     has_capacity = any(r["capacity"] for r in rows)
     on_front = sum(r["trial"] != "reference" for r in rows)
@@ -133,7 +133,7 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:
     """The probe's noise floor and the study's self-check on it (lossless configurations within it)."""
-    from tuner.quality import floor_text, self_check
+    from tuner.quality_gate import floor_text, self_check
 
     floor = floor_text((reference or {}).get("probe"))
     check = self_check([(n, r.get("quality")) for n, r in sorted(results.items())])

@@ -176,7 +176,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     from replay.metrics import parse_slos
     from replay.trace import load_trace
     from search_spaces.space import DEFAULT_SPACE, load_space
-    from tuner.quality import parse_gate
+    from tuner.quality_gate import parse_gate
     from tuner.storage import display_url, secret_values
     from tuner.objectives import parse_objectives
 

@@ -4,7 +4,7 @@
   reading a storage safely; `metrics.py`, `tables.py`, `records.py`, `progress.py`: what pages show.
 - `capacity.py`: capacity at the SLO (bracket, caveats, load steps) from a run's stored result.
 - `charts.py`: plotly figures from those views.
-- `export.py`: vllm-cmd / compose / k8s / helm-values / json exporters and `--pick` rules.
+- `export.py`: vllm-cmd / compose / k8s / helm-values / json exporters; `pick.py`: which trial (`--pick`).
 - `views.py` + `app.py`: the Streamlit pages (thin); the two commands are `cli/dashboard.py`.
 """
 

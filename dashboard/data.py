@@ -20,7 +20,7 @@ from dashboard.storage import read_results, silent_for, optuna_storage, resolve_
 from engine_adapter.errors import InputError
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
 from tuner.front import REFERENCE, Candidate, decide, dominates, economics
-from tuner.quality import floor_estimates, floor_text
+from tuner.quality_gate import floor_estimates, floor_text
 from tuner.storage import REFERENCE_RUN
 
 # Categories of a trial in the Pareto view, in drawing order.
@@ -142,7 +142,7 @@ class StudyView:
     @property
     def quality_check(self) -> str:
         """The probe's self-check: lossless-by-construction trials within the floor, or too noisy."""
-        from tuner.quality import self_check
+        from tuner.quality_gate import self_check
 
         return self_check([(t.number, t.quality) for t in self.trials])
 
@@ -251,7 +251,7 @@ def floor_band(study: StudyView, metric: str) -> tuple[float, float] | None:
 def _gate_of(attrs: dict[str, Any]) -> Any:
     """The study's quality gate (`tuner.quality.QualityGate`): its stored spec, or the plain nats
     limit of a study made before gates had units; None without one (or one this version cannot read)."""
-    from tuner.quality import parse_gate
+    from tuner.quality_gate import parse_gate
 
     try:
         return parse_gate(attrs.get("quality_gate") or attrs.get("max_quality_loss"))

@@ -11,10 +11,10 @@ import streamlit as st
 
 from dashboard import capacity, charts, data, metrics, progress, records, storage, tables
 from dashboard import ENV_STORAGE, ENV_STUDY
-from dashboard.export import (FILE_NAMES, FORMATS, ExportOptions, ReferenceIsBest, best_rule, best_trial, export,
-                              image_of, parse_pick, pick_for)
+from dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
+from dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
 from engine_adapter.errors import TuneError
-from tuner.quality import verdict
+from tuner.quality_gate import verdict
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
 LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}

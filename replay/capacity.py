@@ -35,7 +35,7 @@ import numpy as np
 
 from engine_adapter.errors import InputError
 from replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value
-from replay.runner import InFlight, PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, replay
+from replay.runner import InFlight, PreparedRequest, ReplayResult, RequestRecord
 
 @dataclasses.dataclass(frozen=True)
 class CapacityOptions:
@@ -290,7 +290,7 @@ def certain_misses(finished: Sequence[RequestRecord], in_flight: Sequence[InFlig
     return sum(not meets_slos(r, slos) for r in finished) + late_in_flight(in_flight, now, slos)
 
 
-class _MissCounter:
+class MissCounter:
     """`certain_misses` while a level runs, checked every few milliseconds: each finished request
     is judged once (the finished list only grows), so the check costs the client little however
     long the level."""
@@ -468,112 +468,3 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
         search_s=clock() - t0)
 
 
-# -- on a real engine -----------------------------------------------------------------------------
-def settle(engine: Any, *, reset_prefix_cache: bool, timeout_s: float = 30.0) -> None:
-    """Before a level: wait until the engine runs and queues nothing (an abandoned level leaves
-    aborted requests behind for a moment), then empty its prefix cache, so every level starts
-    alike. Engines without metrics are not waited for."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            m = engine.metrics()
-        except Exception:  # no /metrics (an endpoint we do not run): nothing to wait for
-            break
-        if m.requests_running + m.requests_waiting == 0:
-            break
-        time.sleep(0.1)
-    if reset_prefix_cache:
-        engine.reset_prefix_cache()
-
-
-@dataclasses.dataclass
-class LevelRunner:
-    """Replays load levels against one running engine: warm-up once, the prefix cache reset (and
-    the engine drained) before each level, early abandon when the outcome is certain."""
-
-    base_url: str
-    model: str
-    requests: Sequence[PreparedRequest]  # the measured slice at k = 1 (same at every level), warm-up excluded
-    replay_options: ReplayOptions
-    options: CapacityOptions
-    warmup: Sequence[PreparedRequest] = ()  # sent once, before the first level, unmeasured
-    engine: Any = None  # supplies metrics() for the engine's counters of each level
-    headers: dict[str, str] | None = None
-    before_level: Callable[[], None] | None = None
-    on_level: Callable[[Step], None] | None = None
-    on_progress: Callable[[int, int, int], None] | None = None
-    results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)  # one replay per level
-    measured: list[tuple[Step, ReplayResult]] = dataclasses.field(default_factory=list)  # every replay, in order
-    client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
-    engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
-    _pool: Any = dataclasses.field(default=None, init=False, repr=False)
-
-    def _procs(self, requests: Sequence[PreparedRequest], repeat: bool) -> int:
-        """Client processes for a level; a level the client could not keep up with is measured
-        again with twice as many, where the machine has the cores."""
-        from replay.workers import auto_client_procs, more_client_procs
-
-        procs = self.client_procs or auto_client_procs(requests, self.engine_cores)
-        last = self.measured[-1][0] if self.measured else None
-        if repeat and last is not None and last.client_overloaded and not last.passed:
-            procs = max(procs, more_client_procs(last.client_procs, self.engine_cores))
-        return max(procs, 1)
-
-    def _pool_of(self, procs: int) -> Any:
-        """A client pool of `procs` processes (kept from level to level), or None for one process."""
-        from replay.workers import ClientPool
-
-        if procs <= 1:
-            return None
-        if self._pool is None or len(self._pool) != procs:
-            self.close()
-            self._pool = ClientPool(procs)
-        return self._pool
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-
-    def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
-        requests = at_scale(self.requests, scale)
-        warmup = list(self.warmup) if not self.results else []
-        if self.before_level is not None:
-            self.before_level()
-        opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
-                                   max_duration_s=None, time_scale=1.0)
-        budget = allowed_misses(len(requests), self.options.attainment)
-        use_abandon = self.options.abandon if abandon is None else abandon
-        misses = _MissCounter(self.options.slos)
-
-        def certain(finished, in_flight, now) -> bool:
-            return misses(finished, in_flight, now) > budget
-
-        procs = self._procs(requests, repeat)
-        t0 = time.perf_counter()
-        result = replay(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
-                        headers=self.headers, on_progress=self.on_progress,
-                        stop_when=certain if use_abandon else None, pool=self._pool_of(procs))
-        step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
-                     misses_at_stop=misses.count)
-        step.client_procs = procs
-        if scale not in self.results or not (step.client_overloaded and not step.passed):
-            self.results[scale] = result  # the latest replay of this level the client kept up with
-        self.measured.append((step, result))
-        if self.on_level is not None:
-            self.on_level(step)
-        return step
-
-    def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1) -> CapacityResult:
-        if len(self.requests) < 2 or self.requests[-1].scheduled_s <= self.requests[0].scheduled_s:
-            raise InputError("every measured request of the trace arrives at the same moment, so no load level "
-                             "differs from another: a capacity search needs a trace with arrival times spread "
-                             "over time (or more requests: --max-requests / --max-duration)")
-        try:
-            result = search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
-                                     base_rates=offered_rates(self.requests))
-        finally:
-            self.close()
-        prompts = [r.prompt_tokens for res in self.results.values() for r in res.records if r.prompt_tokens]
-        result.mean_prompt_tokens = float(np.mean(prompts)) if prompts else 0.0
-        return result

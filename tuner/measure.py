@@ -10,7 +10,7 @@ from typing import Any
 from engine_adapter.errors import EngineError
 from engine_adapter.vllm_server import VLLMConfig, VLLMServer
 from replay import workers
-from replay.capacity import LevelRunner, settle
+from replay.levels import LevelRunner, settle
 from replay.metrics import Summary, summarize
 from replay.runner import ReplayResult, replay
 from tuner.quality import (QualityResult, lossless_by_construction, measure_candidate, measure_reference,

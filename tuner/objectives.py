@@ -9,7 +9,8 @@ from typing import Any
 
 from engine_adapter.errors import InputError
 from replay.metrics import SLO, STATS, Summary
-from tuner.quality import QualityGate, QualityResult
+from tuner.quality import QualityResult
+from tuner.quality_gate import QualityGate
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
 

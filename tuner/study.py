@@ -41,7 +41,8 @@ from tuner.coordination import Coordination, ClaimHeartbeat, stored_choices, con
 from tuner.measure import EngineRuns, client_overload_reason
 from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
                               objective_value, set_constraints)
-from tuner.quality import QualityGate, QualityResult, Reference
+from tuner.quality import QualityResult, Reference
+from tuner.quality_gate import QualityGate
 from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, worker_id
 
 

@@ -10,7 +10,8 @@ import math
 import pytest
 
 from dashboard import capacity, charts, data, metrics, tables
-from dashboard.export import ReferenceIsBest, best_rule, best_trial, export, parse_pick, pick_for, select_trial
+from dashboard.export import export
+from dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for, select_trial
 from engine_adapter.errors import InputError
 from tests.dashboard.synthetic import CAPACITY_SLO, CAPACITY_STUDIES, REFERENCE_CAPACITY
 from tests.dashboard.test_cli import tune

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from dashboard import data
-from dashboard.export import (FORMATS, ExportOptions, best_rule, comment_safe, export, k8s_name, parse_pick,
-                              pick_trial, select_trial)
+from dashboard.export import FORMATS, ExportOptions, comment_safe, export, k8s_name
+from dashboard.pick import best_rule, parse_pick, pick_trial, select_trial
 from engine_adapter.errors import InputError
 from tests.dashboard.synthetic import REF_MODEL, SLO
 

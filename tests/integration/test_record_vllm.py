@@ -9,7 +9,8 @@ import pytest
 
 from engine_adapter.openai_client import new_session, stream_completion
 from engine_adapter.vllm_server import VLLMConfig, VLLMServer
-from replay.record import RecordingProxy, percentile
+from replay.record import RecordingProxy
+from replay.recorded import percentile
 from replay.runner import ReplayOptions, prepare, replay
 from replay.trace import load_trace
 

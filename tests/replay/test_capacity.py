@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from engine_adapter.errors import InputError
-from replay.capacity import (CapacityOptions, LevelRunner, Step, allowed_misses, at_scale, certain_misses,
-                             offered_rates, percentile_targets_met, search_capacity)
+from replay.capacity import CapacityOptions, Step, allowed_misses, at_scale, certain_misses, offered_rates, percentile_targets_met, search_capacity
+from replay.levels import LevelRunner
 from replay.metrics import parse_slos
 from replay.runner import InFlight, PreparedRequest, ReplayOptions, RequestRecord
 
@@ -204,9 +204,9 @@ def test_allowed_misses_and_certain_misses():
     # already has its first token and the one sent 0.5 s ago are not certain misses
     assert certain_misses(finished, live, 10.0, SLOS) == 3
     # the running count judges each finished request once, and agrees with the full count
-    from replay.capacity import _MissCounter
+    from replay.capacity import MissCounter
 
-    counter = _MissCounter(SLOS)
+    counter = MissCounter(SLOS)
     growing = []
     for rec in finished:
         growing.append(rec)

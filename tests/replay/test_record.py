@@ -19,8 +19,8 @@ from engine_adapter.errors import InputError
 from engine_adapter.http_stream import Session
 from engine_adapter.openai_client import new_session, stream_completion
 from cli.record import add_parser as add_record_parser
-from replay.record import (RecordingProxy, ResponseSummary, build_record, parse_listen, parse_upstream, percentile,
-                           summarize_response)
+from replay.record import RecordingProxy, parse_listen, parse_upstream
+from replay.recorded import ResponseSummary, build_record, percentile, summarize_response
 from replay.trace import load_trace
 from tests.replay.sse_server import SSEServer
 

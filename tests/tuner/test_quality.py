@@ -96,7 +96,7 @@ def test_a_reference_stored_before_the_floor_still_reads_and_reports_no_floor():
     ("top1:0.99", "top1", 0.99, "top1>=0.99"),
 ])
 def test_the_gate_reads_every_unit(text, unit, limit, shown):
-    from tuner.quality import parse_gate
+    from tuner.quality_gate import parse_gate
 
     gate = parse_gate(text)
     assert (gate.unit, gate.limit, str(gate)) == (unit, pytest.approx(limit), shown)
@@ -105,7 +105,7 @@ def test_the_gate_reads_every_unit(text, unit, limit, shown):
 @pytest.mark.parametrize("bad", ["kld:", "ppl:1", "top1:1.5", "bits:3", "nats:-1", "x"])
 def test_a_bad_gate_names_the_flag_and_the_units(bad):
     from engine_adapter.errors import InputError
-    from tuner.quality import parse_gate
+    from tuner.quality_gate import parse_gate
 
     with pytest.raises(InputError, match=r"--max-quality-loss: cannot read .*kld:0.01.*ppl:\+1%.*top1:0.99"):
         parse_gate(bad)
@@ -113,7 +113,7 @@ def test_a_bad_gate_names_the_flag_and_the_units(bad):
 
 def test_the_gate_judges_beyond_the_floor_in_its_unit():
     """The lossless candidate passes a strict gate in every unit; the lossy one fails them."""
-    from tuner.quality import parse_gate
+    from tuner.quality_gate import parse_gate
 
     lossless, lossy = study(0.05, 0.05).as_dict(), study(0.05, 0.6).as_dict()
     for spec in ("kld:0.005", "ppl:+1%", "nats:0.01"):
@@ -168,7 +168,7 @@ def test_probe_prompts_span_the_traces_length_mix_not_only_its_start():
 
 
 def test_a_gate_reads_back_from_its_stored_spec():
-    from tuner.quality import parse_gate
+    from tuner.quality_gate import parse_gate
 
     for text in ("0.05", "kld:0.01", "ppl:+2.5%", "top1:0.99"):
         gate = parse_gate(text)
@@ -193,7 +193,7 @@ def test_a_lossless_config_measured_beyond_the_floor_blames_the_probe_not_the_co
     probe, the gate does not reject the config, the self-check says so; a lossy config is still judged."""
     import dataclasses
 
-    from tuner.quality import parse_gate, self_check, verdict
+    from tuner.quality_gate import parse_gate, self_check, verdict
 
     noisy = study(noise_floor=0.0, candidate=0.3)
     assert noisy.within_floor is False
@@ -213,7 +213,7 @@ def test_a_lossless_config_measured_beyond_the_floor_blames_the_probe_not_the_co
 
 
 def test_the_floor_reads_from_a_stored_reference_probe_with_its_size():
-    from tuner.quality import floor_estimates, floor_text
+    from tuner.quality_gate import floor_estimates, floor_text
 
     rng = np.random.default_rng(1)
     reference = Reference(items=[item(rng) for _ in range(6)])

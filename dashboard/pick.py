@@ -1,0 +1,106 @@
+"""Which trial to export: by number, the front's best (vLLM's defaults competing: when they win, say so
+instead of exporting a worse config), or a `--pick` rule over the front."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from dashboard.data import StudyView, TrialView
+from dashboard.metrics import METRICS
+from dashboard.tables import Condition, parse_conditions
+from engine_adapter.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class PickRule:
+    goal: str                      # max | min
+    metric: str
+    where: tuple[Condition, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"{self.goal}:{self.metric}"
+        return text + (" where " + " and ".join(map(str, self.where)) if self.where else "")
+
+
+_PICK = re.compile(r"^\s*(max|min)\s*:\s*([a-z0-9_]+)\s*(?:\bwhere\b(.*))?$", re.S)
+
+
+def parse_pick(expr: str) -> PickRule:
+    """`max:output_tps where ttft_p99<0.5` (conditions joined by `and`; latencies in seconds or with ms/s)."""
+    m = _PICK.match(expr or "")
+    if not m:
+        raise InputError(f"--pick {expr!r}: write max:METRIC or min:METRIC, optionally followed by "
+                         f"'where CONDITION and ...', e.g. 'max:output_tps where ttft_p99<0.5'")
+    goal, metric, where = m.groups()
+    if metric not in METRICS:
+        raise InputError(f"--pick: unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    if where is not None and not where.strip():
+        raise InputError(f"--pick {expr!r}: 'where' needs at least one condition, e.g. 'ttft_p99<0.5'")
+    return PickRule(goal, metric, tuple(parse_conditions(where, what="--pick")))
+
+
+class ReferenceIsBest(InputError):
+    """`--best` (or the best rule) when vLLM's defaults win: there is no trial to recommend."""
+
+
+def best_rule(study: StudyView) -> PickRule:
+    """What `--best` means: the front's best on the first objective to maximize (else the first
+    objective), the same rule `tune --trace` uses for best.json (`tuner.front.deciding_objective`)."""
+    key = next((o for o, d in zip(study.objectives, study.directions) if d == "maximize"), study.objectives[0])
+    direction = dict(zip(study.objectives, study.directions))[key]
+    return PickRule("max" if direction == "maximize" else "min", key)
+
+
+def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
+    """The front's trial that meets every condition of `rule` and is best on its metric."""
+    front = study.front
+    if not front:
+        raise InputError(f"study {study.name!r} has no feasible measured trial on its Pareto front yet; "
+                         f"use --trial N to export a specific trial")
+    ok = [t for t in front if all(c.holds(t.metric(c.metric)) for c in rule.where)]
+    ok = [t for t in ok if not math.isnan(t.metric(rule.metric))]
+    if not ok:
+        shown = sorted({c.metric for c in rule.where} | {rule.metric})
+        values = "; ".join(f"trial {t.number}: " + ", ".join(f"{m}={t.metric(m):.4g}" for m in shown) for t in front)
+        raise InputError(f"--pick {rule}: no trial on the front meets it ({values})")
+    sign = 1 if rule.goal == "max" else -1
+    return max(ok, key=lambda t: (sign * t.metric(rule.metric), -t.number))
+
+
+def best_trial(study: StudyView) -> TrialView:
+    """The trial `--best` exports: the tuner's best (`tuner.front.decide`, vLLM's defaults competing).
+    Raises ReferenceIsBest when the defaults are best: no trial beats them, so none is recommended."""
+    decision = study.decision
+    if decision is not None and decision.reference_is_best:
+        verdict = decision.verdict()
+        raise ReferenceIsBest(f"vLLM's defaults are best in study {study.name!r} (by {decision.by}), so there is no "
+                              f"trial to export: {verdict} (To export a trial anyway, name it with --trial N.)")
+    if decision is not None and decision.best is not None:
+        return study.trial(decision.best.label)
+    return pick_trial(study, best_rule(study))
+
+
+def pick_for(study: StudyView, rule: PickRule) -> TrialView:
+    """`pick_trial`, except that the best rule itself answers as `--best` does (vLLM's defaults may win)."""
+    return best_trial(study) if rule == best_rule(study) else pick_trial(study, rule)
+
+
+def select_trial(study: StudyView, *, trial: int | None = None, best: bool = False, pick: str | None = None,
+                 reference: bool = False) -> TrialView:
+    """The trial `--trial N`, `--best`, `--pick EXPR` or `--reference` names (exactly one of them)."""
+    if sum(x is not None and x is not False for x in (trial, best or None, pick, reference or None)) != 1:
+        raise InputError("choose the trial with exactly one of --trial N, --best, --pick EXPR or --reference")
+    if reference:
+        if study.reference_run is None:
+            raise InputError(f"study {study.name!r} has no measured reference yet; nothing to export")
+        return study.reference_run
+    if trial is not None:
+        chosen = study.trial(trial)
+        if chosen.config is None or not chosen.measured:
+            reason = f": {chosen.failure_reason}" if chosen.failure_reason else ""
+            raise InputError(f"trial {trial} of study {study.name!r} is {chosen.status}, so there is no measured "
+                             f"config to export{reason}")
+        return chosen
+    return best_trial(study) if best else pick_for(study, parse_pick(pick))

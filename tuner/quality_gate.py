@@ -1,0 +1,155 @@
+"""Judging a measured quality: the gate (`--max-quality-loss` in nats, KL divergence, perplexity or top-1
+units, read beyond the reference's own noise floor), the floor's estimates, a result's verdict in words,
+and the study's self-check (configurations lossless by construction must measure within the floor)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+from engine_adapter.errors import InputError
+from replay.metrics import Estimate, bootstrap_ci
+from tuner.quality import Reference
+
+
+# The gate's units: how each reads a stored quality dict, and which side of the limit passes.
+GATE_UNITS = {
+    "nats": "mean NLL increase per token, nats (the plain-number form)",
+    "kld": "mean KL divergence per token from the reference, nats",
+    "ppl": "perplexity increase, percent",
+    "top1": "top-1 agreement with the reference, at least this share",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityGate:
+    """`--max-quality-loss`: a limit in one unit. Losses are read beyond the reference's own noise
+    floor where the study measured one (a lossless config then passes a strict gate), else raw."""
+
+    unit: str  # nats | kld | ppl | top1
+    limit: float  # ppl: a fraction (0.01 for +1%)
+
+    @property
+    def spec(self) -> str:
+        """The gate as `parse_gate` reads it (what a study stores)."""
+        return f"ppl:+{self.limit * 100:g}%" if self.unit == "ppl" else f"{self.unit}:{self.limit:g}"
+
+    def __str__(self) -> str:
+        if self.unit == "ppl":
+            return f"ppl<=+{self.limit * 100:g}%"
+        if self.unit == "top1":
+            return f"top1>={self.limit:g}"
+        return f"{self.unit}<={self.limit:g}"
+
+    def violation(self, quality: dict[str, Any] | None) -> float:
+        """<= 0 when the gate holds (Optuna's convention); inf when the unit was not measured. A
+        configuration lossless by construction passes: what it measured beyond the floor is the
+        probe's noise (its verdict says so), not a loss of the configuration."""
+        if not quality:
+            return math.inf
+        measured = self._measured_violation(quality)
+        return min(measured, 0.0) if quality.get("lossless") else measured
+
+    def _measured_violation(self, quality: dict[str, Any]) -> float:
+        if self.unit == "top1":
+            top1 = quality.get("top1_agreement")
+            return self.limit - top1["value"] if top1 else math.inf
+        loss = _beyond_floor(quality, "nll" if self.unit in ("nats", "ppl") else "kld")
+        if loss is None:
+            return math.inf
+        return (math.expm1(loss) if self.unit == "ppl" else loss) - self.limit
+
+
+def _beyond_floor(quality: dict[str, Any], unit: str) -> float | None:
+    beyond = (quality.get("beyond_floor") or {}).get(unit)
+    if beyond is not None:
+        return beyond["value"]
+    raw = quality.get("nll_delta_per_token" if unit == "nll" else "kld")
+    return raw["value"] if raw else None
+
+
+def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> QualityGate | None:
+    """`0.05` (nats), `nats:0.05`, `kld:0.01`, `ppl:+1%` (or `ppl:1%`), `top1:0.99`."""
+    if text is None:
+        return None
+    spec = str(text).strip()
+    unit, _, value = spec.rpartition(":")
+    unit = unit.strip().lower() or "nats"
+    value = value.strip()
+    try:
+        if unit not in GATE_UNITS:
+            raise ValueError
+        if unit == "ppl":
+            if not value.endswith("%"):
+                raise ValueError
+            limit = float(value.rstrip("%").lstrip("+")) / 100
+        else:
+            limit = float(value)
+        if not math.isfinite(limit) or limit < 0 or (unit == "top1" and limit > 1):
+            raise ValueError
+    except ValueError:
+        units = "; ".join(f"{u}: {d}" for u, d in GATE_UNITS.items())
+        raise InputError(f"{flag}: cannot read {spec!r}; write UNIT:LIMIT, e.g. 'kld:0.01', 'ppl:+1%', 'top1:0.99' "
+                         f"or a number of nats such as 0.05 ({units})") from None
+    return QualityGate(unit, limit)
+
+
+def floor_estimates(reference_probe: dict[str, Any] | list | None, *, seed: int = 0) -> dict[str, Estimate]:
+    """The noise floor of a stored reference probe, per unit, with intervals over prompts: "nll"
+    (nats/token), "kld", "top1", and "ppl" (perplexity change, a fraction). Empty without a floor."""
+    floor = Reference.from_json(reference_probe).floor if reference_probe else None
+    out = {k: bootstrap_ci(v, "mean", seed=seed) for k, v in (floor or {}).items() if v}
+    if "nll" in out:
+        out["ppl"] = Estimate(math.expm1(out["nll"].value), math.expm1(out["nll"].low), math.expm1(out["nll"].high))
+    return out
+
+
+def verdict(quality: dict[str, Any] | None) -> str:
+    """A stored quality result against the floor, in words ("" without a floor)."""
+    if not quality or quality.get("within_floor") is None:
+        return ""
+    if quality.get("lossless") and not quality["within_floor"]:
+        return "probe too noisy (lossless by construction, measured beyond the floor)"
+    return "within noise floor" if quality["within_floor"] else "beyond noise floor"
+
+
+def units_text(quality: dict[str, Any] | None) -> str:
+    """KL divergence, perplexity change and top-1 agreement of a stored quality result, and its
+    verdict against the floor ("-" when the units were not measured)."""
+    if not quality or not quality.get("kld"):
+        return "-"
+    parts = [f"KLD {quality['kld']['value']:.4f}", f"ppl {quality['ppl_change']['value'] * 100:+.1f}%",
+             f"top-1 {quality['top1_agreement']['value']:.2f}"]
+    return " · ".join(parts + ([verdict(quality)] if verdict(quality) else []))
+
+
+def floor_text(reference_probe: dict[str, Any] | list | None) -> str:
+    """One line: the reference against itself, and the probe's size ("" when no floor was measured)."""
+    est = floor_estimates(reference_probe)
+    if "nll" not in est:
+        return ""
+    ref = Reference.from_json(reference_probe)
+    size = f"{len(ref.items)} prompts, {sum(len(i.reference_ids) for i in ref.items)} tokens"
+    parts = [f"KLD {est['kld'].value:.4f} [{est['kld'].low:.4f}, {est['kld'].high:.4f}]"] if "kld" in est else []
+    parts.append(f"ppl {est['ppl'].value * 100:+.2f}% [{est['ppl'].low * 100:+.2f}%, {est['ppl'].high * 100:+.2f}%]")
+    if "top1" in est:
+        parts.append(f"top-1 {est['top1'].value:.3f}")
+    return f"noise floor (the reference against itself, {size}): " + " · ".join(parts)
+
+
+def self_check(qualities: Sequence[tuple[int, dict[str, Any] | None]]) -> str:
+    """The study's probe self-check over (trial, stored quality): lossless-by-construction trials
+    within the floor, or the probe too noisy ("" when no such trial was measured)."""
+    lossless = [(n, q) for n, q in qualities if q and q.get("lossless") and q.get("within_floor") is not None
+                and q.get("reused_from") is None]  # a reused result is not another check
+    if not lossless:
+        return ""
+    noisy = [n for n, q in lossless if not q["within_floor"]]
+    if noisy:
+        return (f"quality probe too noisy on this platform: trial(s) {', '.join(map(str, noisy))} cannot change the "
+                f"output (lossless by construction) yet measured beyond the noise floor; quality differences of "
+                f"that size are the probe's noise, not the configurations' (more --probe-prompts/--probe-tokens "
+                f"narrow it)")
+    return (f"quality self-check passed: lossless-by-construction trial(s) {', '.join(str(n) for n, _ in lossless)} "
+            f"within the noise floor")
