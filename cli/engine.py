@@ -40,11 +40,11 @@ def _config_from(args: argparse.Namespace):
 
 def engine_command(args: argparse.Namespace) -> int:
     from engine_adapter.platform import detect_platform
-    from engine_adapter.vllm_server import build_command
+    from engine_adapter.registry import engine_kind
 
     config = _config_from(args)
     platform = detect_platform()
-    argv, env = build_command(config, platform, port=args.port)
+    argv, env = engine_kind("vllm").command(config, platform, port=args.port)
     console.print(f"# platform: {platform.value}", highlight=False)
     print(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " \\")
     print("  " + shlex.join(argv))
@@ -71,11 +71,11 @@ def _ms(seconds: float | None) -> str:
 def engine_check(args: argparse.Namespace) -> int:
     from engine_adapter.errors import EngineError
     from engine_adapter.openai_client import new_session
-    from engine_adapter.vllm_server import VLLMServer
+    from engine_adapter.registry import make_engine
 
     config = _config_from(args)
     prompt = args.prompt or _default_check_prompt()
-    server = VLLMServer(args.run_dir)
+    server = make_engine("vllm", args.run_dir)
     console.print(f"platform: [bold]{server.platform.value}[/]   model: [bold]{config.model}[/]")
     results = []
     try:
@@ -101,7 +101,7 @@ def engine_check(args: argparse.Namespace) -> int:
                     )
                     console.print()
                     if not out.success:
-                        raise EngineError(f"request failed: {out.error}", log_tail=server.process.log_tail())
+                        raise EngineError(f"request failed: {out.error}", log_tail=server.log_tail())
                     results.append(out)
 
         asyncio.run(run_all())

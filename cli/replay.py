@@ -249,9 +249,9 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
             engine.wait_healthy(60)
             yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
         else:
-            from engine_adapter.vllm_server import VLLMServer
+            from engine_adapter.registry import make_engine
 
-            engine = VLLMServer(out_dir)
+            engine = make_engine("vllm", out_dir)
             with console.status("starting vLLM…") as status:
                 t0 = time.perf_counter()
                 engine.launch(config, args.start_timeout,

@@ -112,14 +112,17 @@ class TuneRequest:
     run_dir: Path
     base: dict[str, Any]  # engine settings from the command line, held for every trial
     storage_shown: str
+    engine: Any  # engine_adapter.registry.EngineKind: which engine the trials start
 
 
 def _check_flags(args: argparse.Namespace) -> None:
     from engine_adapter.errors import InputError
 
-    if args.engine_type == "openai":
-        raise InputError("--engine openai is an endpoint tracetune cannot reconfigure, so there is nothing to "
-                         "search; measure it with `tune replay --trace FILE --endpoint URL`")
+    from engine_adapter.registry import engine_kind
+
+    if not engine_kind(args.engine_type).tunable:
+        raise InputError(f"--engine {args.engine_type} is an endpoint tracetune cannot reconfigure, so there is "
+                         f"nothing to search; measure it with `tune replay --trace FILE --endpoint URL`")
     for flag, value, low in (("--trials", args.trials, 1), ("--heartbeat", args.heartbeat, 1)):
         if value < low:
             raise InputError(f"{flag} must be >= {low}, got {value}")
@@ -172,6 +175,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
 
     from cli.engine_options import engine_config_from_args
     from engine_adapter.models import resolve_model
+    from engine_adapter.registry import engine_kind
     from engine_adapter.platform import detect_platform
     from replay.metrics import parse_slos
     from replay.trace import load_trace
@@ -201,7 +205,8 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
                          enqueue=enqueue, secrets=secrets, api_key=api_key)
     request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
-                          run_dir=run_dir, base=base, storage_shown=display_url(storage))
+                          run_dir=run_dir, base=base, storage_shown=display_url(storage),
+                          engine=engine_kind(args.engine_type))
     request.space = _runnable_space(request, console)
     return request
 
@@ -292,7 +297,7 @@ def _tuner(request: TuneRequest, console) -> tuple[Any, Any]:
     tuner = Tuner(request.settings, trace=request.trace, space=request.space, model_dir=request.model_dir,
                   platform=request.platform, run_dir=request.run_dir, base=request.base,
                   make_checkpoint=make_checkpoint, synthesizer=synthesizer, report=reporter,
-                  on_replay_progress=reporter.replay_progress)
+                  on_replay_progress=reporter.replay_progress, engine=request.engine)
     return tuner, progress
 
 

@@ -29,15 +29,31 @@ class Endpoint:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the replay harness and the tuner need from an inference engine."""
+    """What the replay harness and the tuner need from an inference engine. Every engine in
+    `engine_adapter.registry` implements it; tests/engine_adapter/contract.py checks each one."""
 
     name: str
+    endpoint: Endpoint | None  # where it serves, once started
+    quality_probe: bool  # serves prompt log-probabilities (`prompt_logprobs`), which the quality probe needs
+    managed: bool  # tracetune runs its process (stop() ends it); False: an endpoint it only measures
 
     def start(self, config: Any) -> Endpoint:
         """Launch the engine for `config` (returns before it is healthy)."""
 
     def wait_healthy(self, timeout_s: float) -> float:
         """Block until the engine serves; return seconds waited. Raises EngineError."""
+
+    def launch(self, config: Any, timeout_s: float, on_tick: Any = None) -> float:
+        """start() + wait_healthy(): seconds until it served. Raises EngineError (with the log tail)."""
+
+    def health(self) -> bool:
+        """Whether it answers its health check now."""
+
+    def log_tail(self) -> str:
+        """The last lines of its log ("" for an engine tracetune did not start)."""
+
+    def exit_code(self) -> int | None:
+        """Its process's exit code; None while it runs (or for an engine tracetune did not start)."""
 
     async def stream(self, session: Session, **request: Any) -> StreamedCompletion:
         """One streamed completion (see `openai_client.stream_completion` for arguments)."""
@@ -56,9 +72,28 @@ class HTTPEngine:
     """Shared implementation of the HTTP side of `Engine` for OpenAI-compatible servers."""
 
     name = "http"
+    quality_probe = False
+    managed = False
+    health_path = "/health"
 
     def __init__(self) -> None:
         self.endpoint: Endpoint | None = None
+
+    def launch(self, config: Any, timeout_s: float = 600.0, on_tick: Any = None) -> float:
+        self.start(config)
+        return self.wait_healthy(timeout_s, on_tick=on_tick)
+
+    def health(self) -> bool:
+        try:
+            return self.get(self.health_path, timeout_s=10).status_code == 200
+        except EngineError:
+            return False
+
+    def log_tail(self) -> str:
+        return ""
+
+    def exit_code(self) -> int | None:
+        return None
 
     def _require_endpoint(self) -> Endpoint:
         if self.endpoint is None:

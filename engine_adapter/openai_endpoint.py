@@ -35,6 +35,7 @@ class OpenAIEndpointConfig(BaseModel):
 
 class OpenAIEndpoint(HTTPEngine):
     name = "openai"
+    health_path = "/v1/models"  # what every OpenAI-compatible server answers
 
     def __init__(self) -> None:
         super().__init__()

@@ -276,6 +276,8 @@ class VLLMServer(HTTPEngine):
     """A vLLM server process managed by tracetune."""
 
     name = "vllm"
+    quality_probe = True
+    managed = True
 
     def __init__(
         self,
@@ -297,6 +299,12 @@ class VLLMServer(HTTPEngine):
     @property
     def log_path(self) -> Path | None:
         return self.process.log_path if self.process else None
+
+    def log_tail(self) -> str:
+        return self.process.log_tail() if self.process else ""
+
+    def exit_code(self) -> int | None:
+        return self.process.exit_code() if self.process else None
 
     def start(self, config: VLLMConfig) -> Endpoint:
         if self.process is not None and self.process.exit_code() is None:

@@ -7,21 +7,14 @@ import dataclasses
 import json
 from typing import Any
 
-from engine_adapter.errors import EngineError
-from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+from engine_adapter.errors import EngineError, TuneError
+from engine_adapter.base import Engine
 from replay import workers
 from replay.levels import LevelRunner, settle
 from replay.metrics import Summary, summarize
 from replay.runner import ReplayResult, replay
 from tuner.quality import (QualityResult, lossless_by_construction, measure_candidate, measure_reference,
                            probe_prompts, quality_key)
-
-def _healthy(server: VLLMServer) -> bool:
-    try:
-        return server.get("/health", timeout_s=10).status_code == 200
-    except EngineError:
-        return False
-
 
 def client_overload_reason(summary: Summary) -> str:
     """Why a trial is unmeasurable when its replay measured the client, not the engine."""
@@ -37,8 +30,8 @@ class EngineRuns:
     are the Tuner's)."""
 
     # -- one engine run: start, replay, probe, stop ------------------------------------------
-    def _measure(self, config: VLLMConfig, label: str, *, with_quality: bool, start: float = 1.0) -> dict[str, Any]:
-        server = VLLMServer(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
+    def _measure(self, config: Any, label: str, *, with_quality: bool, start: float = 1.0) -> dict[str, Any]:
+        server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
         out: dict[str, Any] = {}
         phase = "start"
         try:
@@ -72,11 +65,11 @@ class EngineRuns:
                 self._check_alive(server, phase, cause=exc)
             raise
         finally:
-            out["log_tail"] = server.process.log_tail() if server.process else ""
+            out["log_tail"] = server.log_tail()
             server.stop()
         return out
 
-    def _quality(self, server: VLLMServer, config: VLLMConfig, label: str) -> QualityResult:
+    def _quality(self, server: Engine, config: Any, label: str) -> QualityResult:
         """The probe on this server, or the stored result of a configuration with the same quality
         key (weights, precisions, kernels, decoding path: `tuner.quality.quality_key`)."""
         config_json = json.loads(config.model_dump_json())
@@ -90,6 +83,9 @@ class EngineRuns:
                 number, stored = known
                 self.report("quality_reused", label=label, trial=number)
                 return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number, lossless=lossless)
+        if not server.quality_probe:
+            raise TuneError(f"the {server.name} engine serves no prompt log-probabilities, which the quality probe "
+                            f"needs; measure it with `tune replay` or `tune capacity`")
         self.report("quality", label=label)
         if self.reference is None:
             prompts = probe_prompts(self.trace, self.s.probe_prompts)
@@ -101,10 +97,10 @@ class EngineRuns:
             self._quality_known[key] = (int(label.split("-")[1]), quality.as_dict())
         return quality
 
-    def _engine_cores(self, config: VLLMConfig) -> int:
+    def _engine_cores(self, config: Any) -> int:
         return workers.engine_cores(self.platform.value, config.gpus())
 
-    def _trace_rate_replay(self, server: VLLMServer, label: str, engine_cores: int) -> tuple[ReplayResult, Summary]:
+    def _trace_rate_replay(self, server: Engine, label: str, engine_cores: int) -> tuple[ReplayResult, Summary]:
         """The trace at its own rate. A replay whose client could not keep the schedule (its
         summary says client_overloaded) measured the client: it is sent again by twice as many
         client processes while the machine has the cores; what is still overloaded then is
@@ -123,7 +119,7 @@ class EngineRuns:
             settle(server, reset_prefix_cache=True)
             procs = more
 
-    def _level_runner(self, server: VLLMServer, label: str, start_scale: float, engine_cores: int) -> LevelRunner:
+    def _level_runner(self, server: Engine, label: str, start_scale: float, engine_cores: int) -> LevelRunner:
         """Load levels on this running engine; each starts drained with an empty prefix cache."""
         n_warm = min(self.s.replay.warmup_requests, len(self.requests))
         options = dataclasses.replace(self.s.capacity, start_scale=start_scale)
@@ -134,7 +130,7 @@ class EngineRuns:
                            engine_cores=engine_cores,
                            on_level=lambda step: self.report("capacity_step", label=label, step=step))
 
-    def _trace_rate_level(self, runner: LevelRunner, server: VLLMServer, out: dict[str, Any]) -> ReplayResult:
+    def _trace_rate_level(self, runner: LevelRunner, server: Engine, out: dict[str, Any]) -> ReplayResult:
         """The trace at its own rate, replayed in full (never abandoned): the latency objectives
         come from it, and it is the capacity search's first level."""
         step = runner.level(1.0, abandon=False)
@@ -144,12 +140,12 @@ class EngineRuns:
         self._require_served(server, "replay", out["summary"])
         return result
 
-    def _require_served(self, server: VLLMServer, phase: str, summary: Summary) -> None:
+    def _require_served(self, server: Engine, phase: str, summary: Summary) -> None:
         """The engine is alive and answered at least one request of the replay."""
         self._check_alive(server, phase)
         if summary.succeeded == 0:
             raise EngineError(f"every request failed, e.g. {summary.error_examples[:1]}",
-                              log_tail=server.process.log_tail())
+                              log_tail=server.log_tail())
 
     @property
     def capacity_start(self) -> float:
@@ -160,11 +156,11 @@ class EngineRuns:
         return min(max(self.reference_capacity, self.s.capacity.min_scale), self.s.capacity.max_scale)
 
     @staticmethod
-    def _check_alive(server: VLLMServer, phase: str, cause: Exception | None = None) -> None:
+    def _check_alive(server: Engine, phase: str, cause: Exception | None = None) -> None:
         """Name a dead engine as the reason (an error seen by the client is only its symptom)."""
-        code = server.process.exit_code()
-        if code is not None or not _healthy(server):
+        code = server.exit_code()
+        if code is not None or not server.health():
             why = f" (the client saw: {str(cause).splitlines()[0][:300]})" if cause else ""
             raise EngineError(f"the engine crashed during the {phase}" + (f", exit code {code}" if code is not None
                                                                            else ", /health no longer answers") + why,
-                              exit_code=code, log_tail=server.process.log_tail()) from cause
+                              exit_code=code, log_tail=server.log_tail()) from cause

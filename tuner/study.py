@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from engine_adapter.errors import EngineError, InputError, TuneError
 from engine_adapter.platform import Platform, installed_vllm_version
-from engine_adapter.vllm_server import VLLMConfig
+from engine_adapter.registry import EngineKind, engine_kind
 from replay.capacity import CapacityOptions
 from replay.metrics import SLO, Summary
 from replay.runner import ReplayOptions, prepare
@@ -95,8 +95,10 @@ class Tuner(EngineRuns, Coordination):
     def __init__(self, settings: StudySettings, *, trace: Trace, space: SearchSpace, model_dir: Path,
                  platform: Platform, run_dir: Path, base: dict[str, Any] | None = None,
                  make_checkpoint: Callable[[str], Path] | None = None, synthesizer: Any = None,
-                 report: Reporter = lambda event, **fields: None, on_replay_progress=None) -> None:
+                 report: Reporter = lambda event, **fields: None, on_replay_progress=None,
+                 engine: EngineKind | None = None) -> None:
         self.s = settings
+        self.engine = engine or engine_kind("vllm")  # which engine the study starts (engine_adapter.registry)
         self.trace = trace
         self.space = space
         self.model_dir = model_dir
@@ -110,7 +112,7 @@ class Tuner(EngineRuns, Coordination):
         self.store = ResultStore(settings.storage_url, redact=self.redact)
         self.requests = prepare(trace, settings.replay, synthesizer)
         self.reference: Reference | None = None
-        self.reference_config: VLLMConfig | None = None
+        self.reference_config: Any = None  # the engine's settings model (engine.config_model)
         self.reference_values: list[float] | None = None
         self.reference_capacity: float | None = None  # the reference's capacity level k
         self.worker = worker_id()
@@ -190,7 +192,7 @@ class Tuner(EngineRuns, Coordination):
         self.store.finish_claim(self.s.study_name, key, self.worker, trial.number)
         return result
 
-    def _measured(self, trial: Any, config: VLLMConfig, config_json: dict, values: dict, t0: float) -> list[float]:
+    def _measured(self, trial: Any, config: Any, config_json: dict, values: dict, t0: float) -> list[float]:
         self.report("trial_start", number=trial.number, values=values, config=config)
         try:
             measured = self._measure(config, f"trial-{trial.number:04d}", with_quality=True,

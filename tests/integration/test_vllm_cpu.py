@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import get_engine
 from engine_adapter.errors import EngineStartError
 from engine_adapter.openai_client import new_session
 from engine_adapter.openai_endpoint import OpenAIEndpointConfig
 from engine_adapter.process import group_alive
+from engine_adapter.registry import make_engine
 from engine_adapter.vllm_server import VLLMConfig, VLLMServer
 
 pytestmark = pytest.mark.integration
@@ -71,7 +71,7 @@ def shared_server(default_model, tmp_path_factory):
 def engine(request, shared_server):
     if request.param == "vllm":
         return shared_server
-    endpoint = get_engine("openai")()
+    endpoint = make_engine("openai")
     endpoint.start(OpenAIEndpointConfig(base_url=shared_server.endpoint.base_url + "/v1"))
     endpoint.wait_healthy(30)
     assert endpoint.endpoint.model == shared_server.endpoint.model
@@ -83,6 +83,13 @@ def send(engine, n=1, **request):
         async with new_session(timeout_s=300) as client:
             return [await engine.stream(client, **request) for _ in range(n)]
     return asyncio.run(go())
+
+
+def test_the_engine_contract_holds_on_real_vllm(engine):
+    """tests/engine_adapter/contract.py, which every registered engine passes on a scripted server."""
+    from tests.engine_adapter.contract import check_serving
+
+    check_serving(engine)
 
 
 def test_streams_a_real_completion(engine):
