@@ -20,6 +20,15 @@ and every percentile target holds; capacity is the highest passing k, reported w
 """
 
 
+def add_capacity_options(parser: argparse.ArgumentParser) -> None:
+    """How a capacity search judges a load level and when it stops (`tune capacity`, `tune --trace --slo`)."""
+    parser.add_argument("--attainment", type=float, default=0.95, metavar="F",
+                        help="capacity: share of requests that must meet every --slo threshold at a passing load "
+                             "level (default 0.95)")
+    parser.add_argument("--precision", type=float, default=0.05, metavar="F",
+                        help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from cli.engine_options import add_engine_options
     from cli.replay import add_target_options
@@ -29,10 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--trace", required=True, type=Path, metavar="FILE", help="native JSONL trace")
     cp.add_argument("--slo", required=True, metavar="SPEC",
                     help="per-request thresholds and percentile targets, e.g. 'ttft:p99<2s,tpot:p99<100ms'")
-    cp.add_argument("--attainment", type=float, default=0.95, metavar="F",
-                    help="share of requests that must be good at a passing level (default 0.95)")
-    cp.add_argument("--precision", type=float, default=0.05, metavar="F",
-                    help="stop when the bracket [pass, fail] is within this ratio (default 0.05)")
+    add_capacity_options(cp)
     cp.add_argument("--start-scale", type=float, default=1.0, metavar="K",
                     help="first load level, as a multiple of the trace's rate (default 1)")
     cp.add_argument("--max-scale", type=float, default=256.0, metavar="K", help="highest level tried (default 256)")

@@ -8,61 +8,52 @@ from typing import Any
 
 from engine_adapter.errors import InputError
 
+B = argparse.BooleanOptionalAction
+# The one list of engine flags: (VLLMConfig field, flag, argparse keywords). The parser, the config
+# built from parsed flags and the flag named in a validation error all come from it.
+ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
+    ("model", "--model", dict(metavar="DIR", help="local Hugging Face model directory (default: bundled "
+                                                 "SmolLM2-135M-Instruct)")),
+    ("served_model_name", "--served-model-name", dict(metavar="NAME")),
+    ("dtype", "--dtype", dict(choices=["auto", "bfloat16", "float16", "float32"])),
+    ("quantization", "--quantization", dict(metavar="METHOD", help="online weight quantization method, e.g. fp8 (GPU)")),
+    ("max_num_seqs", "--max-num-seqs", dict(type=int, metavar="N", help="max sequences per batch")),
+    ("max_num_batched_tokens", "--max-num-batched-tokens", dict(type=int, metavar="N",
+                                                                help="max tokens per scheduler step")),
+    ("kv_cache_dtype", "--kv-cache-dtype", dict(choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"])),
+    ("speculative.method", "--speculative", dict(choices=["none", "ngram", "draft_model"], default="none")),
+    ("speculative.num_speculative_tokens", "--num-speculative-tokens", dict(type=int, default=3, metavar="K",
+                                                                            help="draft length (default 3)")),
+    ("speculative.draft_model", "--draft-model", dict(metavar="DIR", help="draft model directory (--speculative "
+                                                                         "draft_model)")),
+    ("speculative.prompt_lookup_min", "--prompt-lookup-min", dict(type=int, metavar="N")),
+    ("speculative.prompt_lookup_max", "--prompt-lookup-max", dict(type=int, metavar="N")),
+    ("enable_prefix_caching", "--prefix-caching", dict(action=B, default=None)),
+    ("enable_chunked_prefill", "--chunked-prefill", dict(action=B, default=None)),
+    ("enforce_eager", "--eager", dict(action=B, default=False,
+                                      help="skip compilation/graph capture: starts ~3x faster on CPU, serves slower")),
+    ("max_model_len", "--max-model-len", dict(type=int, metavar="N")),
+    ("gpu_memory_utilization", "--gpu-memory-utilization", dict(type=float, metavar="F")),
+    ("kv_cache_space_gib", "--kv-cache-gib", dict(type=float, metavar="GIB", help="explicit KV-cache size")),
+    ("attention_backend", "--attention-backend", dict(metavar="NAME", help="GPU attention backend, e.g. FLASH_ATTN")),
+    ("load_format", "--load-format", dict(metavar="FMT", help="e.g. dummy (random weights of the model's shape)")),
+    ("extra_args", "--engine-arg", dict(action="append", default=[], metavar="ARG",
+                                        help="extra vLLM server argument, repeatable (e.g. --engine-arg=--seed=1)")),
+    ("env", "--engine-env", dict(action="append", default=[], metavar="KEY=VALUE",
+                                 help="extra environment variable for the server, repeatable")),
+]
 # VLLMConfig field -> the flag that sets it, so validation errors name what the user typed.
-FLAG_OF_FIELD = {
-    "model": "--model",
-    "served_model_name": "--served-model-name",
-    "dtype": "--dtype",
-    "quantization": "--quantization",
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "kv_cache_dtype": "--kv-cache-dtype",
-    "speculative": "--speculative",
-    "speculative.method": "--speculative",
-    "speculative.num_speculative_tokens": "--num-speculative-tokens",
-    "speculative.draft_model": "--draft-model",
-    "speculative.prompt_lookup_min": "--prompt-lookup-min",
-    "speculative.prompt_lookup_max": "--prompt-lookup-max",
-    "enable_prefix_caching": "--prefix-caching",
-    "enable_chunked_prefill": "--chunked-prefill",
-    "enforce_eager": "--eager",
-    "max_model_len": "--max-model-len",
-    "gpu_memory_utilization": "--gpu-memory-utilization",
-    "kv_cache_space_gib": "--kv-cache-gib",
-    "attention_backend": "--attention-backend",
-    "load_format": "--load-format",
-    "extra_args": "--engine-arg",
-    "env": "--engine-env",
-}
+FLAG_OF_FIELD = {field: flag for field, flag, _ in ENGINE_FLAGS} | {"speculative": "--speculative"}
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine (vLLM) settings; unset ones keep vLLM's defaults")
-    g.add_argument("--model", metavar="DIR", help="local Hugging Face model directory (default: bundled SmolLM2-135M-Instruct)")
-    g.add_argument("--served-model-name", metavar="NAME")
-    g.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
-    g.add_argument("--quantization", metavar="METHOD", help="online weight quantization method, e.g. fp8 (GPU)")
-    g.add_argument("--max-num-seqs", type=int, metavar="N", help="max sequences per batch")
-    g.add_argument("--max-num-batched-tokens", type=int, metavar="N", help="max tokens per scheduler step")
-    g.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"])
-    g.add_argument("--speculative", choices=["none", "ngram", "draft_model"], default="none")
-    g.add_argument("--num-speculative-tokens", type=int, default=3, metavar="K", help="draft length (default 3)")
-    g.add_argument("--draft-model", metavar="DIR", help="draft model directory (--speculative draft_model)")
-    g.add_argument("--prompt-lookup-min", type=int, metavar="N")
-    g.add_argument("--prompt-lookup-max", type=int, metavar="N")
-    g.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--eager", action=argparse.BooleanOptionalAction, default=False,
-                   help="skip compilation/graph capture: starts ~3x faster on CPU, serves slower")
-    g.add_argument("--max-model-len", type=int, metavar="N")
-    g.add_argument("--gpu-memory-utilization", type=float, metavar="F")
-    g.add_argument("--kv-cache-gib", type=float, metavar="GIB", help="explicit KV-cache size")
-    g.add_argument("--attention-backend", metavar="NAME", help="GPU attention backend, e.g. FLASH_ATTN")
-    g.add_argument("--load-format", metavar="FMT", help="e.g. dummy (random weights of the model's shape)")
-    g.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
-                   help="extra vLLM server argument, repeatable (e.g. --engine-arg=--seed=1)")
-    g.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra environment variable for the server, repeatable")
+    for _, flag, keywords in ENGINE_FLAGS:
+        g.add_argument(flag, **keywords)
     g.add_argument("--start-timeout", type=float, default=900.0, metavar="S",
                    help="seconds to wait for the server to become healthy (default 900)")
 
@@ -87,39 +78,21 @@ def validation_message(exc: Any, flag_of_field: dict[str, str] = FLAG_OF_FIELD) 
 
 
 def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
-    """Build and validate a VLLMConfig from parsed flags; errors name the flag."""
+    """Build and validate a VLLMConfig from parsed flags (ENGINE_FLAGS); errors name the flag."""
     from pydantic import ValidationError
 
     from engine_adapter.vllm_server import VLLMConfig
 
-    spec: dict[str, Any] = {"method": args.speculative, "num_speculative_tokens": args.num_speculative_tokens}
-    if args.draft_model is not None:
-        spec["draft_model"] = args.draft_model
-    if args.prompt_lookup_min is not None:
-        spec["prompt_lookup_min"] = args.prompt_lookup_min
-    if args.prompt_lookup_max is not None:
-        spec["prompt_lookup_max"] = args.prompt_lookup_max
+    fields: dict[str, Any] = {"model": model_dir, "speculative": {}}
+    for field, flag, _ in ENGINE_FLAGS:
+        value = getattr(args, _dest(flag))
+        if field.startswith("speculative."):
+            if value is not None:
+                fields["speculative"][field.split(".", 1)[1]] = value
+        elif field != "model":
+            fields[field] = _parse_env(value) if field == "env" else value
     try:
-        return VLLMConfig(
-            model=model_dir,
-            served_model_name=args.served_model_name,
-            dtype=args.dtype,
-            quantization=args.quantization,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_cache_dtype=args.kv_cache_dtype,
-            speculative=spec,
-            enable_prefix_caching=args.prefix_caching,
-            enable_chunked_prefill=args.chunked_prefill,
-            enforce_eager=args.eager,
-            max_model_len=args.max_model_len,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            kv_cache_space_gib=args.kv_cache_gib,
-            attention_backend=args.attention_backend,
-            load_format=args.load_format,
-            extra_args=args.engine_arg,
-            env=_parse_env(args.engine_env),
-        )
+        return VLLMConfig(**fields)
     except ValidationError as exc:
         raise InputError(validation_message(exc)) from None
 

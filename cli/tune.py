@@ -24,6 +24,7 @@ the main job:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """The main job's options, on the root parser (`tune --help` lists them)."""
+    from cli.capacity import add_capacity_options
     from cli.engine_options import add_engine_options
     from cli.replay import add_client_options
 
@@ -42,11 +43,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objectives", metavar="LIST",
                    help="default: ttft_p99,capacity,quality_loss with --slo (ttft_p99,output_tps,quality_loss "
                         "without); also goodput, request_tps, tpot_p50, e2e_p99, ...")
-    p.add_argument("--attainment", type=float, default=0.95, metavar="F",
-                   help="capacity: share of requests that must meet every --slo threshold at a load level "
-                        "(default 0.95)")
-    p.add_argument("--precision", type=float, default=0.05, metavar="F",
-                   help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
+    add_capacity_options(p)
     p.add_argument("--max-duration", type=float, metavar="S",
                    help="measure only the requests of the trace's first S seconds (after --time-scale)")
     p.add_argument("--gpu-hour-cost", type=float, metavar="USD",
