@@ -9,21 +9,18 @@ from typing import Any
 
 from dashboard import capacity
 from engine_adapter.errors import InputError
+from tuner.objectives import OBJECTIVES
 
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
-
-
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
-
-
-# Every metric a trial can be plotted, filtered or picked by, and which way is better. The names are
-# the tuner's objective names (tuner.objectives.OBJECTIVES) so `--objectives` and `--pick` agree.
+# Every metric a trial can be plotted, filtered or picked by, and which way is better: the tuner's
+# objectives (tuner.objectives.OBJECTIVES: a new objective is one entry there), then what the
+# dashboard shows besides.
 METRICS: dict[str, str] = {
-    **{f"{m}_{s}": "minimize" for m in LATENCY_METRICS for s in LATENCY_STATS},
-    "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize", "quality_loss": "minimize",
+    **OBJECTIVES,
     "error_rate": "minimize", "prefix_cache_hit_rate": "maximize", "spec_acceptance_rate": "maximize",
-    "capacity": "maximize", "capacity_scale": "maximize",  # at the SLO: req/s per GPU, and the load factor k
+    "capacity_scale": "maximize",  # the load factor k at the SLO
     "usd_per_1m_output_tokens": "minimize",  # at capacity, with the study's --gpu-hour-cost
     # quality in the units quantization is judged by (tuner.quality), vs the reference
     "kld": "minimize", "ppl_change": "minimize", "top1_agreement": "maximize",

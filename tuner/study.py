@@ -395,13 +395,23 @@ class Tuner(EngineRuns, Coordination):
         return study
 
 
+def measured_trials(study: Any) -> list[Any]:
+    """The complete trials measured within their constraints: the candidates of the front."""
+    import optuna
+
+    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.user_attrs.get("status", "measured") == "measured" and t.user_attrs.get("feasible", True)]
+
+
 def pareto_trials(study: Any) -> list[Any]:
-    """Measured, feasible trials on the Pareto front (infeasible trials never dominate them)."""
-    try:
-        front = study.best_trials
-    except ValueError:
-        return []
-    return [t for t in front if t.user_attrs.get("feasible", True) and t.user_attrs.get("status", "measured") == "measured"]
+    """Measured, feasible trials on their Pareto front, by the project's one dominance rule
+    (`tuner.front.front`; vLLM's defaults join it in `tuner.front.decide`)."""
+    from tuner.front import Candidate, front
+
+    measured = measured_trials(study)
+    directions = [d.name.lower() for d in study.directions]
+    on = {c.label for c in front([Candidate(t.number, tuple(t.values)) for t in measured], directions)}
+    return [t for t in measured if t.number in on]
 
 
 def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:

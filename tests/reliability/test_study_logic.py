@@ -334,17 +334,21 @@ def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypat
     from tuner.quality import ProbeItem, Reference
 
     tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
+
+    def server(endpoint):  # an engine that serves prompt log-probabilities
+        return type("S", (), {"endpoint": endpoint, "quality_probe": True})()
+
     tuner.reference = Reference(items=[ProbeItem(prompt_ids=[1], reference_ids=[2], reference_logprobs=[-0.5])])
     measured = []
     monkeypatch.setattr(study_module, "measure_candidate", lambda endpoint, ref: measured.append(endpoint)
                         or fake_quality(0.3))
     first = VLLMConfig(model=tmp_path / "model", max_num_seqs=4)
     tuner.store.save_trial("s", 0, "measured", config=json.loads(first.model_dump_json()),
-                           quality=tuner._quality(type("S", (), {"endpoint": "server-0"})(), first, "trial-0000").as_dict())
+                           quality=tuner._quality(server("server-0"), first, "trial-0000").as_dict())
     tuner._quality_known.clear()  # as a new process (a resume, another worker): only the database knows
     again = tuner._quality(None, VLLMConfig(model=tmp_path / "model", max_num_seqs=64), "trial-0001")
     assert again.reused_from == 0 and measured == ["server-0"]
-    fp8 = tuner._quality(type("S", (), {"endpoint": "server-2"})(),
+    fp8 = tuner._quality(server("server-2"),
                          VLLMConfig(model=tmp_path / "model", max_num_seqs=4, kv_cache_dtype="fp8"), "trial-0002")
     assert fp8.reused_from is None and measured == ["server-0", "server-2"] and fp8.key != again.key
 
