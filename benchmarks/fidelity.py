@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from engine_adapter.models import prepare_default_model
-    from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+    from engine_adapter.vllm.server import VLLMConfig, VLLMServer
     from replay.trace import load_trace
 
     model_dir = prepare_default_model()

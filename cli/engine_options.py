@@ -81,7 +81,7 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
     """Build and validate a VLLMConfig from parsed flags (ENGINE_FLAGS); errors name the flag."""
     from pydantic import ValidationError
 
-    from engine_adapter.vllm_server import VLLMConfig
+    from engine_adapter.vllm.server import VLLMConfig
 
     fields: dict[str, Any] = {"model": model_dir, "speculative": {}}
     for field, flag, _ in ENGINE_FLAGS:

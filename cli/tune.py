@@ -235,10 +235,8 @@ def _runnable_space(request: TuneRequest, console) -> Any:
     """The space without the choices this platform can never run (said once, with the reason, not
     rejected trial after trial) and with the engine settings given on the command line pinned; --try
     values checked against it."""
-    from search_spaces.translate import unrunnable_choices
-
     space, platform = request.space, request.platform
-    never = unrunnable_choices(space, platform=platform, model_dir=request.model_dir, base=request.base)
+    never = request.engine.unrunnable(space, platform=platform, model_dir=request.model_dir, base=request.base)
     for name, choices in never.items():
         for choice, reason in choices.items():
             console.print(f"[dim]·[/] search space: {name}={choice} removed on this {platform.value} machine: {reason}",
@@ -284,7 +282,7 @@ def _tuner(request: TuneRequest, console) -> tuple[Any, Any]:
         synthesizer = PromptSynthesizer(AutoTokenizer.from_pretrained(str(request.model_dir)))
 
     def make_checkpoint(scheme: str) -> Path:
-        from engine_adapter.quantize import quantized_checkpoint
+        from engine_adapter.vllm.quantize import quantized_checkpoint
         return quantized_checkpoint(request.model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}"))
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -3,7 +3,7 @@
 Formats: `vllm-cmd` (one shell command), `compose` (a docker compose service), `k8s` (Deployment +
 Service), `helm-values` (values for a generic deployment chart), `json` (everything, for tools).
 
-The vLLM flags come from `engine_adapter.vllm_server.build_command` for the CUDA platform (the
+The vLLM flags come from `engine_adapter.vllm.server.build_command` for the CUDA platform (the
 flag mapping lives there only). Deployment formats run the `vllm/vllm-openai` image as
 `vllm serve MODEL ARGS...` on GPUs (`nvidia.com/gpu`), with the model directory mounted read-only
 under `/models/<directory name>`.
@@ -151,7 +151,7 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
     served model name stays the directory name measured, so clients need no change.
     """
     from engine_adapter.platform import Platform
-    from engine_adapter.vllm_server import VLLMConfig, build_command
+    from engine_adapter.vllm.server import VLLMConfig, build_command
 
     dropped: list[str] = []
     data = json.loads(json.dumps(config))

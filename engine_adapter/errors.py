@@ -53,3 +53,12 @@ class EngineStartError(EngineError):
 
 class EngineTimeoutError(EngineError):
     """The engine did not become healthy within the allowed time."""
+
+
+class Rejected(Exception):
+    """A configuration that cannot run on this platform, known before any engine starts; `reasons`
+    says why (a trial's data, not a user's error)."""
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))

@@ -24,16 +24,23 @@ class EngineKind:
     config_model: type
     make: Callable[..., Engine]  # make(run_dir, *, platform=None, port=None)
     command: Callable[..., tuple[list[str], dict[str, str]]] | None = None  # command(config, platform, *, host, port)
+    # Search-space values -> settings (raises errors.Rejected with the reasons a combination cannot run):
+    # translate(values, *, fixed, platform, model_dir, make_checkpoint, base)
+    translate: Callable[..., Any] | None = None
+    reference: Callable[..., Any] | None = None  # the engine's defaults: reference(*, fixed, model_dir, base)
+    unrunnable: Callable[..., dict] | None = None  # choices a platform can never run: unrunnable(space, *, platform, ...)
 
     @property
     def tunable(self) -> bool:
-        return self.command is not None
+        return self.translate is not None
 
 
 def _vllm() -> EngineKind:
-    from engine_adapter.vllm_server import VLLMConfig, VLLMServer, build_command
+    from engine_adapter.vllm.server import VLLMConfig, VLLMServer, build_command
+    from engine_adapter.vllm.translate import reference_config, to_engine_config, unrunnable_choices
 
-    return EngineKind("vllm", VLLMConfig, VLLMServer, build_command)
+    return EngineKind("vllm", VLLMConfig, VLLMServer, build_command, translate=to_engine_config,
+                      reference=reference_config, unrunnable=unrunnable_choices)
 
 
 def _openai() -> EngineKind:

@@ -46,7 +46,7 @@ Scalar = Annotated[Union[bool, int, float, str], BeforeValidator(_scalar)]
 Number = Annotated[float, BeforeValidator(_number)]
 
 # Search-space parameter -> what it sets. `weight_bits` is translated per platform by
-# search_spaces.translate; the rest are VLLMConfig fields (speculative.* nested).
+# engine_adapter.vllm.translate; the rest are VLLMConfig fields (speculative.* nested).
 KNOBS = {
     "weight_bits": "weight quantization bits (16 = unquantized)",
     "max_num_seqs": "max sequences per batch",
@@ -278,7 +278,7 @@ def _duplicate_key(node: Any) -> str | None:
 
 def _fixed_problem(space: SearchSpace) -> tuple[str, str] | None:
     """(field, message) for the first fixed setting no engine config accepts, or None."""
-    from search_spaces.translate import reference_config
+    from engine_adapter.vllm.translate import reference_config
 
     bits = space.fixed.get("weight_bits", 16)
     if bits not in (16, 8, 4):

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from engine_adapter.errors import EngineError, InputError, TuneError
+from engine_adapter.errors import EngineError, InputError, Rejected, TuneError
 from engine_adapter.platform import Platform, installed_vllm_version
 from engine_adapter.registry import EngineKind, engine_kind
 from replay.capacity import CapacityOptions
@@ -36,7 +36,6 @@ from replay.metrics import SLO, Summary
 from replay.runner import ReplayOptions, prepare
 from replay.trace import Trace
 from search_spaces.space import SearchSpace
-from search_spaces.translate import Rejected, reference_config, to_engine_config
 from tuner.coordination import Coordination, ClaimHeartbeat, stored_choices, config_key, counted, make_storage, running, skipped
 from tuner.measure import EngineRuns, client_overload_reason
 from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
@@ -122,7 +121,7 @@ class Tuner(EngineRuns, Coordination):
     def ensure_reference(self) -> None:
         """Measure the unquantized reference once per study (reused on resume, and by every other
         worker: the first one claims it, the others wait for its row)."""
-        self.reference_config = reference_config(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
+        self.reference_config = self.engine.reference(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
         stored = self.store.reference(self.s.study_name)
         if stored is None:
             holder = self._claim_or_wait("reference", REFERENCE_RUN, "the reference")
@@ -169,7 +168,7 @@ class Tuner(EngineRuns, Coordination):
         trial.set_user_attr("values", values)
         trial.set_user_attr("worker", self.worker)
         try:
-            config = to_engine_config(values, fixed=self.space.fixed, platform=self.platform,
+            config = self.engine.translate(values, fixed=self.space.fixed, platform=self.platform,
                                       model_dir=self.model_dir, quantized_checkpoints=self.space.quantized_checkpoints,
                                       make_checkpoint=self.make_checkpoint, base=self.base)
         except Rejected as exc:

@@ -22,7 +22,7 @@ def _scripted_vllm(monkeypatch, tmp_path, kind):
     def command(config, platform, *, host="127.0.0.1", port=8000, **_):
         return [sys.executable, SCRIPTED_SERVER, "--port", str(port), "--model", config.name()], {}
 
-    monkeypatch.setattr("engine_adapter.vllm_server.build_command", command)
+    monkeypatch.setattr("engine_adapter.vllm.server.build_command", command)
     yield kind.config_model(model=tmp_path / "model")
 
 

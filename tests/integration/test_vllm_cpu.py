@@ -23,7 +23,7 @@ from engine_adapter.openai_client import new_session
 from engine_adapter.openai_endpoint import OpenAIEndpointConfig
 from engine_adapter.process import group_alive
 from engine_adapter.registry import make_engine
-from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+from engine_adapter.vllm.server import VLLMConfig, VLLMServer
 
 pytestmark = pytest.mark.integration
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -156,7 +156,7 @@ def test_no_server_survives_a_killed_parent(default_model, tmp_path, sig):
     parent_code = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {ROOT!r})
-        from engine_adapter.vllm_server import VLLMConfig, VLLMServer
+        from engine_adapter.vllm.server import VLLMConfig, VLLMServer
         from pathlib import Path
         s = VLLMServer(Path({str(tmp_path)!r}))
         s.launch(VLLMConfig(model=Path({str(default_model)!r}), enforce_eager=True), timeout_s=600)

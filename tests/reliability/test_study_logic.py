@@ -330,7 +330,7 @@ def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypat
     """A config differing from a measured one only in batching knobs reuses its stored quality (from
     the database: another worker's, or before a resume); a different KV-cache precision is measured."""
     import tuner.measure as study_module
-    from engine_adapter.vllm_server import VLLMConfig
+    from engine_adapter.vllm.server import VLLMConfig
     from tuner.quality import ProbeItem, Reference
 
     tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)

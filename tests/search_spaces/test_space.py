@@ -9,7 +9,8 @@ import pytest
 
 from engine_adapter.platform import Platform
 from search_spaces.space import DEFAULT_SPACE, SearchSpace, SpaceError, load_space
-from search_spaces.translate import Rejected, reference_config, to_engine_config
+from engine_adapter.errors import Rejected
+from engine_adapter.vllm.translate import reference_config, to_engine_config
 
 MODEL = Path("/models/m")
 
@@ -168,7 +169,7 @@ def test_fp8_kv_cache_needs_avx512_or_amx_on_cpu():
 
 
 def test_choices_a_platform_can_never_run_are_found_and_removed():
-    from search_spaces.translate import unrunnable_choices
+    from engine_adapter.vllm.translate import unrunnable_choices
 
     space = load_space(DEFAULT_SPACE)
     bad = unrunnable_choices(space, platform=Platform.CPU, model_dir=MODEL, flags=frozenset({"avx2"}))

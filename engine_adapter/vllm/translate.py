@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from engine_adapter.errors import Rejected
 from engine_adapter.platform import Platform, cpu_flags
-from engine_adapter.vllm_server import VLLMConfig, platform_problems
+from engine_adapter.vllm.server import VLLMConfig, platform_problems
 
 # (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
 BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {
@@ -42,14 +43,6 @@ def cpu_scheme_problem(scheme: str, flags: frozenset[str]) -> str | None:
                 "in its AVX512 build and this CPU has no AVX512 (the server would start, then crash at the "
                 "first request)")
     return None
-
-
-class Rejected(Exception):
-    """A combination that cannot run on this platform; `reasons` says why."""
-
-    def __init__(self, reasons: list[str]):
-        self.reasons = reasons
-        super().__init__("; ".join(reasons))
 
 
 def cpu_config_problems(config: VLLMConfig, flags: frozenset[str]) -> list[str]:
