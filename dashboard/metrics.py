@@ -9,7 +9,7 @@ from typing import Any
 
 from dashboard import capacity
 from engine_adapter.errors import InputError
-from tuner.objectives import OBJECTIVES
+from tuner.objectives import OBJECTIVES, objective_value
 
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -54,34 +54,28 @@ def _num(value: Any) -> float:
 
 
 def metric_value(name: str, summary: dict | None, quality: dict | None, engine: dict | None = None) -> float:
-    """One metric of a measured run from its stored summary/quality/engine dicts (NaN when absent)."""
+    """One metric of a measured run from its stored summary/quality/engine dicts (NaN when absent):
+    an objective as the tuner reads it (`tuner.objectives.objective_value`), or one of the extras."""
     summary = summary or {}
+    if name in OBJECTIVES:
+        try:
+            return _num(objective_value(name, summary, quality))
+        except (KeyError, TypeError):
+            return math.nan
     engine = engine if engine is not None else (summary.get("engine") or {})
-    head, _, stat = name.partition("_")
-    if head in LATENCY_METRICS and stat in LATENCY_STATS:
+    if name in ("kld", "ppl_change", "top1_agreement"):
         try:
-            return _num(summary["latency_s"][head][stat]["value"])
+            return _num(quality[name]["value"])
         except (KeyError, TypeError):
             return math.nan
-    if name in ("quality_loss", "kld", "ppl_change", "top1_agreement"):
-        try:
-            return _num(quality["nll_delta_per_token" if name == "quality_loss" else name]["value"])
-        except (KeyError, TypeError):
-            return math.nan
-    key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}
-    if name in key:
-        entry = summary.get(key[name])  # goodput is None when the study has no SLOs
-        return _num(entry["value"]) if isinstance(entry, dict) else math.nan
     if name == "error_rate":
         return _num(summary.get("error_rate"))
     if name == "prefix_cache_hit_rate":
         return _num(engine.get("prefix_cache_hit_rate"))
     if name == "spec_acceptance_rate":
         return _num(engine.get("spec_decode_acceptance_rate"))
-    if name in ("capacity", "capacity_scale", "usd_per_1m_output_tokens"):  # replay.capacity's result
-        stored = capacity.capacity_of(summary) or {}
-        key = {"capacity": "capacity_rps_per_gpu"}.get(name, name)  # the cost: added by `with_costs`
-        return _num(stored.get(key))
+    if name in ("capacity_scale", "usd_per_1m_output_tokens"):  # replay.capacity's result
+        return _num((capacity.capacity_of(summary) or {}).get(name))  # the cost: added by `with_costs`
     raise InputError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
 
 

@@ -52,8 +52,8 @@ def objective_value(name: str, summary: Summary | dict, quality: QualityResult |
         return s["output_throughput_tps"]["value"]
     if name == "request_tps":
         return s["request_throughput_rps"]["value"]
-    if name == "goodput":
-        return s["goodput_rps"]["value"] if s.get("goodput_rps") else 0.0
+    if name == "goodput":  # measured only with --slo, which a goodput objective requires
+        return s["goodput_rps"]["value"] if s.get("goodput_rps") else math.nan
     if name == "capacity":  # requests/s per GPU at the SLO (replay.capacity)
         return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
     if name == "quality_loss":
