@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.storage import ResultStore, normalize_url, owner_is_dead
+from tuner.storage import COUNTED, SKIPPED, ResultStore, normalize_url, owner_is_dead
 
 def make_storage(url: str, heartbeat_s: int):
     """Optuna's RDBStorage with the heartbeat on: a RUNNING trial whose worker stops beating for
@@ -75,7 +75,6 @@ class ClaimHeartbeat:
         self._thread.join(timeout=5)
 
 
-COUNTED = ("measured", "engine_failed", "failed", "unmeasurable")  # statuses that count toward --trials
 
 
 def counted(study: Any) -> int:
@@ -86,7 +85,7 @@ def counted(study: Any) -> int:
 
 
 def skipped(study: Any) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") in ("rejected", "duplicate"))
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") in SKIPPED)
 
 
 def running(study: Any) -> int:

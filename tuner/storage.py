@@ -16,6 +16,7 @@ into a table passes through a `Redactor` first.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import importlib.util
 import json
 import os
@@ -72,6 +73,23 @@ claims = Table(
     Column("heartbeat_at", DateTime, nullable=False),
     UniqueConstraint("study_name", "key", name="uq_tracetune_claim"),
 )
+
+class Status(str, enum.Enum):
+    """How a trial ended, as stored (a str: the database and Optuna's attributes hold the value)."""
+
+    MEASURED = "measured"            # measured within the engine's means (it may still violate an SLO)
+    ENGINE_FAILED = "engine_failed"  # the engine did not start, crashed or stopped answering
+    FAILED = "failed"                # could not be prepared or measured (an objective was NaN, ...)
+    UNMEASURABLE = "unmeasurable"    # the replay client could not keep the schedule: not the engine's failure
+    REJECTED = "rejected"            # the platform cannot run it: known before any engine started
+    DUPLICATE = "duplicate"          # the same configuration as an earlier trial: its result is reused
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COUNTED = (Status.MEASURED, Status.ENGINE_FAILED, Status.FAILED, Status.UNMEASURABLE)  # count toward --trials
+SKIPPED = (Status.REJECTED, Status.DUPLICATE)  # cost no engine time: do not count
 
 # The reference's own run (vLLM's defaults: config, summary, records, engine counters, log) is a row of
 # tracetune_trials under this number, so it can be shown, compared and exported like a trial.
@@ -294,7 +312,7 @@ class ResultStore:
                    log_tail: str | None = None, startup_s: float | None = None, wall_s: float | None = None) -> None:
         r = self.redact
         row = {
-            "study_name": study_name, "trial_number": trial_number, "status": status,
+            "study_name": study_name, "trial_number": trial_number, "status": str(status),
             "values_json": r(_dump(values)), "config_json": r(_dump(config)), "summary_json": r(_dump(summary)),
             "quality_json": _dump(quality), "engine_json": _dump(engine),
             "requests_jsonl": pack_records(r(requests_jsonl)),
@@ -310,7 +328,7 @@ class ResultStore:
         """(trial number, config, quality) of every measured trial with a quality result, without
         reading the heavy columns."""
         query = select(trial_results.c.trial_number, trial_results.c.config_json, trial_results.c.quality_json) \
-            .where(trial_results.c.study_name == study_name, trial_results.c.status == "measured",
+            .where(trial_results.c.study_name == study_name, trial_results.c.status == Status.MEASURED,
                    trial_results.c.trial_number >= 0,
                    trial_results.c.quality_json.is_not(None)).order_by(trial_results.c.trial_number)
         with self.engine.connect() as conn:

@@ -42,7 +42,7 @@ from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, co
                               objective_value, set_constraints)
 from tuner.quality import QualityResult, Reference
 from tuner.quality_gate import QualityGate
-from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, worker_id
+from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, Status, worker_id
 
 
 @dataclasses.dataclass
@@ -145,7 +145,7 @@ class Tuner(EngineRuns, Coordination):
         self.store.save_reference(self.s.study_name, config=json.loads(self.reference_config.model_dump_json()),
                                   probe=self.reference.to_json(), summary=measured["summary"].as_dict())
         summary = measured["summary"]
-        self.store.save_trial(self.s.study_name, REFERENCE_RUN, "measured", config=json.loads(
+        self.store.save_trial(self.s.study_name, REFERENCE_RUN, Status.MEASURED, config=json.loads(
             self.reference_config.model_dump_json()), summary=summary.as_dict(), quality=measured["quality"].as_dict(),
             engine=summary.engine, requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
             startup_s=measured["startup_s"])
@@ -172,9 +172,9 @@ class Tuner(EngineRuns, Coordination):
                                       model_dir=self.model_dir, quantized_checkpoints=self.space.quantized_checkpoints,
                                       make_checkpoint=self.make_checkpoint, base=self.base)
         except Rejected as exc:
-            return self._infeasible(trial, "rejected", f"rejected before start: {exc}", values=values, t0=t0)
+            return self._infeasible(trial, Status.REJECTED, f"rejected before start: {exc}", values=values, t0=t0)
         except TuneError as exc:  # e.g. the quantized checkpoint could not be made
-            return self._infeasible(trial, "failed", f"could not prepare this config: {exc}", values=values, t0=t0)
+            return self._infeasible(trial, Status.FAILED, f"could not prepare this config: {exc}", values=values, t0=t0)
         config_json = self.redact(json.loads(config.model_dump_json()))
         trial.set_user_attr("config", config_json)
         key = config_key(config_json)
@@ -197,7 +197,7 @@ class Tuner(EngineRuns, Coordination):
             measured = self._measure(config, f"trial-{trial.number:04d}", with_quality=True,
                                      start=self.capacity_start)
         except EngineError as exc:
-            return self._infeasible(trial, "engine_failed", exc.reason, values=values, config=config_json,
+            return self._infeasible(trial, Status.ENGINE_FAILED, exc.reason, values=values, config=config_json,
                                     log_tail=exc.log_tail, t0=t0)
         summary: Summary = measured["summary"]
         quality: QualityResult = measured["quality"]
@@ -205,17 +205,17 @@ class Tuner(EngineRuns, Coordination):
         constraints = constraint_values(summary, quality, self.s.slos, self.s.max_quality_loss)
         wall = time.perf_counter() - t0
         # A replay that measured its client is stored with everything it saw, under its own status.
-        status, reason = ("unmeasurable", client_overload_reason(summary)) if summary.client_overloaded else \
-            ("measured", None)
+        status, reason = (Status.UNMEASURABLE, client_overload_reason(summary)) if summary.client_overloaded else \
+            (Status.MEASURED, None)
         self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config_json,
                               summary=summary.as_dict(), quality=quality.as_dict(), engine=summary.engine,
                               requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
                               startup_s=measured["startup_s"], wall_s=wall, failure_reason=reason)
         self.store.save_levels(self.s.study_name, trial.number, measured.get("levels", []))
         if any(math.isnan(v) for v in objectives):
-            return self._infeasible(trial, "failed", "an objective could not be measured (NaN)", values=values,
+            return self._infeasible(trial, Status.FAILED, "an objective could not be measured (NaN)", values=values,
                                     config=config_json, t0=t0, saved=True)
-        if status == "unmeasurable":
+        if status == Status.UNMEASURABLE:
             return self._infeasible(trial, status, reason, values=values, config=config_json, t0=t0, saved=True)
         self._set_measured(trial, objectives, constraints, summary.error_rate, summary.error_examples)
         self.report("trial_done", number=trial.number, objectives=dict(zip(self.s.objectives, objectives)),
@@ -228,7 +228,7 @@ class Tuner(EngineRuns, Coordination):
         trial.set_user_attr("constraints", constraints)
         set_constraints(trial, self.s.constraint_names, [error_rate] + constraints)
         trial.set_user_attr("feasible", error_rate == 0 and all(c <= 0 for c in constraints))
-        trial.set_user_attr("status", "measured")
+        trial.set_user_attr("status", Status.MEASURED.value)
         if error_rate > 0:
             # Failed requests (e.g. timed out) make the measurement biased toward the survivors:
             # kept, but infeasible, with the reason.
@@ -242,21 +242,21 @@ class Tuner(EngineRuns, Coordination):
         row = rows[0] if rows else None
         note = f"same configuration as trial {original}: its result is reused, nothing was measured again"
         trial.set_user_attr("duplicate_of", original)
-        if row is None or row["status"] != "measured" or row["summary"] is None:
+        if row is None or row["status"] != Status.MEASURED or row["summary"] is None:
             reason = (row or {}).get("failure_reason") or "no stored result"
-            return self._infeasible(trial, "duplicate", f"{note} ({(row or {}).get('status')}: {reason})"[:2000],
+            return self._infeasible(trial, Status.DUPLICATE, f"{note} ({(row or {}).get('status')}: {reason})"[:2000],
                                     values=values, config=config, t0=t0)
         summary, quality = row["summary"], row["quality"]
         objectives = [objective_value(name, summary, quality) for name in self.s.objectives]
         if any(math.isnan(v) for v in objectives):
-            return self._infeasible(trial, "duplicate", f"{note} (an objective was NaN)", values=values,
+            return self._infeasible(trial, Status.DUPLICATE, f"{note} (an objective was NaN)", values=values,
                                     config=config, t0=t0)
         constraints = constraint_values(summary, quality, self.s.slos, self.s.max_quality_loss)
         self._set_measured(trial, objectives, constraints, summary.get("error_rate", 0.0),
                            summary.get("error_examples", []))
-        trial.set_user_attr("status", "duplicate")
+        trial.set_user_attr("status", Status.DUPLICATE.value)
         trial.set_user_attr("feasible", False)  # the original is the one on the front
-        self.store.save_trial(self.s.study_name, trial.number, "duplicate", values=values, config=config,
+        self.store.save_trial(self.s.study_name, trial.number, Status.DUPLICATE, values=values, config=config,
                               failure_reason=note, wall_s=time.perf_counter() - t0)
         self.report("duplicate", number=trial.number, original=original)
         return objectives
@@ -268,7 +268,7 @@ class Tuner(EngineRuns, Coordination):
         import optuna
 
         measured = [t.values for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                    if t.user_attrs.get("status") == "measured" and t.values]
+                    if t.user_attrs.get("status") == Status.MEASURED and t.values]
         if self.reference_values:
             measured.append(self.reference_values)
         out = []
@@ -295,7 +295,7 @@ class Tuner(EngineRuns, Coordination):
         log tail stay in the trial's user attributes and in the results table.
         """
         reason = self.redact(reason)
-        trial.set_user_attr("status", status)
+        trial.set_user_attr("status", str(status))
         trial.set_user_attr("failure_reason", reason)
         trial.set_user_attr("feasible", False)
         trial.set_user_attr("constraints", [FAILED_VIOLATION] * self.s.n_user_constraints)
@@ -305,7 +305,7 @@ class Tuner(EngineRuns, Coordination):
         if not saved:
             self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config,
                                   failure_reason=reason, log_tail=log_tail, wall_s=time.perf_counter() - t0)
-        if status != "duplicate":
+        if status != Status.DUPLICATE:
             self.report("trial_failed", number=trial.number, status=status, reason=reason)
         else:
             self.report("duplicate", number=trial.number, original=trial.user_attrs.get("duplicate_of"),
@@ -399,7 +399,7 @@ def measured_trials(study: Any) -> list[Any]:
     import optuna
 
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.user_attrs.get("status", "measured") == "measured" and t.user_attrs.get("feasible", True)]
+            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED and t.user_attrs.get("feasible", True)]
 
 
 def pareto_trials(study: Any) -> list[Any]:
