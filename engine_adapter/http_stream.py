@@ -31,6 +31,25 @@ LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOME
 FD_RESERVE = 64
 
 
+def sse_payloads(events: bytes) -> tuple[list[bytes], bytes]:
+    """Server-sent events -> (the `data:` payload of each complete event, the bytes of an event still
+    arriving after the last blank line). CRLF line ends are read as LF (a CR at the very end waits
+    for its LF); an event's several `data:` lines are joined with a newline."""
+    if b"\r" in events:
+        events = events.replace(b"\r\n", b"\n")
+    blocks = events.split(b"\n\n")
+    rest = blocks.pop()
+    payloads = []
+    for block in blocks:
+        if block.startswith(b"data:") and b"\n" not in block:
+            payloads.append(block[5:].strip())
+        else:
+            data_lines = [line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:")]
+            if data_lines:
+                payloads.append(b"\n".join(data_lines))
+    return payloads, rest
+
+
 class ClientSideError(Exception):
     """A request failed because of this machine (file descriptors, ports), not the server."""
 
@@ -230,19 +249,7 @@ class Exchange:
         if self.status != 200:
             self.error_body += data[:4096 - len(self.error_body)]
             return
-        events = self._events + data if self._events else data
-        if b"\r" in events:  # CRLF line ends (a CR at the very end waits for its LF in the buffer)
-            events = events.replace(b"\r\n", b"\n")
-        blocks = events.split(b"\n\n")
-        self._events = blocks.pop()  # what follows the last blank line: an event still arriving
-        payloads = []
-        for block in blocks:
-            if block.startswith(b"data:") and b"\n" not in block:
-                payloads.append(block[5:].strip())
-            else:
-                data_lines = [line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:")]
-                if data_lines:
-                    payloads.append(b"\n".join(data_lines))
+        payloads, self._events = sse_payloads(self._events + data if self._events else data)
         if payloads:
             self.on_data(payloads)
 

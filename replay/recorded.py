@@ -10,6 +10,8 @@ import math
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from engine_adapter.http_stream import sse_payloads
+
 if TYPE_CHECKING:
     from replay.trace import TraceRecord
 
@@ -66,14 +68,11 @@ def summarize_response(raw: bytes, *, chat: bool, sse: bool) -> ResponseSummary:
     """Usage and first-choice text of an SSE stream or a JSON completion body."""
     out = ResponseSummary()
     parts: list[str] = []
-    text = raw.decode("utf-8", errors="replace")
     if sse:
+        payloads, _ = sse_payloads(raw + b"\n\n")  # the stream's last event may lack its blank line
         events = []
-        for line in text.splitlines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if not data or data == "[DONE]":
+        for data in payloads:
+            if not data or data == b"[DONE]":
                 continue
             try:
                 events.append(json.loads(data))
@@ -81,7 +80,7 @@ def summarize_response(raw: bytes, *, chat: bool, sse: bool) -> ResponseSummary:
                 continue
     else:
         try:
-            events = [json.loads(text)]
+            events = [json.loads(raw.decode("utf-8", errors="replace"))]
         except ValueError:
             events = []
     for event in events:
