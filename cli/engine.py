@@ -1,4 +1,5 @@
-"""Implementations of the `tune` subcommands that exist so far."""
+"""`tune model prepare`, `tune engine check` and `tune engine command`; `console` is the one every
+command prints to."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from tuner.storage import REFERENCE_RUN
 CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "failed", "running", "duplicate")
 
 
-# How an engine log shows its platform (the study does not record it yet): vLLM's KV-cache lines
+# How an engine log shows its platform, for studies made before the study kept it: vLLM's KV-cache lines
 # ("CPU KV cache size", "GPU KV cache usage") and its start-up line "detected platform cpu".
 _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache (?:size|usage)|detected platform (cpu|cuda)\b")
 
