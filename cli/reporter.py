@@ -52,6 +52,10 @@ class ConsoleReporter:
         self.print(f"[yellow]--timeout {limit_s:g} s reached[/]: no new trial started; {done} of {trials} trials "
                    f"done. Run the same command to go on.")
 
+    def on_converged(self, patience: int, done: int, trials: int) -> None:
+        self.print(f"[bold]front unchanged for {patience} trials in a row[/] (--patience): stopping after {done} of "
+                   f"{trials} trials. Run the same command without --patience to go on.")
+
     def on_recovered(self, trials: list[int]) -> None:
         self.console.print(f"  trials {trials} belonged to a worker that is gone: marked failed and queued again")
 

@@ -32,6 +32,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
     p.add_argument("--trials", type=int, default=6, metavar="N", help="total trials in the study (default 6)")
     p.add_argument("--timeout", type=float, metavar="S", help="stop starting new trials after S seconds")
+    p.add_argument("--patience", type=int, metavar="N",
+                   help="stop early once N measured trials in a row leave the front (vLLM's defaults included) "
+                        "unchanged; --trials stays the cap")
     p.add_argument("--study", metavar="NAME", help="study name (default: derived from the trace file name)")
     p.add_argument("--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite in the run directory)")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
@@ -120,8 +123,9 @@ def _check_flags(args: argparse.Namespace) -> None:
     if not engine_kind(args.engine_type).tunable:
         raise InputError(f"--engine {args.engine_type} is an endpoint tracetune cannot reconfigure, so there is "
                          f"nothing to search; measure it with `tune replay --trace FILE --endpoint URL`")
-    for flag, value, low in (("--trials", args.trials, 1), ("--heartbeat", args.heartbeat, 1)):
-        if value < low:
+    for flag, value, low in (("--trials", args.trials, 1), ("--heartbeat", args.heartbeat, 1),
+                             ("--patience", args.patience, 1)):
+        if value is not None and value < low:
             raise InputError(f"{flag} must be >= {low}, got {value}")
     for flag, value in (("--request-timeout", args.request_timeout), ("--gpu-hour-cost", args.gpu_hour_cost),
                         ("--target-rate", args.target_rate), ("--max-duration", args.max_duration)):
@@ -226,6 +230,7 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
     return StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
                          slos=slos, max_quality_loss=gate, sampler=args.sampler, seed=args.seed, replay=replay_options,
                          capacity=capacity_options, economics=economics, probe_prompts=args.probe_prompts,
+                         patience=args.patience,
                          probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
                          api_key=api_key, client_procs=args.client_procs)

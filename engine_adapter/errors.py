@@ -6,6 +6,10 @@ project's root exception lives here and every other package imports it from here
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
 
 class TuneError(Exception):
     """Root of every error tracetune reports to a user.
@@ -62,3 +66,18 @@ class Rejected(Exception):
     def __init__(self, reasons: list[str]):
         self.reasons = reasons
         super().__init__("; ".join(reasons))
+
+
+@contextlib.contextmanager
+def opened_input(path: Path, what: str, error: type[InputError] = InputError) -> Iterator[BinaryIO]:
+    """A user's input file opened for reading (bytes). A missing file, a directory or one that
+    cannot be read is `error` naming the file and `what` it should be ("trace file", ...)."""
+    try:
+        with open(path, "rb") as f:
+            yield f
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not a {what}") from None
+    except OSError as exc:  # e.g. no permission to read it
+        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None

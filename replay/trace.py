@@ -23,7 +23,7 @@ from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from engine_adapter.errors import InputError
+from engine_adapter.errors import InputError, opened_input
 
 MAX_LINE_BYTES = 64 * 2**20
 # Far beyond any model's context; a larger length is a corrupt line, and synthesising its prompt
@@ -206,15 +206,8 @@ def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
 def load_trace(path: str | Path) -> Trace:
     """Load and validate a native JSONL trace file."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            return parse_lines(f, str(path))
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory, not a trace file") from None
-    except OSError as exc:  # e.g. no permission to read it
-        raise TraceError(f"{path}: cannot read the trace file ({exc.strerror or exc})") from None
+    with opened_input(path, "trace file", TraceError) as f:
+        return parse_lines(f, str(path))
 
 
 def write_trace(records: Iterable[TraceRecord], path: str | Path) -> int:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from engine_adapter.errors import InputError
+from engine_adapter.errors import InputError, opened_input
 
 
 def _scalar(value: Any) -> Any:
@@ -301,14 +301,8 @@ def load_space(path: str | Path) -> SearchSpace:
     import yaml
 
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SpaceError(f"{path}: no such search-space file") from None
-    except IsADirectoryError:
-        raise SpaceError(f"{path}: is a directory, not a search-space file") from None
-    except OSError as exc:  # e.g. no permission to read it
-        raise SpaceError(f"{path}: cannot read the search-space file ({exc.strerror or exc})") from None
+    with opened_input(path, "search-space file", SpaceError) as f:
+        raw = f.read()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -64,6 +64,7 @@ class StudySettings:
     probe_tokens: int = 32
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
+    patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row
     enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # A worker refreshes its running trial's (and claim's) heartbeat every `heartbeat_s`; one silent
     # for 2 x heartbeat_s is considered dead: its trial is failed and retried, its claim taken over.
@@ -331,6 +332,27 @@ class Tuner(EngineRuns, Coordination):
 
         # Failed trials are reported by tracetune itself; optuna would add a traceback per trial.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
+        study, storage = self._open_study()
+        self._check_space_matches(study)
+        for key, value in self.s.economics.items():
+            study.set_user_attr(key, value)
+        # Configurations the user asked to try first (e.g. today's production config); ones the
+        # study already has are skipped, so a resumed or second worker does not add them again.
+        for params in self.s.enqueue:
+            study.enqueue_trial(params, skip_if_exists=True)
+        self.recover(study, storage)
+        self.report("study", name=self.s.study_name, done=counted(study),
+                    remaining=max(self.s.trials - counted(study), 0))
+        if counted(study) < self.s.trials:
+            self.ensure_reference()
+        self._trials(study, storage)
+        return study
+
+    def _open_study(self) -> tuple[Any, Any]:
+        """The study (created, or loaded to resume) and its storage; what it was created with is kept
+        and checked again on resume."""
+        import optuna
+
         directions = [OBJECTIVES[name] for name in self.s.objectives]
         storage = make_storage(self.s.storage_url, self.s.heartbeat_s)
         study = optuna.create_study(
@@ -356,23 +378,17 @@ class Tuner(EngineRuns, Coordination):
         elif stored != self.s.objectives:
             raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "
                              f"resume it with the same --objectives or pick a new --study")
-        self._check_space_matches(study)
-        for key, value in self.s.economics.items():
-            study.set_user_attr(key, value)
-        # Configurations the user asked to try first (e.g. today's production config); ones the
-        # study already has are skipped, so a resumed or second worker does not add them again.
-        for params in self.s.enqueue:
-            study.enqueue_trial(params, skip_if_exists=True)
-        self.recover(study, storage)
-        self.report("study", name=self.s.study_name, done=counted(study),
-                    remaining=max(self.s.trials - counted(study), 0))
-        if counted(study) < self.s.trials:
-            self.ensure_reference()
+        return study, storage
+
+    def _trials(self, study: Any, storage: Any) -> None:
+        """Run trials until --trials count, --timeout passes, or (--patience) the front, vLLM's
+        defaults included, stays the same for that many trials in a row."""
         deadline = None if self.s.timeout_s is None else time.monotonic() + self.s.timeout_s
         # Rejected and duplicate configurations cost no engine time and do not count toward
         # --trials (capped, so a space the platform mostly cannot run still ends).
         max_skipped = skipped(study) + 10 * self.s.trials
         waiting_announced = False
+        plateau = Plateau(self.s.patience) if self.s.patience else None
         while counted(study) < self.s.trials and skipped(study) < max_skipped:
             if deadline is not None and time.monotonic() > deadline:
                 self.report("timeout", limit_s=self.s.timeout_s, done=counted(study), trials=self.s.trials)
@@ -386,12 +402,37 @@ class Tuner(EngineRuns, Coordination):
                     waiting_announced = True
                 time.sleep(min(2.0, self.s.heartbeat_s / 2))
                 continue
+            before = counted(study)
             try:
                 study.optimize(self.objective, n_trials=1)
             except KeyboardInterrupt:
                 self._requeue_interrupted(study)
                 raise
-        return study
+            if plateau and counted(study) > before and plateau.unchanged(self.front_labels(study)):
+                self.report("converged", patience=plateau.patience, done=counted(study), trials=self.s.trials)
+                break
+
+    def front_labels(self, study: Any) -> frozenset:
+        """The trials on the front now, vLLM's defaults competing ("reference" when it is on it)."""
+        from tuner.front import REFERENCE, Candidate, decide
+
+        ref = None if self.reference_values is None else Candidate(REFERENCE, tuple(self.reference_values))
+        directions = [OBJECTIVES[name] for name in self.s.objectives]
+        decision = decide([Candidate(t.number, tuple(t.values)) for t in measured_trials(study)], ref,
+                          self.s.objectives, directions)
+        return frozenset(c.label for c in decision.front)
+
+
+class Plateau:
+    """The stop rule: True once the front has not changed for `patience` measured trials in a row."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience, self.last, self.same = patience, None, 0
+
+    def unchanged(self, front: frozenset) -> bool:
+        self.same = self.same + 1 if front == self.last else 0
+        self.last = front
+        return self.same >= self.patience
 
 
 def measured_trials(study: Any) -> list[Any]:

@@ -362,3 +362,17 @@ def test_a_study_stopped_by_its_timeout_says_so(tmp_path):
     tuner.run()
     assert ("timeout", {"limit_s": 0.0, "done": 0, "trials": 4}) in events
     assert tuner.calls == ["reference"]  # the reference, and no trial after the deadline
+
+
+def test_patience_stops_the_study_once_the_front_stops_changing(tmp_path):
+    """--patience 2: the first trial (max_num_seqs 1) beats vLLM's defaults on every objective; the next
+    two are dominated by it, so the front is unchanged twice and the study stops at 3 of 8 trials."""
+    tuner = make_tuner(tmp_path, lambda c: (0.1 * c.max_num_seqs, 100.0 / c.max_num_seqs, 0.0), space_yaml=SEQS,
+                       trials=8, enqueue=[{"max_num_seqs": 1}, {"max_num_seqs": 2}, {"max_num_seqs": 4}])
+    tuner.s.patience = 2
+    events = []
+    tuner.report = lambda event, **fields: events.append((event, fields))
+    study = tuner.run()
+    assert ("converged", {"patience": 2, "done": 3, "trials": 8}) in events
+    assert counted(study) == 3 and tuner.calls == ["reference", "trial-0000", "trial-0001", "trial-0002"]
+    assert tuner.front_labels(study) == {0}
