@@ -34,6 +34,9 @@ class ConsoleReporter:
         self.console.print(f"study [bold]{name}[/] · storage {self.storage} · platform {self.platform} · "
                            f"{done} trials done, {remaining} to run")
 
+    def on_presets(self, presets: list[dict[str, Any]]) -> None:
+        self.print("first trials (informed presets, then the sampler): " + "; ".join(map(str, presets)))
+
     def on_reference_start(self, **_: Any) -> None:
         self.console.print("[bold]reference[/] (unquantized, auto KV cache, no speculation): measuring")
 

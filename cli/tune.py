@@ -32,6 +32,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
     p.add_argument("--trials", type=int, default=6, metavar="N", help="total trials in the study (default 6)")
     p.add_argument("--timeout", type=float, metavar="S", help="stop starting new trials after S seconds")
+    p.add_argument("--no-presets", dest="presets", action="store_false",
+                   help="no informed first trials (8-bit weights and KV cache; ngram speculation when the trace's "
+                        "outputs copy their prompts): the sampler proposes every trial")
     p.add_argument("--patience", type=int, metavar="N",
                    help="stop early once N measured trials in a row leave the front (vLLM's defaults included) "
                         "unchanged; --trials stays the cap")
@@ -230,7 +233,7 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
     return StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
                          slos=slos, max_quality_loss=gate, sampler=args.sampler, seed=args.seed, replay=replay_options,
                          capacity=capacity_options, economics=economics, probe_prompts=args.probe_prompts,
-                         patience=args.patience,
+                         patience=args.patience, presets=args.presets,
                          probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
                          api_key=api_key, client_procs=args.client_procs)

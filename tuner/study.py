@@ -36,10 +36,12 @@ from replay.metrics import SLO, Summary
 from replay.runner import ReplayOptions, prepare
 from replay.trace import Trace
 from search_spaces.space import SearchSpace
-from tuner.coordination import Coordination, ClaimHeartbeat, stored_choices, config_key, counted, make_storage, running, skipped
+from tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counted, make_storage, running, skipped,
+                                stored_choices)
 from tuner.measure import EngineRuns, client_overload_reason
 from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
                               objective_value, set_constraints)
+from tuner.presets import presets
 from tuner.quality import QualityResult, Reference
 from tuner.quality_gate import QualityGate
 from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, Status, worker_id
@@ -65,6 +67,7 @@ class StudySettings:
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
     patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row
+    presets: bool = True  # informed first trials (tuner.presets) before the sampler's
     enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # A worker refreshes its running trial's (and claim's) heartbeat every `heartbeat_s`; one silent
     # for 2 x heartbeat_s is considered dead: its trial is failed and retried, its claim taken over.
@@ -340,6 +343,7 @@ class Tuner(EngineRuns, Coordination):
         # study already has are skipped, so a resumed or second worker does not add them again.
         for params in self.s.enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
+        self._enqueue_presets(study)
         self.recover(study, storage)
         self.report("study", name=self.s.study_name, done=counted(study),
                     remaining=max(self.s.trials - counted(study), 0))
@@ -347,6 +351,20 @@ class Tuner(EngineRuns, Coordination):
             self.ensure_reference()
         self._trials(study, storage)
         return study
+
+    def _enqueue_presets(self, study: Any) -> None:
+        """Informed first trials (tuner.presets) in a new study, within the trials it has room for
+        after the user's --try values."""
+        import optuna
+
+        if not self.s.presets or study.trials and counted(study):
+            return
+        waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        chosen = presets(self.space, self.trace.records)[:max(self.s.trials - waiting, 0)]
+        for params in chosen:
+            study.enqueue_trial(params, skip_if_exists=True)
+        if chosen:
+            self.report("presets", presets=chosen)
 
     def _open_study(self) -> tuple[Any, Any]:
         """The study (created, or loaded to resume) and its storage; what it was created with is kept

@@ -376,3 +376,33 @@ def test_patience_stops_the_study_once_the_front_stops_changing(tmp_path):
     assert ("converged", {"patience": 2, "done": 3, "trials": 8}) in events
     assert counted(study) == 3 and tuner.calls == ["reference", "trial-0000", "trial-0001", "trial-0002"]
     assert tuner.front_labels(study) == {0}
+
+
+BITS = """\
+name: bits
+fixed: {enforce_eager: true}
+parameters:
+  weight_bits: {choices: [16, 8]}
+  max_num_seqs: {choices: [2, 4, 8]}
+"""
+
+
+def test_presets_run_first_within_the_trials_left_after_the_users_tries(tmp_path):
+    """8-bit weights is tried first (the space offers it); a --try value comes before it; with no
+    room left after the --try values, no preset is queued (nothing would be left waiting)."""
+    tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=BITS,
+                       trials=3, enqueue=[{"weight_bits": 16, "max_num_seqs": 2}])
+    events = []
+    tuner.report = lambda event, **fields: events.append((event, fields))
+    study = tuner.run()
+    assert ("presets", {"presets": [{"weight_bits": 8}]}) in events
+    values = [t.user_attrs["values"] for t in sorted(study.trials, key=lambda t: t.number)]
+    assert values[0] == {"weight_bits": 16, "max_num_seqs": 2} and values[1]["weight_bits"] == 8
+
+    (tmp_path / "full").mkdir()
+    full = make_tuner(tmp_path / "full", lambda c: (0.1, 10.0, 0.0), space_yaml=BITS, trials=1,
+                      enqueue=[{"weight_bits": 16, "max_num_seqs": 2}])
+    events.clear()
+    full.report = lambda event, **fields: events.append((event, fields))
+    done = full.run()
+    assert not [e for e in events if e[0] == "presets"] and len(done.trials) == 1

@@ -1,0 +1,51 @@
+"""Informed first trials: configurations that usually pay off, tried before the sampler's own
+proposals, among what the search space (already stripped of what this platform cannot run) offers.
+
+- 8-bit weights with an 8-bit KV cache (or 8-bit weights alone where the platform runs no fp8 KV
+  cache): the common capacity win of quantization, measured before the sampler reaches it by chance.
+- ngram speculation when the trace's recorded outputs copy text from their prompts (prompt-lookup
+  decoding drafts tokens from the prompt, so it pays when outputs repeat it: RAG answers, code
+  edits, summaries). A trace without recorded outputs gives no evidence, and no such preset.
+
+Presets are ordinary trials: they count toward --trials and are measured like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+# Share of a response's word 4-grams found in its prompt from which ngram speculation is tried first.
+COPY_RATE = 0.2
+
+
+def _offers(space: Any, name: str, value: Any) -> bool:
+    param = space.parameters.get(name)
+    return param is not None and param.choices is not None and value in param.choices
+
+
+def copy_rate(records: Sequence[Any]) -> float | None:
+    """Mean share of the recorded responses' word 4-grams that also occur in their prompts (None
+    when no record has both a text prompt and a response)."""
+    rates = []
+    for r in records:
+        prompt = r.prompt if r.prompt is not None else " ".join(m.content for m in r.messages or [] if m.content)
+        if not r.response or not prompt:
+            continue
+        words, seen = r.response.split(), prompt.split()
+        grams = {tuple(words[i:i + 4]) for i in range(len(words) - 3)}
+        if grams:
+            source = {tuple(seen[i:i + 4]) for i in range(len(seen) - 3)}
+            rates.append(len(grams & source) / len(grams))
+    return sum(rates) / len(rates) if rates else None
+
+
+def presets(space: Any, records: Sequence[Any]) -> list[dict[str, Any]]:
+    """The first trials worth trying in this space for this trace, in order."""
+    out: list[dict[str, Any]] = []
+    if _offers(space, "weight_bits", 8):
+        out.append({"weight_bits": 8, "kv_cache_dtype": "fp8"} if _offers(space, "kv_cache_dtype", "fp8")
+                   else {"weight_bits": 8})
+    rate = copy_rate(records)
+    if _offers(space, "speculative", "ngram") and rate is not None and rate >= COPY_RATE:
+        out.append({"speculative": "ngram"})
+    return out
