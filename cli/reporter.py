@@ -34,8 +34,12 @@ class ConsoleReporter:
         self.console.print(f"study [bold]{name}[/] · storage {self.storage} · platform {self.platform} · "
                            f"{done} trials done, {remaining} to run")
 
-    def on_presets(self, presets: list[dict[str, Any]]) -> None:
-        self.print("first trials (informed presets, then the sampler): " + "; ".join(map(str, presets)))
+    def on_warm_start(self, configs: list[dict[str, Any]]) -> None:
+        self.print(f"first trials: {len(configs)} configurations of the --warm-start study, best first (measured "
+                   f"again here): " + "; ".join(map(str, configs[:4])) + (" ..." if len(configs) > 4 else ""))
+
+    def on_presets(self, configs: list[dict[str, Any]]) -> None:
+        self.print("first trials (informed presets, then the sampler): " + "; ".join(map(str, configs)))
 
     def on_reference_start(self, **_: Any) -> None:
         self.console.print("[bold]reference[/] (unquantized, auto KV cache, no speculation): measuring")

@@ -35,6 +35,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-presets", dest="presets", action="store_false",
                    help="no informed first trials (8-bit weights and KV cache; ngram speculation when the trace's "
                         "outputs copy their prompts): the sampler proposes every trial")
+    p.add_argument("--warm-start", metavar="STUDY",
+                   help="try first the configurations an earlier study on the same model and platform found best "
+                        "(another trace or SLO), measured again here")
+    p.add_argument("--warm-start-storage", metavar="URL", help="where that study is (default: this study's --storage)")
     p.add_argument("--patience", type=int, metavar="N",
                    help="stop early once N measured trials in a row leave the front (vLLM's defaults included) "
                         "unchanged; --trials stays the cap")
@@ -234,6 +238,7 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
                          slos=slos, max_quality_loss=gate, sampler=args.sampler, seed=args.seed, replay=replay_options,
                          capacity=capacity_options, economics=economics, probe_prompts=args.probe_prompts,
                          patience=args.patience, presets=args.presets,
+                         warm_start=(args.warm_start_storage or storage, args.warm_start) if args.warm_start else None,
                          probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
                          api_key=api_key, client_procs=args.client_procs)

@@ -68,6 +68,7 @@ class StudySettings:
     timeout_s: float | None = None
     patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row
     presets: bool = True  # informed first trials (tuner.presets) before the sampler's
+    warm_start: tuple[str, str] | None = None  # (storage URL, study): an earlier study's configs tried first
     enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # A worker refreshes its running trial's (and claim's) heartbeat every `heartbeat_s`; one silent
     # for 2 x heartbeat_s is considered dead: its trial is failed and retried, its claim taken over.
@@ -343,7 +344,8 @@ class Tuner(EngineRuns, Coordination):
         # study already has are skipped, so a resumed or second worker does not add them again.
         for params in self.s.enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
-        self._enqueue_presets(study)
+        self._enqueue(study, self._warm_start(), "warm_start")
+        self._enqueue(study, presets(self.space, self.trace.records) if self.s.presets else [], "presets")
         self.recover(study, storage)
         self.report("study", name=self.s.study_name, done=counted(study),
                     remaining=max(self.s.trials - counted(study), 0))
@@ -352,19 +354,30 @@ class Tuner(EngineRuns, Coordination):
         self._trials(study, storage)
         return study
 
-    def _enqueue_presets(self, study: Any) -> None:
-        """Informed first trials (tuner.presets) in a new study, within the trials it has room for
-        after the user's --try values."""
+    def _enqueue(self, study: Any, chosen: list[dict[str, Any]], event: str) -> None:
+        """First trials for a new study (warm-start configurations, presets), within the trials it
+        has room for after what is already queued (the user's --try values first)."""
         import optuna
 
-        if not self.s.presets or study.trials and counted(study):
+        if not chosen or counted(study):
             return
         waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-        chosen = presets(self.space, self.trace.records)[:max(self.s.trials - waiting, 0)]
+        chosen = chosen[:max(self.s.trials - waiting, 0)]
         for params in chosen:
             study.enqueue_trial(params, skip_if_exists=True)
         if chosen:
-            self.report("presets", presets=chosen)
+            self.report(event, configs=chosen)
+
+    def _warm_start(self) -> list[dict[str, Any]]:
+        """The configurations of an earlier study (--warm-start) on the same model and platform,
+        front first: tried first here, measured again on this trace, never reused as measurements."""
+        if not self.s.warm_start:
+            return []
+        from tuner.warm_start import earlier_configs
+
+        url, name = self.s.warm_start
+        return earlier_configs(url, name, space=self.space, platform=self.platform.value,
+                               model=Path(str(self.model_dir)).name)
 
     def _open_study(self) -> tuple[Any, Any]:
         """The study (created, or loaded to resume) and its storage; what it was created with is kept

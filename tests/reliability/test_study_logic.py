@@ -395,7 +395,7 @@ def test_presets_run_first_within_the_trials_left_after_the_users_tries(tmp_path
     events = []
     tuner.report = lambda event, **fields: events.append((event, fields))
     study = tuner.run()
-    assert ("presets", {"presets": [{"weight_bits": 8}]}) in events
+    assert ("presets", {"configs": [{"weight_bits": 8}]}) in events
     values = [t.user_attrs["values"] for t in sorted(study.trials, key=lambda t: t.number)]
     assert values[0] == {"weight_bits": 16, "max_num_seqs": 2} and values[1]["weight_bits"] == 8
 
@@ -406,3 +406,29 @@ def test_presets_run_first_within_the_trials_left_after_the_users_tries(tmp_path
     full.report = lambda event, **fields: events.append((event, fields))
     done = full.run()
     assert not [e for e in events if e[0] == "presets"] and len(done.trials) == 1
+
+
+def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_path):
+    """Study "a" measures max_num_seqs 2, 4, 8 (8 is best on output tok/s, 2 on latency: both on its
+    front); study "b" on another trace starts with a's front, then the rest, all measured again."""
+    script = lambda c: (0.1 * c.max_num_seqs, 10.0 * c.max_num_seqs, 0.0)  # noqa: E731
+    first = make_tuner(tmp_path, script, space_yaml=SEQS, study="a", trials=3,
+                       enqueue=[{"max_num_seqs": 2}, {"max_num_seqs": 4}, {"max_num_seqs": 8}])
+    first.run()
+    calls = []
+    second = make_tuner(tmp_path, script, space_yaml=SEQS, study="b", trials=2, calls=calls)
+    second.s.warm_start = (second.s.storage_url, "a")
+    events = []
+    second.report = lambda event, **fields: events.append((event, fields))
+    study = second.run()
+    warm = next(f["configs"] for e, f in events if e == "warm_start")
+    assert warm == [{"max_num_seqs": 2}, {"max_num_seqs": 4}]  # room for 2 of a's 3, front first
+    assert [t.user_attrs["values"] for t in study.trials] == warm
+    assert calls == ["reference", "trial-0000", "trial-0001"]  # measured again, not reused
+
+    from engine_adapter.errors import InputError
+
+    other = make_tuner(tmp_path, script, space_yaml=SEQS, study="c", trials=1)
+    other.s.warm_start = (other.s.storage_url, "nope")
+    with pytest.raises(InputError, match="--warm-start: no study 'nope'"):
+        other.run()

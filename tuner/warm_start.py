@@ -1,0 +1,64 @@
+"""Warm start: a new study tries first the configurations an earlier study found best, on the same
+model and platform (another trace, another SLO). They are proposals, measured again on this trace;
+nothing measured before is reused as a measurement of this one."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from engine_adapter.errors import InputError
+
+
+def earlier_configs(url: str, name: str, *, space: Any, platform: str, model: str) -> list[dict[str, Any]]:
+    """The earlier study's measured, feasible configurations as values of `space`: its front first,
+    then the rest by its deciding objective. Values `space` does not offer are left to the sampler."""
+    import optuna
+
+    from tuner.front import deciding_objective
+    from tuner.storage import ResultStore, normalize_url
+    from tuner.study import measured_trials, pareto_trials
+
+    try:
+        source = optuna.load_study(study_name=name, storage=normalize_url(url))
+    except KeyError:
+        raise InputError(f"--warm-start: no study {name!r} in {url}") from None
+    _check_same_setting(source, ResultStore(url).reference(name), name, platform=platform, model=model)
+    front = pareto_trials(source)
+    directions = [d.name.lower() for d in source.directions]
+    i = deciding_objective(list(source.user_attrs.get("objectives") or []), directions)
+    sign = -1.0 if directions[i] == "maximize" else 1.0
+    on_front = {t.number for t in front}
+    rest = sorted((t for t in measured_trials(source) if t.number not in on_front),
+                  key=lambda t: sign * t.values[i] if not math.isnan(t.values[i]) else math.inf)
+    out: list[dict[str, Any]] = []
+    for t in [*front, *rest]:
+        values = _in_space(t.user_attrs.get("values") or t.params, space)
+        if values and values not in out:
+            out.append(values)
+    return out
+
+
+def _check_same_setting(source: Any, reference: dict | None, name: str, *, platform: str, model: str) -> None:
+    theirs = source.user_attrs.get("platform")
+    if theirs and theirs != platform:
+        raise InputError(f"--warm-start {name}: measured on {theirs}, this study runs on {platform}; what wins "
+                         f"there says little here")
+    their_model = str((reference or {}).get("config", {}).get("model", "")).rstrip("/").rsplit("/", 1)[-1]
+    if their_model and their_model != model:
+        raise InputError(f"--warm-start {name}: measured on model {their_model}, this study runs {model}")
+
+
+def _in_space(values: dict[str, Any], space: Any) -> dict[str, Any]:
+    """The values this space offers (a parameter it lacks, or a value it does not offer, is dropped)."""
+    out = {}
+    for key, value in values.items():
+        param = space.parameters.get(key)
+        if param is None:
+            continue
+        if param.choices is not None and value not in param.choices:
+            continue
+        if param.choices is None and not (param.low <= value <= param.high):
+            continue
+        out[key] = value
+    return out
