@@ -43,9 +43,8 @@ def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, a
 def report_results(tuner, study, args, console, run_dir: Path) -> None:
     """The front (vLLM's defaults competing like any trial), the verdict in plain words, failures
     grouped by reason, and best.json / pareto.json."""
-    from tuner.front import REFERENCE, Candidate, decide
+    from tuner.front import REFERENCE, Candidate, decide, pareto_trials
     from tuner.objectives import OBJECTIVES
-    from tuner.study import pareto_trials
 
     name, objectives = tuner.s.study_name, tuner.s.objectives
     directions = [OBJECTIVES[o] for o in objectives]

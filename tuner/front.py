@@ -147,3 +147,35 @@ def economics(capacity: dict[str, Any] | None, *, gpu_hour_cost: float | None = 
         out["replicas"] = replicas
         out["gpus_total"] = replicas * gpus if rps > 0 else math.inf
     return out
+
+
+# -- the front of a stored study (an Optuna study's trials, by the rule above) --------------------
+class Plateau:
+    """The stop rule: True once the front has not changed for `patience` measured trials in a row."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience, self.last, self.same = patience, None, 0
+
+    def unchanged(self, front: frozenset) -> bool:
+        self.same = self.same + 1 if front == self.last else 0
+        self.last = front
+        return self.same >= self.patience
+
+
+def measured_trials(study: Any) -> list[Any]:
+    """The complete trials measured within their constraints: the candidates of the front."""
+    import optuna
+
+    from tuner.storage import Status
+
+    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED and t.user_attrs.get("feasible", True)]
+
+
+def pareto_trials(study: Any) -> list[Any]:
+    """Measured, feasible trials on their Pareto front, by the project's one dominance rule
+    (`tuner.front.front`; vLLM's defaults join it in `tuner.front.decide`)."""
+    measured = measured_trials(study)
+    directions = [d.name.lower() for d in study.directions]
+    on = {c.label for c in front([Candidate(t.number, tuple(t.values)) for t in measured], directions)}
+    return [t for t in measured if t.number in on]

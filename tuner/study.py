@@ -41,6 +41,7 @@ from tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counte
 from tuner.measure import EngineRuns, client_overload_reason
 from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
                               objective_value, set_constraints)
+from tuner.front import Plateau, measured_trials
 from tuner.presets import presets
 from tuner.quality import QualityResult, Reference
 from tuner.quality_gate import QualityGate
@@ -452,37 +453,6 @@ class Tuner(EngineRuns, Coordination):
         decision = decide([Candidate(t.number, tuple(t.values)) for t in measured_trials(study)], ref,
                           self.s.objectives, directions)
         return frozenset(c.label for c in decision.front)
-
-
-class Plateau:
-    """The stop rule: True once the front has not changed for `patience` measured trials in a row."""
-
-    def __init__(self, patience: int) -> None:
-        self.patience, self.last, self.same = patience, None, 0
-
-    def unchanged(self, front: frozenset) -> bool:
-        self.same = self.same + 1 if front == self.last else 0
-        self.last = front
-        return self.same >= self.patience
-
-
-def measured_trials(study: Any) -> list[Any]:
-    """The complete trials measured within their constraints: the candidates of the front."""
-    import optuna
-
-    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED and t.user_attrs.get("feasible", True)]
-
-
-def pareto_trials(study: Any) -> list[Any]:
-    """Measured, feasible trials on their Pareto front, by the project's one dominance rule
-    (`tuner.front.front`; vLLM's defaults join it in `tuner.front.decide`)."""
-    from tuner.front import Candidate, front
-
-    measured = measured_trials(study)
-    directions = [d.name.lower() for d in study.directions]
-    on = {c.label for c in front([Candidate(t.number, tuple(t.values)) for t in measured], directions)}
-    return [t for t in measured if t.number in on]
 
 
 def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:

@@ -15,9 +15,8 @@ def earlier_configs(url: str, name: str, *, space: Any, platform: str, model: st
     then the rest by its deciding objective. Values `space` does not offer are left to the sampler."""
     import optuna
 
-    from tuner.front import deciding_objective
+    from tuner.front import deciding_objective, measured_trials, pareto_trials
     from tuner.storage import ResultStore, normalize_url
-    from tuner.study import measured_trials, pareto_trials
 
     try:
         source = optuna.load_study(study_name=name, storage=normalize_url(url))

@@ -23,7 +23,7 @@ from tests.reliability.pg import postgres_url  # noqa: F401 - fixture
 from tests.reliability.scripted import crash, fake_quality, fake_summary, make_tuner
 from tuner.storage import ResultStore, secret_values, worker_id
 from tuner.coordination import counted, make_storage
-from tuner.study import pareto_trials
+from tuner.front import pareto_trials
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQS = """\
