@@ -209,3 +209,28 @@ def test_the_default_space_never_proposes_what_it_would_reject():
     for point in space.grid():
         to_engine_config(point, fixed=space.fixed, platform=Platform.CPU, model_dir=MODEL,
                          make_checkpoint=lambda scheme: MODEL, flags=frozenset({"avx512f", "avx512_bf16"}))
+
+
+@pytest.mark.parametrize("platform, flags", [
+    ("cpu", {"avx2"}), ("cpu", {"avx2", "avx512f", "avx512_bf16", "amx_tile"}), ("cuda", set())])
+def test_the_default_space_proposes_nothing_its_platform_rejects(platform, flags):
+    """What the sampler can propose from the default space, once the choices a platform can never run
+    are removed up front (as `tune --trace` does), always translates into a config: no trial is ever
+    rejected by the space's own rules (400 random proposals per platform)."""
+    import optuna
+
+    from engine_adapter.platform import Platform
+    from engine_adapter.vllm.translate import unrunnable_choices
+
+    plat, flags = Platform(platform), frozenset(flags)
+    space = load_space(DEFAULT_SPACE)
+    never = unrunnable_choices(space, platform=plat, model_dir=Path("m"), flags=flags)
+    space = space.without({name: list(choices) for name, choices in never.items()}) if never else space
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(400):
+        trial = study.ask()
+        values = space.sample(trial)
+        study.tell(trial, 0.0)
+        to_engine_config(values, fixed=space.fixed, platform=plat, model_dir=Path("m"), flags=flags,
+                         make_checkpoint=lambda scheme: Path(f"checkpoint-{scheme}"))  # raises Rejected if not
