@@ -42,6 +42,9 @@ def _build_parser() -> argparse.ArgumentParser:
                     "below; each COMMAND has its own --help.",
         epilog=EPILOG + "\n" + tune.TUNE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        # No abbreviations at the root: its main-job options would otherwise claim a command's own
+        # (`tune engine check --prompt` is not `--prompt-lookup-min`).
+        allow_abbrev=False,
     )
     tune.add_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

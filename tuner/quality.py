@@ -150,9 +150,14 @@ LOSSLESS_SETTINGS = ("speculative",)
 
 
 def _quality_settings(config_json: dict[str, Any], settings: Sequence[str] = QUALITY_SETTINGS) -> dict[str, Any]:
-    """The settings a configuration's quality depends on (the model named by its directory, as `config_key`)."""
-    ident = {k: config_json.get(k) for k in settings}
+    """The settings a configuration's quality depends on, each as it takes effect: the model named by
+    its directory (as `config_key`), "auto" the same as unset (vLLM's default), no speculation the
+    same whatever its unused draft length."""
+    ident = {k: None if config_json.get(k) == "auto" else config_json.get(k) for k in settings}
     ident["model"] = Path(str(ident["model"] or "")).name
+    spec = ident.get("speculative")
+    if isinstance(spec, dict) and spec.get("method", "none") == "none":
+        ident["speculative"] = {"method": "none"}
     return ident
 
 

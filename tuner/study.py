@@ -456,7 +456,8 @@ class Tuner(EngineRuns, Coordination):
 
 
 def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """Settings where `config` differs from the reference (nested speculative flattened)."""
+    """Settings where `config` differs from the reference (nested speculative flattened; "auto",
+    vLLM's default, the same as unset)."""
     def flat(c: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in c.items() if k not in ("speculative", "env", "extra_args")}
         spec = c.get("speculative") or {}
@@ -464,5 +465,9 @@ def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, 
         if spec.get("method", "none") != "none":
             out["num_speculative_tokens"] = spec.get("num_speculative_tokens")
         return out
+
+    def same(x: Any, y: Any) -> bool:
+        return (None if x == "auto" else x) == (None if y == "auto" else y)
+
     a, b = flat(config), flat(reference)
-    return {k: v for k, v in a.items() if b.get(k) != v}
+    return {k: v for k, v in a.items() if not same(b.get(k), v)}

@@ -81,3 +81,17 @@ def test_a_bad_quality_gate_exits_2_before_anything_starts(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--max-quality-loss: cannot read 'ppl:1'" in out.stderr + out.stdout
     assert not (tmp_path / "r").exists()  # nothing was started or written
+
+
+def test_a_commands_own_options_are_not_taken_for_the_main_jobs():
+    """One root parser carries the main job's options; a command's options after it stay the command's
+    (the root's --prompt-lookup-min must not claim `tune engine check --prompt`)."""
+    from cli.main import _build_parser
+
+    parser = _build_parser()
+    args = parser.parse_args(["engine", "check", "--eager", "--prompt", "hi", "--max-tokens", "3"])
+    assert (args.command, args.prompt, args.max_tokens, args.eager) == ("engine", "hi", 3, True)
+    args = parser.parse_args(["replay", "--trace", "t.jsonl", "--max-requests", "4"])
+    assert (args.command, str(args.trace), args.max_requests) == ("replay", "t.jsonl", 4)
+    args = parser.parse_args(["--trace", "t.jsonl", "--trials", "2", "--eager"])
+    assert (args.command, str(args.trace), args.trials, args.eager) == (None, "t.jsonl", 2, True)

@@ -226,3 +226,16 @@ def test_the_floor_reads_from_a_stored_reference_probe_with_its_size():
     assert text.startswith("noise floor (the reference against itself, 6 prompts, 96 tokens): KLD ")
     old = [{"prompt_ids": [1], "reference_ids": [2], "reference_logprobs": [-0.5], "expected": None}]
     assert floor_estimates(old) == {} and floor_text(old) == "" and floor_text(None) == ""
+
+
+def test_auto_is_the_default_for_quality_and_for_losslessness():
+    """The default space's kv_cache_dtype 'auto' is vLLM's default, which the reference leaves unset: the
+    same quality key, and lossless by construction (measured on the quickstart, where 16-bit trials were
+    not recognised as lossless before)."""
+    from tuner.quality import lossless_by_construction, quality_key
+
+    ref = {"model": "/m/SmolLM2", "dtype": None, "kv_cache_dtype": None, "load_format": None,
+           "speculative": {"method": "none", "num_speculative_tokens": 3}}
+    trial = {**ref, "dtype": "auto", "kv_cache_dtype": "auto", "speculative": {"method": "none", "num_speculative_tokens": 5}}
+    assert quality_key(trial) == quality_key(ref) and lossless_by_construction(trial, ref)
+    assert quality_key({**ref, "kv_cache_dtype": "fp8"}) != quality_key(ref)

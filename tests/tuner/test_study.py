@@ -70,6 +70,9 @@ def test_config_diff_flattens_speculation():
             "speculative": {"method": "ngram", "num_speculative_tokens": 4}}
     assert config_diff(cand, ref) == {"max_num_seqs": 16, "speculative": "ngram", "num_speculative_tokens": 4}
     assert config_diff(ref, ref) == {}
+    # "auto" is vLLM's default: no difference from an unset reference, still shown against another value
+    assert config_diff({**ref, "kv_cache_dtype": "auto"}, ref) == {}
+    assert config_diff({**ref, "kv_cache_dtype": "auto"}, {**ref, "kv_cache_dtype": "fp8"}) == {"kv_cache_dtype": "auto"}
 
 
 DIRS = ["minimize", "maximize", "minimize"]  # ttft_p99, capacity, quality_loss
