@@ -395,7 +395,7 @@ def test_presets_run_first_within_the_trials_left_after_the_users_tries(tmp_path
     events = []
     tuner.report = lambda event, **fields: events.append((event, fields))
     study = tuner.run()
-    assert ("presets", {"configs": [{"weight_bits": 8}]}) in events
+    assert ("presets", {"configs": [{"max_num_seqs": 8, "weight_bits": 8}]}) in events  # vLLM-like batch limit
     values = [t.user_attrs["values"] for t in sorted(study.trials, key=lambda t: t.number)]
     assert values[0] == {"weight_bits": 16, "max_num_seqs": 2} and values[1]["weight_bits"] == 8
 

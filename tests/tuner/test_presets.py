@@ -23,15 +23,31 @@ FREE = [rec("Tell me a story about a dragon.", "Once upon a time there lived a k
 
 
 def test_eight_bit_weights_with_an_eight_bit_kv_cache_where_the_platform_runs_both():
-    assert presets(space(), FREE) == [{"weight_bits": 8, "kv_cache_dtype": "fp8"}]
+    """Only the preset's knobs change; the rest sit nearest vLLM's defaults (the largest batch limit
+    offered, no speculation), not at random."""
+    assert presets(space(), FREE) == [{"weight_bits": 8, "kv_cache_dtype": "fp8", "max_num_seqs": 8,
+                                       "speculative": "none"}]
     # a platform without an fp8 KV cache (its choice removed from the space): 8-bit weights alone
-    assert presets(space(kv_cache_dtype=["fp8"]), FREE) == [{"weight_bits": 8}]
+    assert presets(space(kv_cache_dtype=["fp8"]), FREE)[0]["weight_bits"] == 8
+    assert presets(space(kv_cache_dtype=["fp8"]), FREE)[0]["kv_cache_dtype"] == "auto"
     assert presets(space(weight_bits=[8]), FREE) == []
+
+
+def test_the_default_space_presets_keep_vllms_defaults_elsewhere():
+    from search_spaces.space import DEFAULT_SPACE, load_space
+
+    (preset,) = presets(load_space(DEFAULT_SPACE), FREE)
+    assert preset == {"weight_bits": 8, "kv_cache_dtype": "fp8", "max_num_seqs": 64, "enable_chunked_prefill": True,
+                      "max_num_batched_tokens": 4096, "speculative": "none", "enable_prefix_caching": True}
 
 
 def test_ngram_speculation_only_when_recorded_outputs_copy_their_prompts():
     assert copy_rate(COPYING) == 1.0 and copy_rate(FREE) == 0.0
     assert copy_rate([rec("no response recorded here at all", None)]) is None
-    assert {"speculative": "ngram"} in presets(space(), COPYING)
-    assert {"speculative": "ngram"} not in presets(space(), FREE)
-    assert {"speculative": "ngram"} not in presets(space(), [rec("a b c d e", None)])  # no evidence
+    def ngram(found):
+        return [p for p in found if p.get("speculative") == "ngram"]
+
+    assert ngram(presets(space(), COPYING)) == [{"weight_bits": 16, "kv_cache_dtype": "auto", "max_num_seqs": 8,
+                                                "speculative": "ngram"}]
+    assert not ngram(presets(space(), FREE))
+    assert not ngram(presets(space(), [rec("a b c d e", None)]))  # no evidence
