@@ -3,46 +3,30 @@ Pareto chart without a reload (synthetic study database, Debian chromium)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-from pathlib import Path
 
 import pytest
 
+from tests.dashboard.browser import HAVE_CHROMIUM, dashboard_page
 from tests.dashboard.synthetic import add_measured_trial
-from tests.dashboard.test_cli import start_dashboard, stop
-
-CHROMIUM = "/usr/bin/chromium"
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+@pytest.mark.skipif(not HAVE_CHROMIUM, reason="Debian chromium is not installed")
 def test_pareto_chart_refreshes_while_the_study_runs(synthetic_url, tmp_path, artifacts):
-    from playwright.sync_api import sync_playwright
-
     db = tmp_path / "study.db"
     shutil.copy(synthetic_url[len("sqlite:///"):], db)
     url = f"sqlite:///{db}"
-    proc, port = start_dashboard("--storage", url, "--study", "synth")
 
     def labels(page) -> set[str]:
         return set(page.eval_on_selector_all(".js-plotly-plot .textpoint", "els => els.map(e => e.textContent)"))
 
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                         args=["--no-sandbox"] if os.geteuid() == 0 else [])
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
-            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .textpoint').length >= 5",
-                                   timeout=30_000)
-            assert {"0", "1", "2", "3", "ref"} <= labels(page)
-            number = add_measured_trial(url, ttft=0.2, tps=50.0, loss=0.0, max_num_seqs=48)  # dominates 0 and 1
-            page.wait_for_function(
-                f"() => Array.from(document.querySelectorAll('.js-plotly-plot .textpoint'))"
-                f".some(e => e.textContent === '{number}')", timeout=60_000)
-            page.get_by_text("Pareto front (1)").first.wait_for(timeout=30_000)
-            page.screenshot(path=str(artifacts / "live-refresh.png"))
-            browser.close()
-    finally:
-        stop(proc)
+    with dashboard_page(url, "synth") as page:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .textpoint').length >= 5",
+                               timeout=30_000)
+        assert {"0", "1", "2", "3", "ref"} <= labels(page)
+        number = add_measured_trial(url, ttft=0.2, tps=50.0, loss=0.0, max_num_seqs=48)  # dominates 0 and 1
+        page.wait_for_function(
+            f"() => Array.from(document.querySelectorAll('.js-plotly-plot .textpoint'))"
+            f".some(e => e.textContent === '{number}')", timeout=60_000)
+        page.get_by_text("Pareto front (1)").first.wait_for(timeout=30_000)
+        page.screenshot(path=str(artifacts / "live-refresh.png"))

@@ -1,0 +1,35 @@
+"""`tune dashboard` opened in headless Debian Chromium (Playwright; no browser is ever downloaded)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from tests.dashboard.test_cli import start_dashboard, stop
+
+CHROMIUM = "/usr/bin/chromium"
+HAVE_CHROMIUM = Path(CHROMIUM).exists()
+
+
+@contextlib.contextmanager
+def dashboard_page(url: str, study: str, **page_options: Any) -> Iterator[Any]:
+    """A page on `tune dashboard --storage URL --study STUDY`, its first chart drawn; the browser and
+    the dashboard are stopped afterwards, whatever happens."""
+    from playwright.sync_api import sync_playwright
+
+    proc, port = start_dashboard("--storage", url, "--study", study)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox"] if os.geteuid() == 0 else [])
+            try:
+                page = browser.new_page(viewport={"width": 1440, "height": 1000}, **page_options)
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
+                yield page
+            finally:
+                browser.close()
+    finally:
+        stop(proc)
