@@ -241,11 +241,12 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
     engine = None
     try:
         if args.endpoint:
-            from engine_adapter.openai_endpoint import OpenAIEndpoint, OpenAIEndpointConfig
+            from engine_adapter.registry import engine_kind
 
-            engine = OpenAIEndpoint()
-            engine.start(OpenAIEndpointConfig(base_url=args.endpoint, model=args.served_model,
-                                              api_key_env=args.api_key_env))
+            kind = engine_kind("openai")
+            engine = kind.make()
+            engine.start(kind.config_model(base_url=args.endpoint, model=args.served_model,
+                                           api_key_env=args.api_key_env))
             engine.wait_healthy(60)
             yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
         else:

@@ -161,14 +161,10 @@ def _print_failures(study, console) -> None:
 
 
 def _ci_of(name: str, summary: dict, quality: dict):
-    if name == "quality_loss" and quality:
-        q = quality["nll_delta_per_token"]
-        return q["ci_low"], q["ci_high"]
-    for metric in ("ttft", "tpot", "itl", "e2e"):
-        if name.startswith(metric + "_") and summary:
-            e = summary["latency_s"][metric][name.split("_", 1)[1]]
-            return e["ci_low"], e["ci_high"]
-    key = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}.get(name)
-    if key and summary.get(key):
-        return summary[key]["ci_low"], summary[key]["ci_high"]
-    return None
+    from tuner.objectives import objective_estimate
+
+    try:
+        estimate = objective_estimate(name, summary or {}, quality or None)
+    except KeyError:
+        return None
+    return (estimate["ci_low"], estimate["ci_high"]) if estimate else None

@@ -136,7 +136,7 @@ class StudyView:
     quality_gate: Any = None            # tuner.quality.QualityGate, shown as e.g. "kld<=0.01"
     vllm_version: str | None = None     # the vLLM the study measured with (None: a study from before it was kept)
     reference_run: TrialView | None = None  # the reference as a candidate (number REFERENCE_RUN)
-    noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # tuner.quality.floor_estimates
+    noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # tuner.quality_gate.floor_estimates
     floor_text: str = ""                # the floor in one line, with the probe's size ("" without one)
 
     @property
@@ -332,13 +332,15 @@ def load_study(url: str, name: str | None = None) -> StudyView:
             summary=row.get("summary"), quality=row.get("quality"), engine=row.get("engine"),
             requests_jsonl=row.get("requests_jsonl"), failure_reason=reason,
             log_tail=row.get("log_tail") or ua.get("log_tail"), startup_s=row.get("startup_s"), wall_s=row.get("wall_s")))
+    probe = (reference or {}).get("probe")
+    floor = floor_estimates(probe)
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,
                      slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),
                      trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
-                     quality_gate=_gate_of(attrs), vllm_version=attrs.get("vllm_version"), noise_floor=floor_estimates(reference and reference.get("probe")),
-                     floor_text=floor_text(reference and reference.get("probe")))
+                     quality_gate=_gate_of(attrs), vllm_version=attrs.get("vllm_version"), noise_floor=floor,
+                     floor_text=floor_text(probe, floor))
     view.reference_run = _reference_run(view, rows.get(REFERENCE_RUN), ref_config)
     with_costs(view)
     mark_front(view)

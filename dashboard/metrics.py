@@ -9,7 +9,7 @@ from typing import Any
 
 from dashboard import capacity
 from engine_adapter.errors import InputError
-from tuner.objectives import OBJECTIVES, objective_value
+from tuner.objectives import OBJECTIVES, objective_estimate, objective_value
 
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -83,17 +83,13 @@ def metric_interval(name: str, summary: dict | None, quality: dict | None) -> tu
     """The 95% interval of a measured metric (capacity: its bracket per GPU, an open upper end read
     as the measured value); None for a metric measured without one."""
     summary = summary or {}
-    head, _, stat = name.partition("_")
-    keys = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps", "goodput": "goodput_rps"}
     try:
         if name == "capacity":
             return _capacity_interval(capacity.capacity_of(summary))
-        if head in LATENCY_METRICS and stat in LATENCY_STATS:
-            entry = summary["latency_s"][head][stat]
-        elif name in ("quality_loss", "kld", "ppl_change", "top1_agreement"):
-            entry = quality["nll_delta_per_token" if name == "quality_loss" else name]
-        elif name in keys:
-            entry = summary[keys[name]]
+        if name in OBJECTIVES:  # read as the tuner reads it
+            entry = objective_estimate(name, summary, quality)
+        elif name in ("kld", "ppl_change", "top1_agreement"):
+            entry = quality[name]
         else:
             return None
         low, high = _num(entry["ci_low"]), _num(entry["ci_high"])

@@ -24,7 +24,8 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 
 def storage_url(given: str | None) -> str:
     """The study database a user named: a URL, a plain path to a study.db, or (None) the newest
-    runs/*/study.db here; checked it can be opened (`check_storage`)."""
+    runs/*/study.db here, as a URL (`study_names`, which every reader of a study goes through,
+    checks it can be opened)."""
     url = given or default_storage()
     if url is None:
         raise InputError("no --storage given and no runs/*/study.db here; run `tune --trace FILE` first or "
@@ -34,7 +35,6 @@ def storage_url(given: str | None) -> str:
             raise InputError(f"--storage {url}: no such file; give the study.db a `tune --trace` run wrote "
                              f"(runs/STUDY/study.db) or a database URL (sqlite:///PATH, postgresql://USER@HOST/DB)")
         url = f"sqlite:///{Path(url).resolve()}"
-    check_storage(url)
     return url
 
 

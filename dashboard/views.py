@@ -127,6 +127,13 @@ def page_pareto(study: data.StudyView) -> None:
     _search_progress(study)
 
 
+@st.cache_data(ttl=600, show_spinner=False)
+def _importances(url: str, name: str, measured: tuple[int, ...]) -> dict[str, dict[str, float]]:
+    """Parameter importance, computed again only when another trial has been measured (the page
+    re-renders every few seconds under live refresh; this reads the study once more and fits a model)."""
+    return progress.param_importances(_load(url, name))
+
+
 def _search_progress(study: data.StudyView) -> None:
     """Hypervolume of the front after each trial, and which parameters moved each objective."""
     rows = progress.search_progress(study)
@@ -134,7 +141,7 @@ def _search_progress(study: data.StudyView) -> None:
         return
     with st.expander("Search progress and parameter importance"):
         st.plotly_chart(charts.progress_figure(rows), key="progress_chart")
-        importances = progress.param_importances(study)
+        importances = _importances(study.storage, study.name, tuple(t.number for t in study.trials if t.measured))
         if importances:
             st.plotly_chart(charts.importance_figure(importances), key="importance_chart")
         else:

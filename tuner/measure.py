@@ -7,8 +7,8 @@ import dataclasses
 import json
 from typing import Any
 
-from engine_adapter.errors import EngineError, TuneError
 from engine_adapter.base import Engine
+from engine_adapter.errors import EngineError, TuneError
 from replay import workers
 from replay.levels import LevelRunner, settle
 from replay.metrics import Summary, summarize

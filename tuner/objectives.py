@@ -41,24 +41,38 @@ def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
     return names
 
 
-def objective_value(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> float:
-    """One objective from a trial's summary and quality (objects, or their stored `as_dict()`)."""
+# Objectives read from a summary field that holds an estimate.
+_SUMMARY_FIELD = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps",
+                  "goodput": "goodput_rps"}
+
+
+def objective_estimate(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> dict | None:
+    """The stored estimate ({value, ci_low, ci_high}) an objective is read from; None where it was
+    not measured (goodput without --slo, quality without a probe) or is not an estimate (capacity:
+    its interval is its bracket)."""
     s = summary.as_dict() if isinstance(summary, Summary) else summary
     q = quality.as_dict() if isinstance(quality, QualityResult) else quality
     if name in _METRIC_STAT:
         metric, stat = _METRIC_STAT[name]
-        return s["latency_s"][metric][stat]["value"]
-    if name == "output_tps":
-        return s["output_throughput_tps"]["value"]
-    if name == "request_tps":
-        return s["request_throughput_rps"]["value"]
+        return s["latency_s"][metric][stat]
     if name == "goodput":  # measured only with --slo, which a goodput objective requires
-        return s["goodput_rps"]["value"] if s.get("goodput_rps") else math.nan
-    if name == "capacity":  # requests/s per GPU at the SLO (replay.capacity)
-        return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
+        return s.get("goodput_rps")
+    if name in _SUMMARY_FIELD:
+        return s[_SUMMARY_FIELD[name]]
     if name == "quality_loss":
-        return q["nll_delta_per_token"]["value"] if q else math.nan
-    raise KeyError(name)
+        return q["nll_delta_per_token"] if q else None
+    return None
+
+
+def objective_value(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> float:
+    """One objective from a trial's summary and quality (objects, or their stored `as_dict()`)."""
+    if name not in OBJECTIVES:
+        raise KeyError(name)
+    if name == "capacity":  # requests/s per GPU at the SLO (replay.capacity)
+        s = summary.as_dict() if isinstance(summary, Summary) else summary
+        return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
+    estimate = objective_estimate(name, summary, quality)
+    return estimate["value"] if estimate else math.nan
 
 
 def constraint_values(summary: Summary | dict, quality: QualityResult | dict | None, slos: list[SLO],

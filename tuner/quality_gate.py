@@ -98,7 +98,10 @@ def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> Qu
 def floor_estimates(reference_probe: dict[str, Any] | list | None, *, seed: int = 0) -> dict[str, Estimate]:
     """The noise floor of a stored reference probe, per unit, with intervals over prompts: "nll"
     (nats/token), "kld", "top1", and "ppl" (perplexity change, a fraction). Empty without a floor."""
-    floor = Reference.from_json(reference_probe).floor if reference_probe else None
+    return _estimates(Reference.from_json(reference_probe).floor if reference_probe else None, seed=seed)
+
+
+def _estimates(floor: dict[str, list[float]] | None, *, seed: int = 0) -> dict[str, Estimate]:
     out = {k: bootstrap_ci(v, "mean", seed=seed) for k, v in (floor or {}).items() if v}
     if "nll" in out:
         out["ppl"] = Estimate(math.expm1(out["nll"].value), math.expm1(out["nll"].low), math.expm1(out["nll"].high))
@@ -124,12 +127,15 @@ def units_text(quality: dict[str, Any] | None) -> str:
     return " · ".join(parts + ([verdict(quality)] if verdict(quality) else []))
 
 
-def floor_text(reference_probe: dict[str, Any] | list | None) -> str:
-    """One line: the reference against itself, and the probe's size ("" when no floor was measured)."""
-    est = floor_estimates(reference_probe)
-    if "nll" not in est:
+def floor_text(reference_probe: dict[str, Any] | list | None, estimates: dict[str, Estimate] | None = None) -> str:
+    """One line: the reference against itself, and the probe's size ("" when no floor was measured).
+    `estimates`: the probe's `floor_estimates`, where the caller has them already."""
+    if not reference_probe:
         return ""
     ref = Reference.from_json(reference_probe)
+    est = _estimates(ref.floor) if estimates is None else estimates
+    if "nll" not in est:
+        return ""
     size = f"{len(ref.items)} prompts, {sum(len(i.reference_ids) for i in ref.items)} tokens"
     parts = [f"KLD {est['kld'].value:.4f} [{est['kld'].low:.4f}, {est['kld'].high:.4f}]"] if "kld" in est else []
     parts.append(f"ppl {est['ppl'].value * 100:+.2f}% [{est['ppl'].low * 100:+.2f}%, {est['ppl'].high * 100:+.2f}%]")
