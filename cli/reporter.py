@@ -111,6 +111,10 @@ class ConsoleReporter:
         self.print(f"  trial {number}: [red]{status}[/] (infeasible) · {reason[:300]}")
         self._end_task()
 
+    def on_trial_pruned(self, number: int, reason: str, wall_s: float, **_: Any) -> None:
+        self.print(f"  trial {number}: [yellow]pruned[/] after {wall_s:.0f}s · {reason[:300]}")
+        self._end_task()
+
     def on_duplicate(self, number: int, original: int, **_: Any) -> None:
         self.console.print(f"  trial {number}: same configuration as trial {original}: result reused, no engine started")
 

@@ -27,6 +27,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     from cli.capacity import add_capacity_options
     from cli.engine_options import add_engine_options
     from cli.replay import add_client_options
+    from tuner.objectives import DEFAULT_SAMPLER, SAMPLERS
 
     p.add_argument("--trace", type=Path, metavar="FILE", help="native JSONL trace: runs the main job")
     p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
@@ -42,6 +43,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patience", type=int, metavar="N",
                    help="stop early once N measured trials in a row leave the front (vLLM's defaults included) "
                         "unchanged; --trials stays the cap")
+    p.add_argument("--no-prune", dest="prune", action="store_false",
+                   help="search every trial's capacity to the end (default: stop a trial's search once it fails a "
+                        "load that a configuration at least as good on the other objectives passes; stored as pruned)")
     p.add_argument("--study", metavar="NAME", help="study name (default: derived from the trace file name)")
     p.add_argument("--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite in the run directory)")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
@@ -60,7 +64,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="price of one GPU hour: adds $ per 1M output (and input) tokens at capacity")
     p.add_argument("--target-rate", type=float, metavar="RPS",
                    help="requests/s of this traffic to serve: adds the replicas and GPUs each config needs")
-    p.add_argument("--sampler", choices=["nsga2", "tpe", "gp", "random"], default="nsga2")
+    p.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
+                   help=f"how trials are proposed after the first ones (default {DEFAULT_SAMPLER}: it measured best in "
+                        f"benchmarks/search_efficiency.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine", dest="engine_type", choices=["vllm", "openai"], default="vllm",
                    help="vllm (tracetune starts each config) or openai (a running endpoint: cannot be tuned)")
@@ -237,7 +243,7 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
     return StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,
                          slos=slos, max_quality_loss=gate, sampler=args.sampler, seed=args.seed, replay=replay_options,
                          capacity=capacity_options, economics=economics, probe_prompts=args.probe_prompts,
-                         patience=args.patience, presets=args.presets,
+                         patience=args.patience, presets=args.presets, prune=args.prune,
                          warm_start=(args.warm_start_storage or storage, args.warm_start) if args.warm_start else None,
                          probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,

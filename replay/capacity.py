@@ -22,6 +22,10 @@ its outcome is certain (more requests certainly missed than the target allows). 
 whose client could not keep the schedule (`client_overloaded`) says nothing about the engine: it
 is measured once more, and if the client falls behind again the search stops there and says so
 (the capacity is then a lower bound).
+
+Early stop (`prune_at`): where a tuner already knows a configuration at least as good on every other
+objective that passes level L, a new configuration that fails L (confirmed by a repeat) cannot be on
+the front; its search ends there with verdict *pruned* and the bracket it has, [highest pass, L].
 """
 
 from __future__ import annotations
@@ -118,7 +122,7 @@ class CapacityResult:
     gpus: int = 1
     mean_prompt_tokens: float = 0.0  # of the requests measured, as the engine counted them
     unstable: bool = False
-    verdict: str = "ok"  # ok | above_max | below_min | load_independent | client_overloaded | max_steps
+    verdict: str = "ok"  # ok | above_max | below_min | load_independent | client_overloaded | max_steps | pruned
     search_s: float = 0.0
 
     @property
@@ -162,6 +166,11 @@ class CapacityResult:
             return (f"capacity 0: fails at every load tried, down to {min(s.scale for s in self.steps):g}x the "
                     f"trace's rate, and lowering the load did not help: the misses do not come from the rate "
                     f"(e.g. bursts of the trace this config cannot serve within the SLO)")
+        if self.verdict == "pruned":
+            low = f"{self.capacity_rps:.3g}" if self.capacity_scale else "0"
+            return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({self.bracket_high * self.base_rps:.3g} "
+                    f"req/s, confirmed by a repeat), where a configuration at least as good on every other objective "
+                    f"passes: capacity in [{low}, {self.bracket_high * self.base_rps:.3g}) req/s, not searched further")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
                     f"({self.attainment_target:.0%} attainment; the search goes no lower)") if self.steps \
@@ -189,6 +198,7 @@ VERDICT_NOTES = {
     "load_independent": "failed at every load: the misses do not come from the rate",
     "client_overloaded": "client-limited (a lower bound)",
     "max_steps": "step budget spent",
+    "pruned": "pruned: below a configuration at least as good on the other objectives (a bracket, not searched further)",
 }
 
 
@@ -414,6 +424,25 @@ class _Search:
                and self.hi / self.lo - 1 > self.options.precision and self.budget_left()):
             self.add(self.run(math.sqrt(self.lo * self.hi)))
 
+    def prune(self, level: float) -> bool:
+        """True when the configuration fails `level` (or a lower level already failed), confirmed
+        by a repeat: it is below a configuration that passes there, and the search stops."""
+        failed = [k for k, ok in self.outcome.items() if not ok and k <= level]
+        if any(ok and k >= level for k, ok in self.outcome.items()):
+            return False
+        if failed:
+            scale = max(failed)
+        else:
+            step = self.run(level)
+            self.add(step)
+            if step.passed or self.overloaded:
+                return False
+            scale = level
+        if self.options.confirm and self.confirm(scale):
+            return False  # the failure did not hold up: search as usual
+        self.verdict = "pruned"
+        return True
+
     def confirm(self, scale: float) -> bool:
         """Measure a boundary level again; on disagreement a third time, the majority decides and
         the result is flagged unstable. True when the level's outcome changed."""
@@ -427,11 +456,12 @@ class _Search:
 
 
 def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: Sequence[Step] = (),
-                    gpus: int = 1, base_rates: tuple[float, float] = (0.0, 0.0),
+                    gpus: int = 1, base_rates: tuple[float, float] = (0.0, 0.0), prune_at: float | None = None,
                     clock: Callable[[], float] = time.perf_counter) -> CapacityResult:
     """Find the highest passing level with `measure`; `seed_steps` are levels already measured on
     this engine (e.g. the trace's own rate), reused instead of measured again. Both ends of the
-    final bracket are measured again (see `_Search.confirm`); a changed outcome resumes the search."""
+    final bracket are measured again (see `_Search.confirm`); a changed outcome resumes the search.
+    `prune_at`: stop early, verdict "pruned", when the configuration fails that level (`_Search.prune`)."""
     t0 = clock()
     search = _Search(measure, options)
     search.steps.extend(seed_steps)
@@ -440,6 +470,13 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
             search.add(search.run(step.scale, retry=False))
         else:
             search.add(step)
+    if prune_at is None or not search.prune(prune_at):
+        _search(search, options)
+    return _result(search, options, gpus, base_rates, clock() - t0)
+
+
+def _search(search: _Search, options: CapacityOptions) -> None:
+    """Bracket, bisect, confirm both ends; again from where an end's outcome changed."""
     confirmed: set[float] = set()
     scale = options.start_scale
     while True:
@@ -456,6 +493,10 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
             break
         search.verdict = "ok"
         scale = (search.lo or options.start_scale) * 2 if search.hi is None else search.hi / 2
+
+
+def _result(search: _Search, options: CapacityOptions, gpus: int, base_rates: tuple[float, float],
+            search_s: float) -> CapacityResult:
     hi = search.hi
     if search.overloaded:
         search.verdict = "client_overloaded"
@@ -465,6 +506,6 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
         attainment_target=options.attainment, precision=options.precision, slos=[str(s) for s in options.slos],
         steps=search.steps, capacity_scale=lo, bracket_high=hi, base_rps=base_rates[0],
         base_output_tps=base_rates[1], gpus=gpus, unstable=search.unstable, verdict=search.verdict,
-        search_s=clock() - t0)
+        search_s=search_s)
 
 

@@ -111,14 +111,19 @@ class LevelRunner:
             self.on_level(step)
         return step
 
-    def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1) -> CapacityResult:
+    @property
+    def base_rates(self) -> tuple[float, float]:
+        """(requests/s, output tokens/s) offered at the trace's own rate (k = 1)."""
+        return offered_rates(self.requests)
+
+    def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1, prune_at: float | None = None) -> CapacityResult:
         if len(self.requests) < 2 or self.requests[-1].scheduled_s <= self.requests[0].scheduled_s:
             raise InputError("every measured request of the trace arrives at the same moment, so no load level "
                              "differs from another: a capacity search needs a trace with arrival times spread "
                              "over time (or more requests: --max-requests / --max-duration)")
         try:
             result = search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
-                                     base_rates=offered_rates(self.requests))
+                                     base_rates=self.base_rates, prune_at=prune_at)
         finally:
             self.close()
         prompts = [r.prompt_tokens for res in self.results.values() for r in res.records if r.prompt_tokens]

@@ -58,6 +58,22 @@ def hypervolume(points: Sequence[Sequence[float]], ref: Sequence[float]) -> floa
     return volume
 
 
+def strongest_rival(values: Sequence[float], incumbents: Sequence[Candidate], directions: Sequence[str],
+                    index: int) -> Candidate | None:
+    """Of the incumbents at least as good as `values` on every objective but `index`, the one best on
+    `index` (None: no such incumbent). A new candidate worse than it on `index` is dominated by it,
+    whatever it turns out to be exactly: the bound a search may stop at (`replay.capacity`'s `prune_at`)."""
+    def others(v: Sequence[float]) -> list[float]:
+        return [x for i, x in enumerate(v) if i != index]
+
+    rest = [d for i, d in enumerate(directions) if i != index]
+    sign = 1 if directions[index] == "maximize" else -1
+    rivals = [c for c in incumbents if not math.isnan(c.values[index])
+              and (others(c.values) == others(values) or dominates(others(c.values), others(values), rest)
+                   or not rest)]
+    return max(rivals, key=lambda c: sign * c.values[index], default=None)
+
+
 def group_failures(failures: Sequence[tuple[int, str, str]]) -> list[tuple[str, str, list[int]]]:
     """(trial, status, reason) of unmeasured trials -> (status, reason, trials), one per cause, the
     most frequent first. Reasons that differ only in their numbers (the same rule broken by other

@@ -30,7 +30,10 @@ class EngineRuns:
     are the Tuner's)."""
 
     # -- one engine run: start, replay, probe, stop ------------------------------------------
-    def _measure(self, config: Any, label: str, *, with_quality: bool, start: float = 1.0) -> dict[str, Any]:
+    def _measure(self, config: Any, label: str, *, with_quality: bool, start: float = 1.0,
+                 prune: Any = None) -> dict[str, Any]:
+        """`prune(summary, quality, gpus, base_rps)`: the level at which the capacity search may stop
+        early (`replay.capacity.search_capacity`'s `prune_at`), from what the trial measured so far."""
         server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
         out: dict[str, Any] = {}
         phase = "start"
@@ -47,8 +50,13 @@ class EngineRuns:
             else:
                 runner = self._level_runner(server, label, start, self._engine_cores(config))
                 result = self._trace_rate_level(runner, server, out)
+                if with_quality:  # before the search: an early stop weighs the trial's other objectives
+                    phase = "quality probe"
+                    out["quality"] = self._quality(server, config, label)
                 phase = "capacity search"
-                capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus())
+                prune_at = prune(out["summary"], out.get("quality"), config.gpus(),
+                                 runner.base_rates[0]) if prune else None
+                capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus(), prune_at=prune_at)
                 if runner.results[1.0] is not result:  # the trace's rate was measured again (client lag)
                     result = runner.results[1.0]
                     out["summary"] = summarize(result, self.s.slos)
@@ -57,7 +65,7 @@ class EngineRuns:
                 self.report("capacity_done", label=label, capacity=capacity)
             out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
             self._require_served(server, phase, out["summary"])
-            if with_quality:
+            if with_quality and "quality" not in out:
                 phase = "quality probe"
                 out["quality"] = self._quality(server, config, label)
         except EngineError as exc:

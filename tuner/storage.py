@@ -83,12 +83,14 @@ class Status(str, enum.Enum):
     UNMEASURABLE = "unmeasurable"    # the replay client could not keep the schedule: not the engine's failure
     REJECTED = "rejected"            # the platform cannot run it: known before any engine started
     DUPLICATE = "duplicate"          # the same configuration as an earlier trial: its result is reused
+    PRUNED = "pruned"                # its capacity search stopped early: below a config at least as good otherwise
 
     def __str__(self) -> str:
         return self.value
 
 
-COUNTED = (Status.MEASURED, Status.ENGINE_FAILED, Status.FAILED, Status.UNMEASURABLE)  # count toward --trials
+COUNTED = (Status.MEASURED, Status.PRUNED, Status.ENGINE_FAILED, Status.FAILED,  # count toward --trials
+           Status.UNMEASURABLE)
 SKIPPED = (Status.REJECTED, Status.DUPLICATE)  # cost no engine time: do not count
 
 # The reference's own run (vLLM's defaults: config, summary, records, engine counters, log) is a row of

@@ -41,7 +41,7 @@ from tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counte
 from tuner.measure import EngineRuns, client_overload_reason
 from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
                               objective_value, set_constraints)
-from tuner.front import Plateau, measured_trials
+from tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
 from tuner.presets import presets
 from tuner.quality import QualityResult, Reference
 from tuner.quality_gate import QualityGate
@@ -68,6 +68,7 @@ class StudySettings:
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
     patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row
+    prune: bool = True  # stop a capacity search early where the trial cannot be on the front (`Tuner.prune_level`)
     presets: bool = True  # informed first trials (tuner.presets) before the sampler's
     warm_start: tuple[str, str] | None = None  # (storage URL, study): an earlier study's configs tried first
     enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -122,6 +123,7 @@ class Tuner(EngineRuns, Coordination):
         self.reference_capacity: float | None = None  # the reference's capacity level k
         self.worker = worker_id()
         self._quality_known: dict[str, tuple[int, dict[str, Any]]] = {}  # quality key -> (trial, quality)
+        self._rival: Candidate | None = None  # what the running trial's capacity search may stop at (prune_level)
         self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
     def ensure_reference(self) -> None:
@@ -199,9 +201,10 @@ class Tuner(EngineRuns, Coordination):
 
     def _measured(self, trial: Any, config: Any, config_json: dict, values: dict, t0: float) -> list[float]:
         self.report("trial_start", number=trial.number, values=values, config=config)
+        self._rival = None
         try:
             measured = self._measure(config, f"trial-{trial.number:04d}", with_quality=True,
-                                     start=self.capacity_start)
+                                     start=self.capacity_start, prune=lambda *args: self.prune_level(trial.study, *args))
         except EngineError as exc:
             return self._infeasible(trial, Status.ENGINE_FAILED, exc.reason, values=values, config=config_json,
                                     log_tail=exc.log_tail, t0=t0)
@@ -213,6 +216,8 @@ class Tuner(EngineRuns, Coordination):
         # A replay that measured its client is stored with everything it saw, under its own status.
         status, reason = (Status.UNMEASURABLE, client_overload_reason(summary)) if summary.client_overloaded else \
             (Status.MEASURED, None)
+        if status == Status.MEASURED and (summary.capacity or {}).get("verdict") == "pruned":
+            status, reason = Status.PRUNED, self._pruned_reason(summary.capacity)
         self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config_json,
                               summary=summary.as_dict(), quality=quality.as_dict(), engine=summary.engine,
                               requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
@@ -224,10 +229,29 @@ class Tuner(EngineRuns, Coordination):
         if status == Status.UNMEASURABLE:
             return self._infeasible(trial, status, reason, values=values, config=config_json, t0=t0, saved=True)
         self._set_measured(trial, objectives, constraints, summary.error_rate, summary.error_examples)
+        if status == Status.PRUNED:
+            # The sampler learns its values (capacity: the bracket's low end); the front never takes it.
+            trial.set_user_attr("status", Status.PRUNED.value)
+            trial.set_user_attr("feasible", False)
+            trial.set_user_attr("failure_reason", reason)
+            self.report("trial_pruned", number=trial.number, reason=reason, wall_s=wall)
+            return objectives
         self.report("trial_done", number=trial.number, objectives=dict(zip(self.s.objectives, objectives)),
                     constraints=constraints, summary=summary, quality=quality, wall_s=wall,
                     startup_s=measured["startup_s"])
         return objectives
+
+    def _pruned_reason(self, capacity: dict[str, Any]) -> str:
+        """Why a trial's capacity search stopped early, naming the configuration it cannot beat."""
+        from replay.capacity import bracket_text
+
+        rival = self._rival
+        who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
+               else f"trial {rival.label}")
+        others = [n for n in self.s.objectives if n != "capacity"]
+        return (f"pruned: fails {capacity['bracket_scale'][1]:.3g}x the trace's rate (confirmed by a repeat), where "
+                f"{who} passes and is at least as good on {', '.join(others) or 'every other objective'}: it cannot "
+                f"be on the front; capacity {bracket_text(capacity)}, not searched further")
 
     def _set_measured(self, trial: Any, objectives: list[float], constraints: list[float], error_rate: float,
                       error_examples: list[str]) -> None:
@@ -446,13 +470,37 @@ class Tuner(EngineRuns, Coordination):
 
     def front_labels(self, study: Any) -> frozenset:
         """The trials on the front now, vLLM's defaults competing ("reference" when it is on it)."""
-        from tuner.front import REFERENCE, Candidate, decide
+        from tuner.front import REFERENCE, decide
 
-        ref = None if self.reference_values is None else Candidate(REFERENCE, tuple(self.reference_values))
-        directions = [OBJECTIVES[name] for name in self.s.objectives]
-        decision = decide([Candidate(t.number, tuple(t.values)) for t in measured_trials(study)], ref,
-                          self.s.objectives, directions)
+        reference, trials = self._candidates(study)
+        decision = decide(trials, reference, self.s.objectives, self._directions)
         return frozenset(c.label for c in decision.front)
+
+    @property
+    def _directions(self) -> list[str]:
+        return [OBJECTIVES[name] for name in self.s.objectives]
+
+    def _candidates(self, study: Any) -> tuple[Candidate | None, list[Candidate]]:
+        """vLLM's defaults (None until measured) and the measured, feasible trials, as front candidates."""
+        ref = None if self.reference_values is None else Candidate(REFERENCE, tuple(self.reference_values))
+        return ref, [Candidate(t.number, tuple(t.values)) for t in measured_trials(study)]
+
+    def prune_level(self, study: Any, summary: Summary, quality: QualityResult | None, gpus: int,
+                    base_rps: float) -> float | None:
+        """The load level at which a trial's capacity search stops early (`replay.capacity`): the
+        capacity of the strongest incumbent (vLLM's defaults included) at least as good as this trial on
+        every other objective; failing it, the trial cannot be on the front. None: nothing to stop at."""
+        if not self.s.prune or self.s.capacity is None or "capacity" not in self.s.objectives or base_rps <= 0:
+            return None
+        index = self.s.objectives.index("capacity")
+        mine = [objective_value(name, summary, quality) if name != "capacity" else math.nan
+                for name in self.s.objectives]
+        reference, trials = self._candidates(study)
+        rival = strongest_rival(mine, ([reference] if reference else []) + trials, self._directions, index)
+        if rival is None or not rival.values[index] > 0:
+            return None
+        self._rival = rival
+        return min(rival.values[index] * gpus / base_rps, self.s.capacity.max_scale)
 
 
 def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def make_tuner(tmp_path: Path, script: Script, *, space_yaml: str, study: str = 
     calls = calls if calls is not None else []
     lock = threading.Lock()
 
-    def measure(config, label, *, with_quality, start=1.0):
+    def measure(config, label, *, with_quality, start=1.0, prune=None):
         with lock:
             calls.append(label)
         if delay_s:

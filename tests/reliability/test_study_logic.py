@@ -432,3 +432,81 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
     other.s.warm_start = (other.s.storage_url, "nope")
     with pytest.raises(InputError, match="--warm-start: no study 'nope'"):
         other.run()
+
+
+def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True):
+    """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
+    (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
+    early stop and everything the Tuner does with them are real."""
+    from replay.capacity import CapacityOptions, Step, search_capacity
+    from replay.metrics import parse_slos
+    from tuner.quality import ProbeItem, Reference
+
+    slos = parse_slos("ttft:p99<2s")
+    tuner = make_tuner(tmp_path, lambda c: None, space_yaml=SEQS, trials=trials, enqueue=enqueue, slos=slos)
+    tuner.s.objectives = ["ttft_p99", "capacity", "quality_loss"]
+    tuner.s.capacity = CapacityOptions(slos=tuple(slos), precision=0.1)
+    tuner.s.prune = prune
+    levels: dict[str, list[float]] = {}
+
+    def measure(config, label, *, with_quality, start=1.0, prune=None):
+        ttft, true_k = truth(None if label == "reference" else config)
+        if label == "reference":
+            tuner.reference = Reference(items=[ProbeItem(prompt_ids=[1], reference_ids=[2], reference_logprobs=[-0.5])])
+        summary, quality = fake_summary(ttft, 10.0), fake_quality(0.0)
+
+        def level(scale, repeat):
+            levels.setdefault(label, []).append(scale)
+            ok = scale <= true_k
+            return Step(scale=scale, rps=2.0 * scale, output_tps=64.0 * scale, attainment=1.0 if ok else 0.5,
+                        passed=ok, abandoned=not ok, requests=20, planned=20, good=20 if ok else 10, duration_s=1.0,
+                        repeat=repeat)
+
+        prune_at = prune(summary, quality, 1, 2.0) if prune else None
+        result = search_capacity(level, tuner.s.capacity, seed_steps=[level(1.0, False)], base_rates=(2.0, 64.0),
+                                 prune_at=prune_at)
+        summary.capacity = result.as_dict()
+        return {"summary": summary, "quality": quality, "startup_s": 1.0, "requests_jsonl": "", "log_tail": ""}
+
+    tuner._measure = measure  # type: ignore[method-assign]
+    tuner.levels = levels  # type: ignore[attr-defined]
+    return tuner
+
+
+def test_a_trial_that_cannot_reach_the_front_is_pruned_early_with_its_steps_kept(tmp_path):
+    """vLLM's defaults: TTFT 0.5 s, capacity 2x. max_num_seqs 1 is slower (0.6 s) and carries 1.2x: it
+    fails 2x (where the defaults pass) twice and is pruned. 4 is faster (0.4 s) and carries 3x: searched to
+    the end. 8 is slower than 4 (0.45 s) and carries 2.5x: it fails trial 1's capacity (where trial 1 passes),
+    pruned."""
+    truth = {None: (0.5, 2.0), 1: (0.6, 1.2), 4: (0.4, 3.0), 8: (0.45, 2.5)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=3,
+                           enqueue=[{"max_num_seqs": 1}, {"max_num_seqs": 4}, {"max_num_seqs": 8}])
+    events = []
+    tuner.report = lambda event, **fields: events.append((event, fields))
+    study = tuner.run()
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert [t.user_attrs["status"] for t in trials] == ["pruned", "measured", "pruned"]
+    assert counted(study) == 3  # a pruned trial used the engine: it counts toward --trials
+    assert tuner.levels["trial-0000"] == [1.0, 2.0, 2.0]  # the trace's rate, the prune level and its repeat
+    assert len(tuner.levels["trial-0001"]) > 3  # searched to the end: capacity 2.83x (precision 10%)
+    rival = trials[1].values[1] / 2.0
+    assert 2.5 < rival <= 3.0 and tuner.levels["trial-0002"][1:] == [rival, rival]
+    assert "where vLLM's defaults passes" in trials[0].user_attrs["failure_reason"]
+    assert "where trial 1 passes" in trials[2].user_attrs["failure_reason"]
+    assert [f["number"] for e, f in events if e == "trial_pruned"] == [0, 2]
+    # The sampler sees its values (capacity: what it is known to carry, the trace's rate of 2 req/s);
+    # the front never takes it.
+    assert trials[0].values[1] == trials[2].values[1] == pytest.approx(2.0)
+    assert tuner.front_labels(study) == {1}
+    stored = {r["trial_number"]: r for r in ResultStore(tuner.s.storage_url).trials("s")}
+    assert stored[0]["status"] == "pruned" and stored[0]["summary"]["capacity"]["verdict"] == "pruned"
+    assert [s["scale"] for s in stored[2]["summary"]["capacity"]["steps"]] == [1.0, rival, rival]
+
+
+def test_no_prune_searches_every_trial_to_the_end(tmp_path):
+    truth = {None: (0.5, 2.0), 1: (0.6, 1.2)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=1,
+                           enqueue=[{"max_num_seqs": 1}], prune=False)
+    study = tuner.run()
+    assert study.trials[0].user_attrs["status"] == "measured"
+    assert len(tuner.levels["trial-0000"]) > 3

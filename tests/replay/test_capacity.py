@@ -348,3 +348,45 @@ def test_misses_that_do_not_depend_on_the_load_stop_the_descent():
     result = search_capacity(bursty, options())
     assert calls == [1.0, 0.5, 0.25] and result.verdict == "load_independent" and result.capacity_scale is None
     assert "lowering the load did not help" in result.headline()
+
+
+# -- early stop: a level an incumbent passes ---------------------------------------------------------
+def test_a_config_below_the_prune_level_stops_after_it_fails_twice():
+    measure, calls = scripted(2.0)
+    result = search_capacity(measure, options(), base_rates=(2.0, 64.0), prune_at=4.0)
+    assert result.verdict == "pruned"
+    assert calls == [(4.0, False), (4.0, True)]  # the prune level, then its repeat: nothing else
+    assert result.capacity_scale is None and result.bracket_high == 4.0
+    assert result.headline().startswith("pruned: fails 4x the trace's rate (8 req/s")
+    assert result.as_dict()["verdict"] == "pruned"
+
+
+def test_a_config_above_the_prune_level_is_searched_as_usual():
+    measure, calls = scripted(6.0)
+    pruned = search_capacity(measure, options(precision=0.05), prune_at=4.0)
+    assert pruned.verdict == "ok" and calls[0] == (4.0, False)
+    assert 6.0 / 1.05 <= pruned.capacity_scale <= 6.0 * 1.05 < pruned.bracket_high * 1.05
+
+
+def test_a_seed_level_that_already_failed_below_the_prune_level_is_only_confirmed():
+    measure, calls = scripted(0.5)
+    seed = measure(1.0, False)
+    calls.clear()
+    result = search_capacity(measure, options(), seed_steps=[seed], prune_at=3.0)
+    assert result.verdict == "pruned" and result.bracket_high == 1.0
+    assert calls == [(1.0, True)]
+
+
+def test_a_prune_failure_the_repeat_overturns_does_not_prune():
+    outcomes = iter([False, True, True])  # fails once at the prune level, then passes twice
+
+    def measure(scale, repeat):
+        passed = next(outcomes) if scale == 4.0 and len(seen) < 3 else scale <= 5.0
+        seen.append((scale, repeat))
+        return Step(scale=scale, rps=scale, output_tps=scale, attainment=1.0 if passed else 0.5, passed=passed,
+                    abandoned=False, requests=20, planned=20, good=20 if passed else 10, duration_s=1.0, repeat=repeat)
+
+    seen: list = []
+    result = search_capacity(measure, options(precision=0.1), prune_at=4.0)
+    assert result.verdict == "ok" and result.unstable
+    assert 4.0 <= result.capacity_scale <= 5.0 < result.bracket_high
