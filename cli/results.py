@@ -150,7 +150,7 @@ def _bracket(capacity: dict | None) -> str:
 def _print_failures(study, console) -> None:
     from tuner.front import group_failures
 
-    failed = [t for t in study.trials if t.user_attrs.get("status") in ("rejected", "engine_failed", "failed",
+    failed = [t for t in study.trials if t.user_attrs.get("status") in ("pruned", "rejected", "engine_failed", "failed",
                                                                          "unmeasurable")
               or (t.user_attrs.get("status") == "measured" and t.user_attrs.get("failure_reason"))]
     causes = group_failures([(t.number, t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:300])

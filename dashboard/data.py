@@ -24,7 +24,7 @@ from tuner.quality_gate import floor_estimates, floor_text
 from tuner.storage import REFERENCE_RUN
 
 # Categories of a trial in the Pareto view, in drawing order.
-CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "failed", "running", "duplicate")
+CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "pruned", "failed", "running", "duplicate")
 
 
 # How an engine log shows its platform, for studies made before the study kept it: vLLM's KV-cache lines
@@ -53,7 +53,7 @@ class TrialView:
 
     number: int
     state: str                      # optuna state: COMPLETE, FAIL, RUNNING, ...
-    status: str                     # measured | rejected | engine_failed | failed | unmeasurable | interrupted | running
+    status: str                     # measured | pruned | rejected | engine_failed | failed | unmeasurable | interrupted | running
     objective_values: dict[str, float]
     constraints: list[float]
     feasible: bool
@@ -90,7 +90,8 @@ class TrialView:
 
     @property
     def category(self) -> str:
-        if self.status in ("running", "duplicate"):  # a duplicate reuses an earlier trial's result: not a failure
+        # A duplicate reuses an earlier trial's result; a pruned trial stopped early, below an incumbent: not failures.
+        if self.status in ("running", "duplicate", "pruned"):
             return self.status
         if not self.measured or self.state != "COMPLETE":
             return "failed"

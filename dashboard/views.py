@@ -110,19 +110,22 @@ def page_pareto(study: data.StudyView) -> None:
             st.info(f"Selected trial {chosen.number} ({chosen.category}): {data.diff_text(chosen.diff)}. "
                     f"Trial detail and Export now open on it.")
     counts = {c: sum(1 for t in study.trials if t.category == c) for c in data.CATEGORIES}
-    failed = [t for t in study.trials if t.category in ("failed", "running")]
+    failed = [t for t in study.trials if t.category in ("failed", "pruned", "running")]
     line = " (the dotted line is the front on the two axes shown)" if len(data.front_on(study.trials, [x, y])) > 1 \
         else ""
     st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by another trial "
                f"or by vLLM's defaults; bars: 95% intervals) · {counts['tie']} tied with it inside the intervals · "
                f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
                f"{counts['failed']} failed or rejected (no measurements, listed below) · {counts['running']} running"
+               + (f" · {counts['pruned']} pruned (capacity search stopped early: below a configuration at least as "
+                  f"good on the other objectives; listed below)" if counts["pruned"] else "")
                + (f" · {counts['duplicate']} duplicates of earlier trials (not run again)" if counts["duplicate"] else "")
                + ". "
                "Hover a point for its config" + ("." if three_d else f"; click it to open it in Trial detail and Export{line}."))
     if failed:
         causes = tables.failure_causes(failed)
-        with st.expander(f"Failed, rejected and running trials ({len(failed)}, {len(causes)} causes) — not on the chart"):
+        with st.expander(f"Failed, rejected, pruned and running trials ({len(failed)}, {len(causes)} causes) — not on "
+                         f"the chart"):
             st.dataframe(causes, hide_index=True, key="failed_table")
     _search_progress(study)
 

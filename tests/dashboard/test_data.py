@@ -313,3 +313,30 @@ def test_a_running_trial_whose_worker_went_silent_is_shown_interrupted(tmp_path)
     assert ago and 595 <= int(ago.group(1)) <= 605  # the database's clock has whole seconds
     fresh = beat(5)
     assert fresh.trial(6).status == "running" and fresh.running
+
+
+def test_a_pruned_trial_is_its_own_category_listed_with_why_never_plotted(tmp_path):
+    """A trial whose capacity search stopped early (`tune`'s early stop) is neither failed nor on the chart."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tests.dashboard.synthetic import config, make_study, quality, summary
+    from tuner.storage import ResultStore
+
+    url = make_study(tmp_path / "s.db")
+    study = optuna.load_study(study_name="synth", storage=url)
+    reason = "pruned: fails 2x the trace's rate (confirmed by a repeat), where trial 0 passes"
+    params = {"max_num_seqs": 3}
+    number = len(study.trials)
+    ResultStore(url).save_trial("synth", number, "pruned", values=params, config=config(max_num_seqs=3),
+                                summary=summary(0.5, 10.0), quality=quality(0.0), failure_reason=reason)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[0.5, 10.0, 0.0], params=params,
+                                 distributions={"max_num_seqs": IntDistribution(1, 128)},
+                                 user_attrs={"values": params, "status": "pruned", "feasible": False,
+                                             "failure_reason": reason, "constraints": [0.0, 0.0]}))
+    view = data.load_study(url, "synth")
+    pruned = view.trial(number)
+    assert pruned.category == "pruned" and pruned.objective_values == {}
+    assert [c["status"] for c in tables.failure_causes([pruned])] == ["pruned"]
+    assert number not in {t.number for t in view.front}
