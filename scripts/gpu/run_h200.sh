@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine (after device_setup.sh). One step per call, each inside the 10-minute
 # limit; studies resume across calls (same --study and storage). Results go to $OUT.
-#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a [seconds]
+#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity [seconds]
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 # TRACETUNE_SRC: a frozen copy of the source to run (default: this checkout).
@@ -38,5 +38,15 @@ case $step in
       --try '{"weight_bits": 8, "kv_cache_dtype": "fp8", "max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_prefix_caching": true, "enable_chunked_prefill": true}' \
       2>&1 | tee -a "$OUT/study_a.txt"
     cp /root/runs/a/study.db "$OUT/study_a.db"; cp /root/runs/a/pareto.json "$OUT/pareto_a.json" 2>/dev/null ;;
+  capacity)
+    # Capacity per GPU at a chat SLO stated before the run (docs/results/h200.md): the Azure conversation
+    # trace (first 300 measured requests after 8 warm-up, x4 its recorded rate = ~16 req/s at level 1x),
+    # 8B-shaped model with random weights (quality not measurable: study B measures it on real weights).
+    timeout "$budget" $TUNE --trace scripts/gpu/data/azure_conv_600.jsonl --space scripts/gpu/space_a.yaml \
+      --study h200-cap --run-dir /root/runs/cap --trials 12 --model /root/models/llama3-8b-shape --load-format dummy \
+      --time-scale 0.25 --max-requests 300 --warmup 8 --slo "ttft:p95<1s,tpot:p95<50ms" --attainment 0.95 \
+      --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2 --probe-tokens 8 \
+      --gpu-hour-cost 3.5 --timeout $((budget - 270)) 2>&1 | tee -a "$OUT/capacity.txt"
+    cp /root/runs/cap/study.db "$OUT/study_cap.db"; cp /root/runs/cap/pareto.json "$OUT/pareto_cap.json" 2>/dev/null ;;
 esac
 tail -n 40 /root/runs/*/*/engine-*.log 2>/dev/null | grep -iE "error|Traceback|backend|KV cache|startup|Quantiz" | tail -20
