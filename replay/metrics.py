@@ -233,12 +233,19 @@ def _rate_ci(per_request: np.ndarray, duration_s: float, seed: int) -> Estimate:
     return Estimate(est.value * n, est.low * n, est.high * n)
 
 
+def stats_of(metric: str, slos: Sequence[SLO] = ()) -> tuple[str, ...]:
+    """The statistics a summary holds for `metric`: STATS, and any other one an SLO names (e.g. p95),
+    so every SLO can be read back as a constraint."""
+    return tuple(dict.fromkeys([*STATS, *(s.stat for s in slos if s.metric == metric)]))
+
+
 def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) -> Summary:
     records = result.records
     n = len(records)
     ok = [r for r in records if r.success]
     duration = result.duration_s
-    latency = {m: {s: bootstrap_ci(per_request_values(records, m), s, seed=seed) for s in STATS} for m in METRICS}
+    latency = {m: {s: bootstrap_ci(per_request_values(records, m), s, seed=seed) for s in stats_of(m, slos)}
+               for m in METRICS}
     lags = np.asarray([r.lag_s for r in records], dtype=float)
     lag = {"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99)), "max": float(lags.max())} \
         if lags.size else {}

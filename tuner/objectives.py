@@ -83,7 +83,8 @@ def constraint_values(summary: Summary | dict, quality: QualityResult | dict | N
     q = quality.as_dict() if isinstance(quality, QualityResult) else quality
     out = []
     for slo in slos:
-        value = s["latency_s"][slo.metric][slo.stat]["value"] if slo.stat in STATS else math.nan
+        # A summary holds every statistic its SLOs name (replay.metrics.stats_of); NaN: an older one did not.
+        value = (s["latency_s"][slo.metric].get(slo.stat) or {}).get("value", math.nan)
         out.append(value - slo.threshold_s if not math.isnan(value) else math.inf)
     if max_quality_loss is not None:
         gate = max_quality_loss if isinstance(max_quality_loss, QualityGate) else QualityGate("nats", max_quality_loss)

@@ -93,3 +93,14 @@ def test_large_samples_get_the_large_sample_interval_close_to_the_bootstrap():
                                if stat != "mean" else x.mean(axis=axis), n_resamples=300, method="percentile",
                                vectorized=True, random_state=np.random.default_rng(0)).confidence_interval
         assert (high - low) == pytest.approx(boot.high - boot.low, rel=0.35)
+
+
+def test_an_slo_on_a_percentile_outside_the_usual_ones_is_summarized_and_read_as_a_constraint():
+    """p95 is not one of STATS: the summary holds it anyway, so the constraint is its value, not a violation."""
+    from tuner.objectives import constraint_values
+
+    records = [rec(i, 0.01 * (i + 1), 1.5, 10) for i in range(100)]
+    slos = parse_slos("ttft:p95<500ms")
+    s = summarize(ReplayResult(records=records, duration_s=2.0, options=ReplayOptions()), slos)
+    assert s.latency["ttft"]["p95"].value == pytest.approx(0.9505, abs=0.01)
+    assert constraint_values(s, None, slos, None) == [pytest.approx(s.latency["ttft"]["p95"].value - 0.5)]
