@@ -210,6 +210,33 @@ class SearchSpace(BaseModel):
                                                  step=int(p.step) if p.step else 1)
         return values
 
+    def size(self) -> float:
+        """How many distinct configurations the space holds (conditions respected; inf with a real-valued
+        parameter)."""
+        def options(p: Param) -> float:
+            if p.choices is not None:
+                return len(p.choices)
+            if p.float_:
+                return math.inf
+            return (int(p.high) - int(p.low)) // int(p.step or 1) + 1 if not p.log else int(p.high) - int(p.low) + 1
+
+        counts: dict[tuple, float] = {(): 1.0}  # the values conditions look at so far -> configurations
+        watched = {other for p in self.parameters.values() for other in (p.when or {})}
+        for name, p in self.parameters.items():
+            grown: dict[tuple, float] = {}
+            for key, n in counts.items():
+                values = dict(key)
+                if not self.active(name, values):
+                    grown[key] = grown.get(key, 0.0) + n
+                elif name in watched and p.choices is not None:
+                    for choice in p.choices:
+                        k = tuple(sorted({**values, name: choice}.items(), key=lambda kv: kv[0]))
+                        grown[k] = grown.get(k, 0.0) + n
+                else:
+                    grown[key] = grown.get(key, 0.0) + n * options(p)
+            counts = grown
+        return sum(counts.values())
+
     def grid(self) -> list[dict[str, Any]]:
         """Every combination (numeric parameters need a step; log ones are refused)."""
         points: list[dict[str, Any]] = [{}]

@@ -40,7 +40,7 @@ from tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counte
                                 stored_choices)
 from tuner.measure import EngineRuns, client_overload_reason
 from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
-                              objective_value, set_constraints)
+                              objective_value, set_constraints, startup_trials)
 from tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
 from tuner.presets import presets
 from tuner.quality import QualityResult, Reference
@@ -413,7 +413,8 @@ class Tuner(EngineRuns, Coordination):
         storage = make_storage(self.s.storage_url, self.s.heartbeat_s)
         study = optuna.create_study(
             study_name=self.s.study_name, storage=storage, directions=directions,
-            sampler=make_sampler(self.s.sampler, self.s.seed, 1 + self.s.n_user_constraints), load_if_exists=True)
+            sampler=make_sampler(self.s.sampler, self.s.seed, 1 + self.s.n_user_constraints,
+                                 n_startup=startup_trials(self.space.size())), load_if_exists=True)
         if [d.name.lower() for d in study.directions] != directions:
             raise InputError(f"study {self.s.study_name!r} exists with objectives in other directions; "
                              f"use another --study name or the same --objectives")

@@ -45,7 +45,7 @@ def test_capacity_study_ranks_against_the_reference(tmp_path):
     res = run_tune("--trace", str(TRACE), "--space", str(space), "--trials", "2", "--study", "cap",
                    "--run-dir", str(tmp_path), "--slo", SLO, "--precision", "0.2", "--probe-prompts", "2",
                    "--probe-tokens", "8", "--sampler", "random", "--gpu-hour-cost", "2", "--target-rate", "50",
-                   timeout=1500)
+                   "--no-prune", timeout=1500)  # both searched to the end: this test is about the ranking
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
     rows = ResultStore(f"sqlite:///{tmp_path / 'study.db'}").trials("cap")
     assert len(rows) == 2 and all(r["status"] == "measured" for r in rows)

@@ -234,3 +234,26 @@ def test_the_default_space_proposes_nothing_its_platform_rejects(platform, flags
         study.tell(trial, 0.0)
         to_engine_config(values, fixed=space.fixed, platform=plat, model_dir=Path("m"), flags=flags,
                          make_checkpoint=lambda scheme: Path(f"checkpoint-{scheme}"))  # raises Rejected if not
+
+
+def test_size_counts_configurations_with_their_conditions():
+    """The default space: 3 weight bits x 5 batch limits x (chunked: 4 step sizes, or none) x 2 KV dtypes x
+    (no speculation, or ngram with 8 draft lengths) x prefix caching x eager = 5400; a grid's size is its length."""
+    assert load_space(DEFAULT_SPACE).size() == 3 * 5 * (4 + 1) * 2 * (1 + 8) * 2 * 2
+    grid = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "grid_space.yaml"
+    assert load_space(grid).size() == len(load_space(grid).grid()) == 48
+    real = SearchSpace.model_validate({"parameters": {"gpu_memory_utilization": {"low": 0.5, "high": 0.9,
+                                                                                  "float": True}}})
+    assert real.size() == float("inf")
+
+
+def test_fewer_random_start_up_trials_on_a_small_space():
+    import optuna
+
+    from tuner.objectives import make_sampler, startup_trials
+
+    assert startup_trials(48) == 3 and startup_trials(5400) == 10 and startup_trials(4) == 2
+    assert startup_trials(float("inf")) == 10
+    assert make_sampler("tpe", 0, n_startup=3)._n_startup_trials == 3
+    assert make_sampler("nsga2", 0, n_startup=3)._population_size == 4
+    assert isinstance(make_sampler("gp", 0, n_startup=3), optuna.samplers.GPSampler)
