@@ -471,7 +471,7 @@ class Tuner(EngineRuns, Coordination):
 
     def front_labels(self, study: Any) -> frozenset:
         """The trials on the front now, vLLM's defaults competing ("reference" when it is on it)."""
-        from tuner.front import REFERENCE, decide
+        from tuner.front import decide
 
         reference, trials = self._candidates(study)
         decision = decide(trials, reference, self.s.objectives, self._directions)

@@ -11,34 +11,20 @@ configuration uses comes from study B (real SmolLM2 weights on the same H200, `s
 from __future__ import annotations
 
 import json
-import lzma
 import math
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from replay.capacity import bracket_rps  # noqa: E402
-from tuner.storage import REFERENCE_RUN, ResultStore  # noqa: E402
+from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
+from tuner.storage import REFERENCE_RUN  # noqa: E402
 from tuner.study import config_diff  # noqa: E402
 
-RESULTS = ROOT / "docs" / "results" / "h200"
 STUDY = "h200-cap"
 GPU_HOUR_USD = 3.5  # the hourly price of one H200 assumed for $ per 1M output tokens
-
-
-def open_store(name: str) -> ResultStore:
-    tmp = Path(tempfile.mkdtemp()) / f"{name}.db"
-    with lzma.open(RESULTS / f"{name}.db.xz") as src, open(tmp, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return ResultStore(f"sqlite:///{tmp}")
-
-
-def ms(e: dict) -> str:
-    return f"{e['value'] * 1000:.0f} [{e['ci_low'] * 1000:.0f}, {e['ci_high'] * 1000:.0f}]"
 
 
 def fp8_weight_quality() -> dict:
