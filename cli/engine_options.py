@@ -35,6 +35,8 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("max_model_len", "--max-model-len", dict(type=int, metavar="N")),
     ("gpu_memory_utilization", "--gpu-memory-utilization", dict(type=float, metavar="F")),
     ("kv_cache_space_gib", "--kv-cache-gib", dict(type=float, metavar="GIB", help="explicit KV-cache size")),
+    ("tensor_parallel_size", "--tensor-parallel-size", dict(type=int, metavar="N",
+                                                            help="GPUs one replica spans (GPU)")),
     ("attention_backend", "--attention-backend", dict(metavar="NAME", help="GPU attention backend, e.g. FLASH_ATTN")),
     ("load_format", "--load-format", dict(metavar="FMT", help="e.g. dummy (random weights of the model's shape)")),
     ("extra_args", "--engine-arg", dict(action="append", default=[], metavar="ARG",

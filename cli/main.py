@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # as given: `--gpus` starts workers with the same command line
     from cli.engine import console
 
     try:

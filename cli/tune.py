@@ -17,6 +17,8 @@ the main job:
   tune --trace traffic.jsonl --space my_space.yaml --slo "ttft:p99<500ms,tpot:p50<50ms" --max-quality-loss 0.05
   tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40
   tune --trace traffic.jsonl --study nightly          # run again: resumes the study, does not start over
+  # one worker per GPU of this host, one study (0+1: a worker on two GPUs, for --tensor-parallel-size 2)
+  tune --trace traffic.jsonl --gpus 0,1 --slo "ttft:p99<1s,tpot:p99<50ms" --trials 24
   # several workers (any hosts) on one study: same --study and --storage, one engine each
   tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40 --engine-port 8100
 """
@@ -46,6 +48,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prune", dest="prune", action="store_false",
                    help="search every trial's capacity to the end (default: stop a trial's search once it fails a "
                         "load that a configuration at least as good on the other objectives passes; stored as pruned)")
+    p.add_argument("--gpus", metavar="LIST",
+                   help="run the study with one worker per GPU of this host, e.g. 0,1 (0+1: one worker on two GPUs, "
+                        "for tensor parallel); each pinned with CUDA_VISIBLE_DEVICES, logs in RUN_DIR/worker-N.log")
     p.add_argument("--study", metavar="NAME", help="study name (default: derived from the trace file name)")
     p.add_argument("--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite in the run directory)")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
@@ -103,6 +108,10 @@ def run(args: argparse.Namespace, console) -> int:
     progress on the console, print and write the results."""
     _check_flags(args)
     request = build_request(args, console)
+    if args.gpus:
+        from cli.workers import run_study_on_gpus
+
+        return run_study_on_gpus(args, request, console)
     tuner, progress = _tuner(request, console)
     study = _run_study(tuner, progress, request, console)
     if study is None:

@@ -46,6 +46,22 @@ def _installed(distribution: str) -> bool:
     return True
 
 
+def visible_gpus() -> int:
+    """GPUs this process may use: the entries of CUDA_VISIBLE_DEVICES when it is set, else the GPUs
+    `nvidia-smi -L` lists (0 where there is none)."""
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if pinned is not None:
+        return len([d for d in pinned.split(",") if d.strip() and d.strip() != "-1"])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+
+
 def _nvidia_gpu_visible() -> bool:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False

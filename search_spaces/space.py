@@ -63,6 +63,7 @@ KNOBS = {
     "kv_cache_space_gib": "explicit KV-cache size",
     "max_model_len": "context length",
     "attention_backend": "GPU attention backend",
+    "tensor_parallel_size": "GPUs one replica spans (capacity is compared per GPU)",
 }
 
 

