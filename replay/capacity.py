@@ -170,7 +170,7 @@ class CapacityResult:
             low = f"{self.capacity_rps:.3g}" if self.capacity_scale else "0"
             return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({self.bracket_high * self.base_rps:.3g} "
                     f"req/s, confirmed by a repeat), where a configuration at least as good on every other objective "
-                    f"passes: capacity in [{low}, {self.bracket_high * self.base_rps:.3g}) req/s, not searched further")
+                    f"passes: capacity [{low}, {self.bracket_high * self.base_rps:.3g}] req/s, not searched further")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
                     f"({self.attainment_target:.0%} attainment; the search goes no lower)") if self.steps \

@@ -249,8 +249,9 @@ class Tuner(EngineRuns, Coordination):
         who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
                else f"trial {rival.label}")
         others = [n for n in self.s.objectives if n != "capacity"]
+        verb = "pass and are" if who == "vLLM's defaults" else "passes and is"
         return (f"pruned: fails {capacity['bracket_scale'][1]:.3g}x the trace's rate (confirmed by a repeat), where "
-                f"{who} passes and is at least as good on {', '.join(others) or 'every other objective'}: it cannot "
+                f"{who} {verb} at least as good on {', '.join(others) or 'every other objective'}: it cannot "
                 f"be on the front; capacity {bracket_text(capacity)}, not searched further")
 
     def _set_measured(self, trial: Any, objectives: list[float], constraints: list[float], error_rate: float,

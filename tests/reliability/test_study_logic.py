@@ -491,7 +491,7 @@ def test_a_trial_that_cannot_reach_the_front_is_pruned_early_with_its_steps_kept
     assert len(tuner.levels["trial-0001"]) > 3  # searched to the end: capacity 2.83x (precision 10%)
     rival = trials[1].values[1] / 2.0
     assert 2.5 < rival <= 3.0 and tuner.levels["trial-0002"][1:] == [rival, rival]
-    assert "where vLLM's defaults passes" in trials[0].user_attrs["failure_reason"]
+    assert "where vLLM's defaults pass and are at least as good on ttft_p99" in trials[0].user_attrs["failure_reason"]
     assert "where trial 1 passes" in trials[2].user_attrs["failure_reason"]
     assert [f["number"] for e, f in events if e == "trial_pruned"] == [0, 2]
     # The sampler sees its values (capacity: what it is known to carry, the trace's rate of 2 req/s);
