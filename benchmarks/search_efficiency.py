@@ -90,8 +90,7 @@ def load_table(path: Path, objectives_out: list) -> tuple[dict[str, Point], Poin
         measured = row["status"] == "measured"
         cap = row.get("capacity") or {}
         steps = row.get("steps") or []
-        first_search = next((i for i, s in enumerate(steps) if i > 0), len(steps))
-        search_s = sum(s["duration_s"] or 0.0 for s in steps[first_search:])
+        search_s = sum(s["duration_s"] or 0.0 for s in steps[1:])  # the first level is the trace's own rate
         return Point(params=row["params"], measured=measured,
                      values=np.array([row["values"][o] for o in table["objectives"]]) if measured else None,
                      wall_s=float(row.get("wall_s") or 0.0), capacity_scale=float(cap.get("capacity_scale") or 0.0),

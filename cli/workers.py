@@ -113,17 +113,14 @@ def run_workers(commands: Sequence[list[str]], envs: Sequence[dict[str, str]], l
 
 def run_study_on_gpus(args, request, console) -> int:
     """The main job on several GPUs of this host: the workers, then the study's results."""
-    from engine_adapter.platform import Platform, visible_gpus
+    from engine_adapter.platform import Platform, host_gpus
 
     groups = parse_gpus(args.gpus)
     if request.platform is not Platform.CUDA:
         raise InputError(f"--gpus starts one worker per NVIDIA GPU, and this machine runs vLLM on "
                          f"{request.platform.value}; several workers on CPU hosts share a study through --storage "
                          f"(README, \"Several workers\")")
-    pinned = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    available = visible_gpus()
-    if pinned is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = pinned
+    available = host_gpus()  # --gpus names the host's GPUs: each worker's CUDA_VISIBLE_DEVICES replaces the user's
     wanted = max(int(i) for g in groups for i in g.split(","))
     if wanted >= available:
         raise InputError(f"--gpus {args.gpus}: this machine has {available} GPU(s) (0..{available - 1})")

@@ -47,11 +47,15 @@ def _installed(distribution: str) -> bool:
 
 
 def visible_gpus() -> int:
-    """GPUs this process may use: the entries of CUDA_VISIBLE_DEVICES when it is set, else the GPUs
-    `nvidia-smi -L` lists (0 where there is none)."""
+    """GPUs this process may use: the entries of CUDA_VISIBLE_DEVICES when it is set, else the host's."""
     pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
     if pinned is not None:
         return len([d for d in pinned.split(",") if d.strip() and d.strip() != "-1"])
+    return host_gpus()
+
+
+def host_gpus() -> int:
+    """The GPUs `nvidia-smi -L` lists on this host, whatever CUDA_VISIBLE_DEVICES says (0 where there is none)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return 0

@@ -69,8 +69,7 @@ def strongest_rival(values: Sequence[float], incumbents: Sequence[Candidate], di
     rest = [d for i, d in enumerate(directions) if i != index]
     sign = 1 if directions[index] == "maximize" else -1
     rivals = [c for c in incumbents if not math.isnan(c.values[index])
-              and (others(c.values) == others(values) or dominates(others(c.values), others(values), rest)
-                   or not rest)]
+              and (others(c.values) == others(values) or dominates(others(c.values), others(values), rest))]
     return max(rivals, key=lambda c: sign * c.values[index], default=None)
 
 
