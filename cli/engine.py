@@ -107,6 +107,7 @@ def engine_check(args: argparse.Namespace) -> int:
 
         asyncio.run(run_all())
         delta = server.metrics().delta(before)
+        phases = server.start_phases()
     finally:
         server.stop()
 
@@ -126,12 +127,17 @@ def engine_check(args: argparse.Namespace) -> int:
         f"{counters['spec_decode_accepted_tokens']:.0f}/{counters['spec_decode_draft_tokens']:.0f} · "
         f"preemptions {counters['preemptions']:.0f}"
     )
+    if any(v is not None for v in phases.values()):
+        console.print("start: " + " · ".join(
+            f"{name.removesuffix('_s').replace('_', ' ')} {value:.1f}s" if isinstance(value, float)
+            else f"{name.replace('_', ' ')} {value}" for name, value in phases.items() if value is not None))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "config": json.loads(config.model_dump_json()),
             "platform": server.platform.value,
             "startup_s": startup_s,
+            "start_phases": phases,
             "requests": [{
                 "ttft_s": r.ttft_s, "e2e_s": r.e2e_s, "itl_s": r.itl_s, "text": r.text,
                 "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,

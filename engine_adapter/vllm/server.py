@@ -253,6 +253,32 @@ _NO_OP_SIGNS = [
 _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache size")
 
 
+# What a compiled engine's start spent its time on, from vLLM's own log lines (vLLM 0.24 wording).
+_START_PHASES = {
+    "weights_s": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
+    "compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "cuda_graphs_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+}
+_COMPILE_CACHE_HIT = re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache")
+_COMPILE_CACHE_MISS = re.compile(r"Compiling a graph for compile range")
+
+
+def start_phases(log_text: str) -> dict[str, Any]:
+    """Seconds an engine start spent loading weights, compiling, capturing CUDA graphs and in engine
+    init (which holds the compile and capture), and whether torch.compile's cache served the graphs
+    ("hit"), had to compile ("miss") or was not used (None: eager, or a log without those lines).
+    The first value of each phase is taken (one engine per log)."""
+    phases: dict[str, Any] = {}
+    for name, pattern in _START_PHASES.items():
+        m = pattern.search(log_text)
+        if m:
+            phases[name] = float(m.group(1))
+    hit, miss = _COMPILE_CACHE_HIT.search(log_text), _COMPILE_CACHE_MISS.search(log_text)
+    phases["compile_cache"] = "miss" if miss else "hit" if hit else None
+    return phases
+
+
 _QUANT_KERNEL = re.compile(r"(?:Selected|Using) \w+ for (CompressedTensors\w+)")
 
 
@@ -309,6 +335,12 @@ class VLLMServer(HTTPEngine):
 
     def log_tail(self) -> str:
         return self.process.log_tail() if self.process else ""
+
+    def start_phases(self) -> dict[str, Any]:
+        """`start_phases` of the current engine's log ({} before a start)."""
+        if self.process is None or not self.process.log_path.exists():
+            return {}
+        return start_phases(self.process.log_path.read_text(errors="replace"))
 
     def exit_code(self) -> int | None:
         return self.process.exit_code() if self.process else None

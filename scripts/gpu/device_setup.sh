@@ -6,6 +6,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd /root/stage
 if [ ! -f /root/.payload-ok ]; then
+  shopt -s nullglob
   got=$(cat s[0-9][0-9] t[0-9][0-9] | sha256sum | cut -d' ' -f1)
   [ "$got" = "$(cat payload.sha256)" ] || { echo "payload sha256 mismatch: a staging call is missing"; ls -la; exit 1; }
   cat s[0-9][0-9] t[0-9][0-9] | tar -x -C /root

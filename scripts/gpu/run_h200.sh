@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the device machine (after device_setup.sh). One step per call, each inside the 10-minute
 # limit; studies resume across calls (same --study and storage). Results go to $OUT.
-#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity [seconds]
+#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity|mooncake|start-cost [seconds] [tune options...]
+# STOP_SIGNAL=INT|TERM|KILL (default TERM): how the time limit stops the tuner; after every step the
+# GPU's processes and memory are printed (the kill tests read them).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 # TRACETUNE_SRC: a frozen copy of the source to run (default: this checkout).
@@ -11,7 +13,11 @@ source "$REPO/scripts/gpu/env.sh"
 OUT=${OUT:-/root/out}; mkdir -p "$OUT" /root/runs
 cd "$SRC"
 TUNE="python3 -m cli"
-step=$1; budget=${2:-540}
+step=$1; budget=${2:-540}; shift $(( $# < 2 ? $# : 2 )); extra=("$@")
+stop=(timeout -s "${STOP_SIGNAL:-TERM}" -k 60 "$budget")
+# The users' SLOs, stated before the runs (docs/results/h200.md): a chat SLO for the capacity studies.
+CHAT_SLO="ttft:p95<1s,tpot:p95<50ms"
+MODEL8B=(--model /root/models/llama3-8b-shape --load-format dummy)
 case $step in
   ceiling)
     timeout "$budget" python3 benchmarks/harness_ceiling.py --rates 100,200,400,800,1600 --seconds 3 --tokens 64 \
@@ -39,14 +45,41 @@ case $step in
       2>&1 | tee -a "$OUT/study_a.txt"
     cp /root/runs/a/study.db "$OUT/study_a.db"; cp /root/runs/a/pareto.json "$OUT/pareto_a.json" 2>/dev/null ;;
   capacity)
-    # Capacity per GPU at a chat SLO stated before the run (docs/results/h200.md): the Azure conversation
-    # trace (first 300 measured requests after 8 warm-up, x4 its recorded rate = ~16 req/s at level 1x),
-    # 8B-shaped model with random weights (quality not measurable: study B measures it on real weights).
-    timeout "$budget" $TUNE --trace scripts/gpu/data/azure_conv_600.jsonl --space scripts/gpu/space_a.yaml \
-      --study h200-cap --run-dir /root/runs/cap --trials 12 --model /root/models/llama3-8b-shape --load-format dummy \
-      --time-scale 0.25 --max-requests 300 --warmup 8 --slo "ttft:p95<1s,tpot:p95<50ms" --attainment 0.95 \
+    # Capacity per GPU at the chat SLO: the Azure conversation trace (first 300 measured requests after
+    # 8 warm-up, x4 its recorded rate = ~16 req/s at level 1x), 8B-shaped model with random weights
+    # (quality not measurable: study B measures it on real weights).
+    "${stop[@]}" $TUNE --trace scripts/gpu/data/azure_conv_600.jsonl --space scripts/gpu/space_a.yaml \
+      --study h200-cap --run-dir /root/runs/cap --trials 12 "${MODEL8B[@]}" \
+      --time-scale 0.25 --max-requests 300 --warmup 8 --slo "$CHAT_SLO" --attainment 0.95 \
       --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2 --probe-tokens 8 \
-      --gpu-hour-cost 3.5 --timeout $((budget - 270)) 2>&1 | tee -a "$OUT/capacity.txt"
+      --gpu-hour-cost 3.5 --timeout $((budget - 270)) "${extra[@]}" 2>&1 | tee -a "$OUT/capacity.txt"
     cp /root/runs/cap/study.db "$OUT/study_cap.db"; cp /root/runs/cap/pareto.json "$OUT/pareto_cap.json" 2>/dev/null ;;
+  mooncake)
+    # The same SLO on the Mooncake conversation trace (prefix reuse: identical text for identical hash
+    # ids), first 308 requests, input lengths x0.25 to fit the 8B shape's 8k context (31 truncated),
+    # x4 its recorded rate (11.4 req/s at level 1x).
+    python3 -c 'import lzma, sys; open(sys.argv[1][:-3], "wb").write(lzma.open(sys.argv[1]).read())' \
+      scripts/gpu/data/mooncake_conv_308.jsonl.xz
+    "${stop[@]}" $TUNE --trace scripts/gpu/data/mooncake_conv_308.jsonl --space scripts/gpu/space_a.yaml \
+      --study h200-moon --run-dir /root/runs/moon --trials 3 "${MODEL8B[@]}" \
+      --time-scale 0.25 --max-requests 300 --warmup 8 --slo "$CHAT_SLO" --attainment 0.95 \
+      --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2 --probe-tokens 8 \
+      --gpu-hour-cost 3.5 --timeout $((budget - 270)) "${extra[@]}" 2>&1 | tee -a "$OUT/mooncake.txt"
+    cp /root/runs/moon/study.db "$OUT/study_moon.db"; cp /root/runs/moon/pareto.json "$OUT/pareto_moon.json" 2>/dev/null ;;
+  start-cost)
+    # Engine start of the 8B shape with vLLM's defaults: on a fresh machine (cold compile caches), again
+    # (warm), and warm with CUDA graphs captured only up to 256 (the trace's batches; vLLM's default is
+    # min(2 x max_num_seqs, 512)).
+    for run in cold warm warm-capture-256; do
+      args=(); [ "$run" = warm-capture-256 ] && args=(--engine-arg=--max-cudagraph-capture-size=256)
+      "${stop[@]}" $TUNE engine check "${MODEL8B[@]}" --max-tokens 16 --run-dir "/root/runs/start-$run" \
+        --json "$OUT/start-$run.json" "${args[@]}" "${extra[@]}" 2>&1 | grep -E "healthy after|^start:|rror" \
+        | sed "s/^/[$run] /" | tee -a "$OUT/start_cost.txt"
+    done ;;
 esac
+grep -HE "Model loading took|torch.compile took|Directly load the compiled|Compiling a graph for|Graph capturing finished|init engine \(" \
+  /root/runs/*/*/engine-*.log /root/runs/*/engine-*.log 2>/dev/null > "$OUT/engine_start_lines.txt"
+sleep 5; echo "GPU after $step (stop signal ${STOP_SIGNAL:-TERM}):"
+nvidia-smi --query-gpu=memory.used --format=csv,noheader; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+pgrep -fa '[a]pi_server' || echo "no engine process"
 tail -n 40 /root/runs/*/*/engine-*.log 2>/dev/null | grep -iE "error|Traceback|backend|KV cache|startup|Quantiz" | tail -20

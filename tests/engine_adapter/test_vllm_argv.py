@@ -163,3 +163,29 @@ def test_check_log_requires_a_quantized_kernel_for_a_quantized_checkpoint():
     problems = check_log("INFO Loading weights took 0.25 seconds", Platform.CPU, expect_quantized=True)
     assert len(problems) == 1 and "no quantized kernel" in problems[0]
     assert check_log("INFO Loading weights took 0.25 seconds", Platform.CPU) == []
+
+
+# vLLM 0.24's own lines (format strings from vllm/v1/worker/gpu_model_runner.py, compilation/monitor.py,
+# compilation/backends.py, v1/engine/core.py), as a compiled start on a GPU writes them.
+_COLD_START = """\
+(EngineCore pid=7) INFO 12-01 10:00:05 [gpu_model_runner.py:5256] Model loading took 14.99 GiB memory and 4.213377 seconds
+(EngineCore pid=7) INFO 12-01 10:00:20 [backends.py:393] Compiling a graph for compile range (1, 8192) takes 21.07 s
+(EngineCore pid=7) INFO 12-01 10:00:31 [monitor.py:53] torch.compile took 27.45 s in total
+(EngineCore pid=7) INFO 12-01 10:01:02 [gpu_model_runner.py:6657] Graph capturing finished in 19 secs, took 0.53 GiB
+(EngineCore pid=7) INFO 12-01 10:01:03 [core.py:338] init engine (profile, create kv cache, warmup model) took 58.61 s (compilation: 27.45 s)
+"""
+_WARM_START = """\
+(EngineCore pid=7) INFO 12-01 10:10:09 [backends.py:292] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 2.671 s
+(EngineCore pid=7) INFO 12-01 10:10:10 [monitor.py:53] torch.compile took 7.02 s in total
+"""
+
+
+def test_start_phases_reads_a_cold_and_a_warm_compiled_start():
+    from engine_adapter.vllm.server import start_phases
+
+    cold = start_phases(_COLD_START)
+    assert cold == {"weights_s": pytest.approx(4.213377), "compile_s": 27.45, "cuda_graphs_s": 19.0,
+                    "init_engine_s": 58.61, "compile_cache": "miss"}
+    warm = start_phases(_WARM_START)
+    assert warm["compile_cache"] == "hit" and warm["compile_s"] == 7.02 and "cuda_graphs_s" not in warm
+    assert start_phases("INFO some eager start\n") == {"compile_cache": None}
