@@ -255,7 +255,8 @@ _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache size")
 
 # What a compiled engine's start spent its time on, from vLLM's own log lines (vLLM 0.24 wording).
 _START_PHASES = {
-    "weights_s": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
+    # gpu_model_runner.py: "... GiB memory and 4.2 seconds"; model_runner.py (the GPU default): "... GiB and 2.5 seconds"
+    "weights_s": re.compile(r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds"),
     "compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
     "cuda_graphs_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),

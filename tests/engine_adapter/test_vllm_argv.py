@@ -175,6 +175,7 @@ _COLD_START = """\
 (EngineCore pid=7) INFO 12-01 10:01:03 [core.py:338] init engine (profile, create kv cache, warmup model) took 58.61 s (compilation: 27.45 s)
 """
 _WARM_START = """\
+(EngineCore pid=1399) INFO 12-01 12:01:44 [model_runner.py:302] Model loading took 13.75 GiB and 1.979987 seconds
 (EngineCore pid=7) INFO 12-01 10:10:09 [backends.py:292] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 2.671 s
 (EngineCore pid=7) INFO 12-01 10:10:10 [monitor.py:53] torch.compile took 7.02 s in total
 """
@@ -188,4 +189,5 @@ def test_start_phases_reads_a_cold_and_a_warm_compiled_start():
                     "init_engine_s": 58.61, "compile_cache": "miss"}
     warm = start_phases(_WARM_START)
     assert warm["compile_cache"] == "hit" and warm["compile_s"] == 7.02 and "cuda_graphs_s" not in warm
+    assert warm["weights_s"] == pytest.approx(1.979987)
     assert start_phases("INFO some eager start\n") == {"compile_cache": None}
