@@ -123,6 +123,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cv.add_argument("--max-output-tokens", type=int, metavar="N", help="cap output lengths")
     cv.add_argument("--rate", type=float, default=1.0, help="sharegpt: Poisson arrival rate, requests/s")
     cv.add_argument("--output-length", type=int, default=128, help="sharegpt: output tokens when no reply is recorded")
+    cv.add_argument("--spread-arrivals", action="store_true",
+                    help="arrival times recorded on a coarse grid (Mooncake: 3 s): spread each instant's requests "
+                         "uniformly over the step instead of sending them as one burst (seeded by --seed)")
     cv.add_argument("--seed", type=int, default=0)
 
 
@@ -169,7 +172,8 @@ def _options(args: argparse.Namespace, max_input_tokens: int):
 
     return ConvertOptions(max_input_tokens=max_input_tokens, overlong=args.overlong, limit=args.limit,
                           length_scale=args.length_scale, max_output_tokens=args.max_output_tokens,
-                          rate=args.rate, output_length=args.output_length, seed=args.seed)
+                          rate=args.rate, output_length=args.output_length, seed=args.seed,
+                          spread_arrivals=args.spread_arrivals)
 
 
 def _fmt_ms(x: float) -> str:

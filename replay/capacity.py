@@ -319,6 +319,16 @@ class MissCounter:
         return self.count
 
 
+def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence[SLO],
+                  attainment: float) -> tuple[float, bool]:
+    """A level's attainment under `slos` (good requests over the planned ones) and whether it
+    passes: attainment reached and every percentile target met. A level whose records are fewer
+    than planned (stopped early) is judged as if the missing requests missed."""
+    good = sum(meets_slos(r, slos) for r in records)
+    share = good / planned if planned else 0.0
+    return share, share >= attainment and percentile_targets_met(records, planned, slos)
+
+
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
           duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0) -> Step:
     """A measured level as a `Step`: attainment, pass or fail, and the client's own verdict. An
@@ -326,11 +336,9 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
     counted, everything else assumed good)."""
     planned = len(requests)
     good = sum(meets_slos(r, options.slos) for r in result.records)
-    attainment = good / planned if planned else 0.0
+    attainment, passed = level_verdict(result.records, planned, options.slos, options.attainment)
     if result.abandoned and planned:
-        attainment = (planned - misses_at_stop) / planned
-    passed = (not result.abandoned and attainment >= options.attainment
-              and percentile_targets_met(result.records, planned, options.slos))
+        attainment, passed = (planned - misses_at_stop) / planned, False
     rps, tps = offered_rates(requests)
     return Step(scale=scale, rps=rps, output_tps=tps, attainment=attainment, passed=passed,
                 abandoned=result.abandoned, requests=result.sent or len(result.records), planned=planned, good=good,

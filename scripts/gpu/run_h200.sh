@@ -57,15 +57,20 @@ case $step in
   mooncake)
     # The same SLO on the Mooncake conversation trace (prefix reuse: identical text for identical hash
     # ids), first 308 requests, input lengths x0.25 to fit the 8B shape's 8k context (31 truncated),
-    # x4 its recorded rate (11.4 req/s at level 1x).
+    # x4 its recorded rate (11.4 req/s at level 1x). The trace records arrivals on a 3 s grid (8.3
+    # requests per instant, up to 16): MOONCAKE=bursts replays them so (the 2026-12-01 run, study
+    # h200-moon); the default spreads each instant's requests over its step (study h200-moon-spread).
+    name=mooncake_conv_308_spread study=h200-moon-spread
+    [ "${MOONCAKE:-spread}" = bursts ] && name=mooncake_conv_308 study=h200-moon
     python3 -c 'import lzma, sys; open(sys.argv[1][:-3], "wb").write(lzma.open(sys.argv[1]).read())' \
-      scripts/gpu/data/mooncake_conv_308.jsonl.xz
-    "${stop[@]}" $TUNE --trace scripts/gpu/data/mooncake_conv_308.jsonl --space scripts/gpu/space_a.yaml \
-      --study h200-moon --run-dir /root/runs/moon --trials 3 "${MODEL8B[@]}" \
+      scripts/gpu/data/$name.jsonl.xz
+    "${stop[@]}" $TUNE --trace scripts/gpu/data/$name.jsonl --space scripts/gpu/space_a.yaml \
+      --study $study --run-dir /root/runs/$study --trials 3 "${MODEL8B[@]}" \
       --time-scale 0.25 --max-requests 300 --warmup 8 --slo "$CHAT_SLO" --attainment 0.95 \
       --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2 --probe-tokens 8 \
-      --gpu-hour-cost 3.5 --timeout $((budget - 270)) "${extra[@]}" 2>&1 | tee -a "$OUT/mooncake.txt"
-    cp /root/runs/moon/study.db "$OUT/study_moon.db"; cp /root/runs/moon/pareto.json "$OUT/pareto_moon.json" 2>/dev/null ;;
+      --gpu-hour-cost 3.5 --timeout $((budget - 270)) "${extra[@]}" 2>&1 | tee -a "$OUT/$study.txt"
+    cp /root/runs/$study/study.db "$OUT/study_${study#h200-}.db"
+    cp /root/runs/$study/pareto.json "$OUT/pareto_${study#h200-}.json" 2>/dev/null ;;
   start-cost)
     # Engine start of the 8B shape with vLLM's defaults: on a fresh machine (cold compile caches), again
     # (warm), and warm with CUDA graphs captured only up to 256 (the trace's batches; vLLM's default is

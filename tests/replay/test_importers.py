@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.errors import InputError
-from replay.importers import ConvertOptions, convert
+from replay.importers import ArrivalGrid, ConvertOptions, arrival_grid, convert
 from replay.synth import PromptSynthesizer, implied_reuse_ratio
 
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "public_traces"  # shipped samples
@@ -42,6 +42,36 @@ def test_mooncake_exact_lengths_and_shared_prefixes(tokenizer):
             assert rec.prompt[:100] == first_block_text["x"]
     assert report.implied_reuse > 0
     assert abs(report.reproduced_reuse - report.implied_reuse) < 0.03
+
+
+def test_mooncake_grid_arrivals_are_reported_and_spread_on_request(tokenizer):
+    """The Mooncake sample's arrivals sit 3 s apart, several per instant: the report says so; with
+    spread_arrivals each request lands uniformly inside its own step, reproducibly."""
+    source = [json.loads(line)["timestamp"] / 1000.0
+              for line in (TRACES / "mooncake_conversation_60.jsonl").read_text().splitlines()[:40]]
+    options = dict(max_input_tokens=2000, limit=40, length_scale=0.1)
+    kept, report = convert("mooncake", TRACES / "mooncake_conversation_60.jsonl", tokenizer, ConvertOptions(**options))
+    assert report.grid is not None and report.grid.step_s == pytest.approx(3.0, abs=0.002)
+    assert report.grid.largest_burst == max(source.count(t) for t in source) >= 2
+    assert any("simultaneous bursts (--spread-arrivals" in line for line in report.lines())
+    spread, report = convert("mooncake", TRACES / "mooncake_conversation_60.jsonl", tokenizer,
+                             ConvertOptions(**options, spread_arrivals=True, seed=3))
+    assert report.spread and any("spread uniformly over each 3 s step" in line for line in report.lines())
+    times = [r.timestamp for r in spread]
+    assert times == sorted(times) and len(set(times)) == len(times) == 40
+    by_id = {r.id: r.timestamp for r in kept}
+    for r in spread:  # inside its own step, after its recorded instant
+        assert by_id[r.id] <= r.timestamp < by_id[r.id] + report.grid.step_s
+    again, _ = convert("mooncake", TRACES / "mooncake_conversation_60.jsonl", tokenizer,
+                       ConvertOptions(**options, spread_arrivals=True, seed=3))
+    assert [r.timestamp for r in again] == times
+
+
+def test_arrival_grid_needs_repeated_instants_on_whole_steps():
+    assert arrival_grid([0, 0, 0, 3, 3, 9, 9, 9]) == ArrivalGrid(step_s=3, instants=3, mean_burst=8 / 3, largest_burst=3)
+    assert arrival_grid([0.0, 0.4, 1.7, 2.2, 5.0]) is None  # Azure-like: every arrival its own instant
+    assert arrival_grid([0, 0, 2, 2, 5, 5]) is None  # gaps 2 and 3: not whole steps of the smallest
+    assert arrival_grid([5, 5, 5]) is None  # one instant: no step to spread over
 
 
 def test_no_accidental_sharing_without_hash_ids(tokenizer):

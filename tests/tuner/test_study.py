@@ -218,6 +218,31 @@ def test_levels_round_trip_as_columns(tmp_path):
     assert store.levels("s", 5) == []
 
 
+def test_stored_levels_are_judged_again_under_another_slo(tmp_path):
+    """A level read back as request records gets the verdict its records give under any SLO: the
+    same attainment as the live judge for the SLO it was searched at, a lower one for a tighter SLO."""
+    from replay.capacity import level_verdict
+    from replay.metrics import parse_slos
+    from replay.runner import RequestRecord
+    from tuner.storage import records_of_level
+
+    def rec(i, ttft, gap):  # 5 output tokens: TPOT = the gap between them
+        return RequestRecord(index=i, id=None, scheduled_s=i * 0.1, send_s=i * 0.1 + 0.002, lag_s=0.002, success=i != 9,
+                             error="" if i != 9 else "HTTP 500", ttft_s=ttft, e2e_s=ttft + 4 * gap, itl_s=[gap] * 4,
+                             prompt_tokens=100, output_tokens=5, requested_tokens=5, finish_reason="length")
+
+    records = [rec(i, 0.1 + 0.05 * i, 0.01 + 0.002 * i) for i in range(10)]
+    store = ResultStore(f"sqlite:///{tmp_path / 'study.db'}")
+    store.save_levels("s", 0, [(1.0, False, records)])
+    back = records_of_level(store.levels("s", 0)[0])
+    assert [r.index for r in back] == list(range(10)) and back[3].itl_s == pytest.approx([0.016] * 4, abs=1e-4)
+    assert back[2].tpot_s == pytest.approx(records[2].tpot_s, rel=1e-5) and not back[9].success
+    chat, tight = parse_slos("ttft:p95<1s,tpot:p95<50ms"), parse_slos("ttft:p95<250ms,tpot:p95<20ms")
+    assert level_verdict(back, 10, chat, 0.9) == level_verdict(records, 10, chat, 0.9) == (0.9, False)  # p95 hits the error
+    assert level_verdict(back, 10, tight, 0.2) == (pytest.approx(0.3), False)  # 3 requests under 250 ms and 20 ms
+    assert level_verdict(back[:4], 10, chat, 0.3)[0] == pytest.approx(0.4)  # stopped early: the missing requests missed
+
+
 def test_failures_group_by_cause_when_only_their_numbers_differ():
     from tuner.front import group_failures
 
