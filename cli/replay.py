@@ -22,6 +22,7 @@ examples:
 CONVERT_EPILOG = """\
 examples:
   tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl mooncake.jsonl --limit 200 --length-scale 0.1
+  tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl spread.jsonl --length-scale 0.1 --spread-arrivals
   tune trace convert --from azure examples/public_traces/azure2023_conv_60.csv azure.jsonl --limit 500
   tune trace convert --from sharegpt examples/public_traces/sharegpt_v3_filtered_250.json sharegpt.jsonl --rate 2
 """
