@@ -34,6 +34,11 @@ class ConsoleReporter:
         self.console.print(f"study [bold]{name}[/] · storage {self.storage} · platform {self.platform} · "
                            f"{done} trials done, {remaining} to run")
 
+    def on_retries_first(self, trials: list[tuple[int, int, dict[str, Any]]]) -> None:
+        for number, failed, params in trials:
+            self.print(f"trial {number} runs first: it measures again what trial {failed} was measuring when it was "
+                       f"interrupted ({params}); --try configurations and the sampler's follow")
+
     def on_warm_start(self, configs: list[dict[str, Any]]) -> None:
         self.print(f"first trials: {len(configs)} configurations of the --warm-start study, best first (measured "
                    f"again here): " + "; ".join(map(str, configs[:4])) + (" ..." if len(configs) > 4 else ""))

@@ -375,10 +375,22 @@ class Tuner(EngineRuns, Coordination):
         self.recover(study, storage)
         self.report("study", name=self.s.study_name, done=counted(study),
                     remaining=max(self.s.trials - counted(study), 0))
+        self._report_retries(study)
         if counted(study) < self.s.trials:
             self.ensure_reference()
         self._trials(study, storage)
         return study
+
+    def _report_retries(self, study: Any) -> None:
+        """Queued trials that measure again what an interrupted trial was measuring: they run before
+        this run's --try configurations and the sampler's (they were queued first)."""
+        import optuna
+
+        retries = [(t.number, t.system_attrs["failed_trial"], t.params)
+                   for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+                   if "failed_trial" in t.system_attrs]
+        if retries:
+            self.report("retries_first", trials=retries)
 
     def _enqueue(self, study: Any, chosen: list[dict[str, Any]], event: str) -> None:
         """First trials for a new study (warm-start configurations, presets), within the trials it

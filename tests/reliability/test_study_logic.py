@@ -179,8 +179,13 @@ def test_ctrl_c_requeues_the_interrupted_trial_and_frees_its_claim(tmp_path):
     enqueue = [{"max_num_seqs": 2}, {"max_num_seqs": 4}, {"max_num_seqs": 8}]
     with pytest.raises(KeyboardInterrupt):
         make_tuner(tmp_path, interrupted, space_yaml=SEQS, trials=3, enqueue=enqueue).run()
-    study = make_tuner(tmp_path, lambda c: (0.1, 10.0 * c.max_num_seqs, 0.0), space_yaml=SEQS, trials=3,
-                       enqueue=enqueue).run()
+    resumed = make_tuner(tmp_path, lambda c: (0.1, 10.0 * c.max_num_seqs, 0.0), space_yaml=SEQS, trials=3,
+                         enqueue=enqueue)
+    events = []
+    resumed.report = lambda event, **fields: events.append((event, fields))
+    study = resumed.run()
+    retries = [fields["trials"] for event, fields in events if event == "retries_first"]
+    assert len(retries) == 1 and [(failed, params) for _, failed, params in retries[0]] == [(1, {"max_num_seqs": 4})]
     assert counted(study) == 3
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1]
     assert retried and retried[0].params == {"max_num_seqs": 4} and retried[0].user_attrs["status"] == "measured"
