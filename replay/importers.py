@@ -121,6 +121,7 @@ class ConvertReport:
     output_tokens: int = 0
     grid: ArrivalGrid | None = None
     spread: bool = False
+    spread_asked: bool = False
 
     def lines(self) -> list[str]:
         out = [f"{self.source} ({self.format}): read {self.read}, wrote {self.written} requests over "
@@ -139,6 +140,8 @@ class ConvertReport:
                      "replayed as simultaneous bursts (--spread-arrivals spreads them over each step)")
             out.append(f"arrivals recorded on a {g.step_s:g} s grid ({g.instants} instants, {g.mean_burst:.1f} requests "
                        f"each, up to {g.largest_burst}): {where}")
+        elif self.spread_asked:
+            out.append("--spread-arrivals: the arrival times sit on no coarse grid; kept as recorded")
         if self.implied_reuse is not None:
             out.append(f"prefix reuse (infinite cache, {self.block_tokens}-token blocks): trace implies "
                        f"{self.implied_reuse:.1%}, synthesised prompts reproduce {self.reproduced_reuse:.1%}")
@@ -349,6 +352,7 @@ def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
     t0 = raw[0].timestamp_s
     report.grid = arrival_grid([r.timestamp_s for r in raw])
     report.spread = bool(options.spread_arrivals and report.grid)
+    report.spread_asked = options.spread_arrivals
     jitter = random.Random(options.seed)
 
     scale = options.length_scale

@@ -67,6 +67,16 @@ def test_mooncake_grid_arrivals_are_reported_and_spread_on_request(tokenizer):
     assert [r.timestamp for r in again] == times
 
 
+def test_spread_arrivals_on_a_trace_without_a_grid_says_it_kept_them(tokenizer):
+    options = ConvertOptions(max_input_tokens=8000, limit=20)
+    kept, _ = convert("azure", TRACES / "azure2023_conv_60.csv", tokenizer, options)
+    records, report = convert("azure", TRACES / "azure2023_conv_60.csv", tokenizer,
+                              ConvertOptions(max_input_tokens=8000, limit=20, spread_arrivals=True))
+    assert report.grid is None and not report.spread
+    assert "--spread-arrivals: the arrival times sit on no coarse grid; kept as recorded" in report.lines()
+    assert [r.timestamp for r in records] == [r.timestamp for r in kept]
+
+
 def test_arrival_grid_needs_repeated_instants_on_whole_steps():
     assert arrival_grid([0, 0, 0, 3, 3, 9, 9, 9]) == ArrivalGrid(step_s=3, instants=3, mean_burst=8 / 3, largest_burst=3)
     assert arrival_grid([0.0, 0.4, 1.7, 2.2, 5.0]) is None  # Azure-like: every arrival its own instant
