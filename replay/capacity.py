@@ -320,13 +320,13 @@ class MissCounter:
 
 
 def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence[SLO],
-                  attainment: float) -> tuple[float, bool]:
-    """A level's attainment under `slos` (good requests over the planned ones) and whether it
-    passes: attainment reached and every percentile target met. A level whose records are fewer
-    than planned (stopped early) is judged as if the missing requests missed."""
+                  attainment: float) -> tuple[int, bool]:
+    """A level's good requests under `slos` and whether it passes: their share of the planned requests
+    reaches `attainment` and every percentile target is met. A level whose records are fewer than
+    planned (stopped early) is judged as if the missing requests missed."""
     good = sum(meets_slos(r, slos) for r in records)
     share = good / planned if planned else 0.0
-    return share, share >= attainment and percentile_targets_met(records, planned, slos)
+    return good, share >= attainment and percentile_targets_met(records, planned, slos)
 
 
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
@@ -335,8 +335,8 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
     abandoned level's attainment is the most it could still have reached (its certain misses
     counted, everything else assumed good)."""
     planned = len(requests)
-    good = sum(meets_slos(r, options.slos) for r in result.records)
-    attainment, passed = level_verdict(result.records, planned, options.slos, options.attainment)
+    good, passed = level_verdict(result.records, planned, options.slos, options.attainment)
+    attainment = good / planned if planned else 0.0
     if result.abandoned and planned:
         attainment, passed = (planned - misses_at_stop) / planned, False
     rps, tps = offered_rates(requests)

