@@ -18,6 +18,11 @@ stop=(timeout -s "${STOP_SIGNAL:-TERM}" -k 60 "$budget")
 # The users' SLOs, stated before the runs (docs/results/h200.md): a chat SLO for the capacity studies.
 CHAT_SLO="ttft:p95<1s,tpot:p95<50ms"
 MODEL8B=(--model /root/models/llama3-8b-shape --load-format dummy)
+# The capacity studies' settings, on either trace: 8 warm-up + 300 measured requests per level, x4 the
+# trace's recorded rate as level 1x, bisection to 10%; no new trial in the last 270 s of the budget.
+CAPACITY=(--space scripts/gpu/space_a.yaml "${MODEL8B[@]}" --time-scale 0.25 --max-requests 300 --warmup 8
+          --slo "$CHAT_SLO" --attainment 0.95 --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2
+          --probe-tokens 8 --gpu-hour-cost 3.5 --timeout $((budget - 270)))
 case $step in
   ceiling)
     timeout "$budget" python3 benchmarks/harness_ceiling.py --rates 100,200,400,800,1600 --seconds 3 --tokens 64 \
@@ -48,11 +53,8 @@ case $step in
     # Capacity per GPU at the chat SLO: the Azure conversation trace (first 300 measured requests after
     # 8 warm-up, x4 its recorded rate = ~16 req/s at level 1x), 8B-shaped model with random weights
     # (quality not measurable: study B measures it on real weights).
-    "${stop[@]}" $TUNE --trace scripts/gpu/data/azure_conv_600.jsonl --space scripts/gpu/space_a.yaml \
-      --study h200-cap --run-dir /root/runs/cap --trials 12 "${MODEL8B[@]}" \
-      --time-scale 0.25 --max-requests 300 --warmup 8 --slo "$CHAT_SLO" --attainment 0.95 \
-      --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2 --probe-tokens 8 \
-      --gpu-hour-cost 3.5 --timeout $((budget - 270)) "${extra[@]}" 2>&1 | tee -a "$OUT/capacity.txt"
+    "${stop[@]}" $TUNE --trace scripts/gpu/data/azure_conv_600.jsonl --study h200-cap --run-dir /root/runs/cap \
+      --trials 12 "${CAPACITY[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/capacity.txt"
     cp /root/runs/cap/study.db "$OUT/study_cap.db"; cp /root/runs/cap/pareto.json "$OUT/pareto_cap.json" 2>/dev/null ;;
   mooncake)
     # The same SLO on the Mooncake conversation trace (prefix reuse: identical text for identical hash
@@ -64,11 +66,8 @@ case $step in
     [ "${MOONCAKE:-spread}" = bursts ] && name=mooncake_conv_308 study=h200-moon
     python3 -c 'import lzma, sys; open(sys.argv[1][:-3], "wb").write(lzma.open(sys.argv[1]).read())' \
       scripts/gpu/data/$name.jsonl.xz
-    "${stop[@]}" $TUNE --trace scripts/gpu/data/$name.jsonl --space scripts/gpu/space_a.yaml \
-      --study $study --run-dir /root/runs/$study --trials 3 "${MODEL8B[@]}" \
-      --time-scale 0.25 --max-requests 300 --warmup 8 --slo "$CHAT_SLO" --attainment 0.95 \
-      --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2 --probe-tokens 8 \
-      --gpu-hour-cost 3.5 --timeout $((budget - 270)) "${extra[@]}" 2>&1 | tee -a "$OUT/$study.txt"
+    "${stop[@]}" $TUNE --trace scripts/gpu/data/$name.jsonl --study $study --run-dir /root/runs/$study \
+      --trials 3 "${CAPACITY[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/$study.txt"
     cp /root/runs/$study/study.db "$OUT/study_${study#h200-}.db"
     cp /root/runs/$study/pareto.json "$OUT/pareto_${study#h200-}.json" 2>/dev/null ;;
   start-cost)
