@@ -33,6 +33,9 @@ parameters:
   enable_chunked_prefill: {choices: [true, false]}
   kv_cache_space_gib: {choices: [2.0, 0.0001]}
 """
+# The example trace's first 10 requests arrive at 0 s, the next at 3 s: 12 requests (1 warm-up) at half
+# speed keep the replay going for 6 s after the warm-up, the window in which the engine is crashed.
+CRASH_REPLAY = ["--max-requests", "12", "--time-scale", "2"]
 API_KEY = "sk-tracetune-TESTKEY-0123456789"
 HF_TOKEN = "hf_tracetuneTESTTOKEN9876543210"
 
@@ -42,21 +45,25 @@ def config(seqs: int, *, batched: int = 2048, chunked: bool = True, kv: float = 
             '"kv_cache_space_gib": %s}' % (seqs, batched, "true" if chunked else "false", kv))
 
 
-def _running_requests(port: int) -> float:
+def _served(port: int) -> float:
+    """Requests the engine is running plus those it has finished: a finished one stays counted, so a
+    burst served between two polls is not missed (polling the running gauge alone missed one on a
+    fast CPU, where a burst of 32-token requests ends within a poll or two)."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_requests_running"))
+               if line.startswith(("vllm:num_requests_running", "vllm:request_success_total")))
 
 
 def crash_once_serving(tag: str, stop: threading.Event, log: list) -> None:
-    """SIGKILL the engine (not its watchdog) once it runs the replay's first requests: mid-replay
-    however fast the machine (a fixed delay after /health hit the quality probe on a fast CPU)."""
+    """SIGKILL the engine (not its watchdog) once it has served the replay's first request (its
+    warm-up): the replay's second burst is seconds later (CRASH_REPLAY), so the engine dies within
+    the replay however fast the machine (a fixed delay after /health hit the quality probe)."""
     while not stop.is_set():
         for pid, cmd in engines(tag):
             port = engine_port(cmd)
             try:
                 if port and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    while not stop.is_set() and _running_requests(port) == 0:
+                    while not stop.is_set() and _served(port) == 0:
                         time.sleep(0.02)
                     for victim, _ in engines(tag):
                         try:
@@ -92,7 +99,7 @@ def faults(tmp_path_factory, default_model):
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=crash_once_serving, args=(tag, stop, killed), daemon=True)
     killer.start()
-    run("crash_mid_replay", 4, "--try", config(7), "--time-scale", "6")
+    run("crash_mid_replay", 4, "--try", config(7), *CRASH_REPLAY)
     stop.set()
     runs["crash_mid_replay"]["killed"] = bool(killed)
     # 1 ms: shorter than any engine's answer to a 32-token request, however fast the machine
