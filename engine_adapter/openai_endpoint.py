@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine_adapter.base import Endpoint, HTTPEngine
