@@ -18,6 +18,7 @@ import httpx
 import optuna
 import pytest
 
+from engine_adapter.metrics import parse_metrics
 from tests.reliability.engines import FAST, TRACE, engine_port, engines, gone_within, new_tag, run_tune, tagged
 from tuner.storage import ResultStore
 from tuner.coordination import make_storage
@@ -49,9 +50,8 @@ def _served(port: int) -> float:
     """Requests the engine is running plus those it has finished: a finished one stays counted, so a
     burst served between two polls is not missed (polling the running gauge alone missed one on a
     fast CPU, where a burst of 32-token requests ends within a poll or two)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(("vllm:num_requests_running", "vllm:request_success_total")))
+    m = parse_metrics(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text)
+    return m.requests_running + m.requests_finished
 
 
 def crash_once_serving(tag: str, stop: threading.Event, log: list) -> None:
