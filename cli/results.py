@@ -43,8 +43,8 @@ def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, a
 def report_results(tuner, study, args, console, run_dir: Path) -> None:
     """The front (vLLM's defaults competing like any trial), the verdict in plain words, failures
     grouped by reason, and best.json / pareto.json."""
-    from tuner.front import REFERENCE, Candidate, decide, pareto_trials
-    from tuner.objectives import OBJECTIVES
+    from tuner.front import REFERENCE, Candidate, decide, pareto_trials, trials_outside_constraints
+    from tuner.objectives import OBJECTIVES, reference_feasible
 
     name, objectives = tuner.s.study_name, tuner.s.objectives
     directions = [OBJECTIVES[o] for o in objectives]
@@ -58,7 +58,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
     if tuner.reference_values is not None:
         ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
     decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
-                      objectives, directions)
+                      objectives, directions, outside_constraints=trials_outside_constraints(study),
+                      reference_feasible=reference_feasible((reference or {}).get("summary"), tuner.s.slos))
     rows = []
     for c in decision.front:
         result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
@@ -81,6 +82,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
             "reference_is_best": decision.reference_is_best}
     (run_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
     which = "vLLM's defaults (the reference)" if decision.reference_is_best else f"trial {best['trial']}"
+    if not decision.reference_feasible and decision.reference_is_best:
+        which += ", which break the SLO themselves"
     console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / 'best.json'} and "
                   f"{run_dir / 'pareto.json'}", highlight=False)
 

@@ -20,6 +20,7 @@ from dashboard.storage import read_results, silent_for, optuna_storage, resolve_
 from engine_adapter.errors import InputError
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
 from tuner.front import REFERENCE, Candidate, decide, dominates, economics
+from tuner.objectives import reference_feasible
 from tuner.quality_gate import floor_estimates, floor_text
 from tuner.storage import REFERENCE_RUN
 
@@ -169,6 +170,13 @@ class StudyView:
         return [t for t in self.trials if t.category == "pareto"]
 
     @property
+    def parsed_slos(self) -> list[Any]:
+        """The study's SLOs (`slos` holds them as the user wrote them) as `replay.metrics.SLO`s."""
+        from replay.metrics import parse_slos
+
+        return [slo for spec in self.slos for slo in parse_slos(spec, flag="study SLO")]
+
+    @property
     def running(self) -> bool:
         return any(t.status == "running" for t in self.trials)
 
@@ -221,12 +229,9 @@ def front_line(trials: Sequence[TrialView], x: str, y: str) -> tuple[list[float]
 # -- thresholds ----------------------------------------------------------------------------------
 def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
     """Lines to draw per metric: SLOs (`ttft:p99<500ms` -> ttft_p99 at 0.5 s) and the quality gate."""
-    from replay.metrics import parse_slos
-
     out: dict[str, list[tuple[str, float]]] = {}
-    for spec in study.slos:
-        for slo in parse_slos(spec, flag="study SLO"):
-            out.setdefault(f"{slo.metric}_{slo.stat}", []).append((f"SLO {slo}", slo.threshold_s))
+    for slo in study.parsed_slos:
+        out.setdefault(f"{slo.metric}_{slo.stat}", []).append((f"SLO {slo}", slo.threshold_s))
     if study.max_quality_loss is not None:
         out.setdefault("quality_loss", []).append((f"quality gate {study.max_quality_loss:g}", study.max_quality_loss))
     gate = study.quality_gate
@@ -382,8 +387,10 @@ def mark_front(study: StudyView) -> None:
     points = [Candidate(t.number, tuple(t.objective_values.get(o, math.nan) for o in study.objectives))
               for t in candidates]
     ref = reference_values(study)
+    ref_ok = reference_feasible((study.reference or {}).get("summary"), study.parsed_slos)
     study.decision = decide(points, None if ref is None else Candidate(REFERENCE, ref), study.objectives,
-                            study.directions)
+                            study.directions, reference_feasible=ref_ok,
+                            outside_constraints=sum(t.category == "infeasible" for t in study.trials))
     on_front = set(study.decision.trials_on_front)
     beaten = set(study.decision.dominated_by_reference)
     for t in candidates:

@@ -100,6 +100,8 @@ class Decision:
     best: Candidate | None
     dominated_by_reference: list[Any]  # trial labels the defaults beat on every objective
     by: str
+    reference_feasible: bool = True  # vLLM's defaults keep within the study's SLOs
+    outside_constraints: int = 0  # measured trials left out of the front for breaking a constraint
 
     @property
     def reference_is_best(self) -> bool:
@@ -115,17 +117,30 @@ class Decision:
             return "nothing measured yet: no recommendation."
         if self.reference_is_best:
             if not self.trials_on_front:
-                return ("no configuration beats vLLM's defaults: every measured trial is worse on at least one "
-                        "objective and no better on any. Keep the defaults.")
+                return self._nothing_beats_the_reference()
             return (f"no configuration beats vLLM's defaults on {self.by}: keep the defaults, unless the "
                     f"trade-off of a front trial ({', '.join(map(str, self.trials_on_front))}) suits you better.")
         return f"trial {self.best.label} is best by {self.by} on the front (vLLM's defaults included)."
 
+    def _nothing_beats_the_reference(self) -> str:
+        """Why no trial is on the front beside vLLM's defaults, and whether keeping them answers the SLO."""
+        broke = (f"{self.outside_constraints} measured trial(s) broke the SLO or the quality gate"
+                 if self.outside_constraints else "")
+        if not self.reference_feasible:
+            return (f"no configuration meets the SLO, vLLM's defaults included{' (' + broke + ')' if broke else ''}: "
+                    "nothing to recommend. Loosen the SLO, or serve this traffic on a faster machine.")
+        if self.outside_constraints and not self.dominated_by_reference:
+            return f"no configuration beats vLLM's defaults: {broke}, and none is within them. Keep the defaults."
+        return ("no configuration beats vLLM's defaults: every measured trial is worse on at least one "
+                "objective and no better on any" + (", or broke the SLO or the quality gate" if broke else "")
+                + ". Keep the defaults.")
+
 
 def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
-           directions: Sequence[str]) -> Decision:
+           directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0) -> Decision:
     """The front of the feasible trials and the reference, and the best of it by the deciding
-    objective (ties go to the reference: a change must earn its place)."""
+    objective (ties go to the reference: a change must earn its place). `reference_feasible` and
+    `outside_constraints` (measured trials that broke a constraint) only shape the verdict's words."""
     candidates = ([reference] if reference is not None else []) + list(trials)
     on_front = front(candidates, directions)
     beaten = [t.label for t in trials if reference is not None and dominates(reference.values, t.values, directions)]
@@ -139,7 +154,8 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
         if best is None or sign * value > sign * best.values[key]:
             best = c
     return Decision(objectives=list(objectives), front=on_front, best=best, dominated_by_reference=beaten,
-                    by=objectives[key] if objectives else "")
+                    by=objectives[key] if objectives else "", reference_feasible=reference_feasible,
+                    outside_constraints=outside_constraints)
 
 
 def economics(capacity: dict[str, Any] | None, *, gpu_hour_cost: float | None = None,
@@ -177,14 +193,24 @@ class Plateau:
         return self.same >= self.patience
 
 
-def measured_trials(study: Any) -> list[Any]:
-    """The complete trials measured within their constraints: the candidates of the front."""
+def _complete_measured(study: Any) -> list[Any]:
     import optuna
 
     from tuner.storage import Status
 
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED and t.user_attrs.get("feasible", True)]
+            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED]
+
+
+def measured_trials(study: Any) -> list[Any]:
+    """The complete trials measured within their constraints: the candidates of the front."""
+    return [t for t in _complete_measured(study) if t.user_attrs.get("feasible", True)]
+
+
+def trials_outside_constraints(study: Any) -> int:
+    """Measured trials left out of the front for breaking a constraint (an SLO, the quality gate,
+    failed requests)."""
+    return sum(not t.user_attrs.get("feasible", True) for t in _complete_measured(study))
 
 
 def pareto_trials(study: Any) -> list[Any]:

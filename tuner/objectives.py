@@ -92,6 +92,20 @@ def constraint_values(summary: Summary | dict, quality: QualityResult | dict | N
     return out
 
 
+def feasible(error_rate: float, constraints: list[float]) -> bool:
+    """A measured run keeps within the study's constraints: no failed request, each constraint <= 0."""
+    return error_rate == 0 and all(c <= 0 for c in constraints)
+
+
+def reference_feasible(summary: Summary | dict | None, slos: list[SLO]) -> bool:
+    """vLLM's defaults judged by the rule that makes a trial feasible (their quality loss is 0);
+    True while they are not measured."""
+    if not summary:
+        return True
+    s = summary.as_dict() if isinstance(summary, Summary) else summary
+    return feasible(s.get("error_rate") or 0.0, constraint_values(s, None, slos, None))
+
+
 # Violation given to a trial whose engine could not serve: every constraint at once. (A finite
 # number: GPSampler fits a model to constraint values, and inf would break it.)
 FAILED_VIOLATION = 1.0

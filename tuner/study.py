@@ -39,8 +39,8 @@ from search_spaces.space import SearchSpace
 from tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counted, make_storage, running, skipped,
                                 stored_choices)
 from tuner.measure import EngineRuns, client_overload_reason
-from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, make_sampler,
-                              objective_value, set_constraints, startup_trials)
+from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, feasible,
+                              make_sampler, objective_value, set_constraints, startup_trials)
 from tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
 from tuner.presets import presets
 from tuner.quality import QualityResult, Reference
@@ -258,7 +258,7 @@ class Tuner(EngineRuns, Coordination):
                       error_examples: list[str]) -> None:
         trial.set_user_attr("constraints", constraints)
         set_constraints(trial, self.s.constraint_names, [error_rate] + constraints)
-        trial.set_user_attr("feasible", error_rate == 0 and all(c <= 0 for c in constraints))
+        trial.set_user_attr("feasible", feasible(error_rate, constraints))
         trial.set_user_attr("status", Status.MEASURED.value)
         if error_rate > 0:
             # Failed requests (e.g. timed out) make the measurement biased toward the survivors:

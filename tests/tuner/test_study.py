@@ -11,7 +11,7 @@ from replay.metrics import Estimate, Summary, parse_slos
 from tuner.quality import QualityResult, Reference, ProbeItem, _agreement
 from tuner.front import REFERENCE, Candidate, decide, dominates, economics
 from tuner.storage import ResultStore
-from tuner.objectives import constraint_values, objective_value, parse_objectives
+from tuner.objectives import constraint_values, objective_value, parse_objectives, reference_feasible
 from tuner.study import config_diff
 
 
@@ -94,6 +94,32 @@ def test_a_config_the_reference_dominates_is_never_recommended():
     d = decide([Candidate(7, (1.182, 125.0, 0.157))], ref, OBJS, DIRS)
     assert d.reference_is_best and d.trials_on_front == [] and d.dominated_by_reference == [7]
     assert "no configuration beats vLLM's defaults" in d.verdict() and "Keep the defaults" in d.verdict()
+
+
+def test_when_the_defaults_break_the_slo_too_nothing_is_recommended():
+    # measured on a 2-core AVX-512 CPU: every trial and vLLM's defaults broke ttft:p99<2s (capacity 0)
+    d = decide([], Candidate(REFERENCE, (2.736, 0.0, 0.0)), OBJS, DIRS, reference_feasible=False,
+               outside_constraints=6)
+    assert d.reference_is_best and d.trials_on_front == []
+    assert d.verdict().startswith("no configuration meets the SLO, vLLM's defaults included (6 measured trial(s)")
+    assert "Keep the defaults" not in d.verdict() and "Loosen the SLO" in d.verdict()
+
+
+def test_trials_left_out_for_their_constraints_are_not_called_worse():
+    ref = Candidate(REFERENCE, (0.698, 134.7, 0.0))
+    d = decide([], ref, OBJS, DIRS, outside_constraints=2)
+    assert d.verdict() == ("no configuration beats vLLM's defaults: 2 measured trial(s) broke the SLO or the quality "
+                           "gate, and none is within them. Keep the defaults.")
+    d = decide([Candidate(7, (1.182, 125.0, 0.157))], ref, OBJS, DIRS, outside_constraints=2)
+    assert "no better on any, or broke the SLO or the quality gate. Keep the defaults." in d.verdict()
+
+
+def test_the_reference_is_judged_by_the_trials_feasibility_rule():
+    slos = parse_slos("ttft:p99<2s")
+    assert reference_feasible(summary(ttft_p99=1.5), slos)
+    assert not reference_feasible(summary(ttft_p99=2.7), slos)
+    assert not reference_feasible({**summary(ttft_p99=1.5).as_dict(), "error_rate": 0.1}, slos)
+    assert reference_feasible(None, slos)  # not measured yet: nothing against it
 
 
 def test_reference_best_on_capacity_but_a_trade_off_exists():
