@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 from pathlib import Path
+from typing import Any, Sequence
 
 CAPACITY_EPILOG = """\
 examples:
@@ -22,11 +23,30 @@ and every percentile target holds; capacity is the highest passing k, reported w
 
 def add_capacity_options(parser: argparse.ArgumentParser) -> None:
     """How a capacity search judges a load level and when it stops (`tune capacity`, `tune --trace --slo`)."""
+    from replay.capacity import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
+
     parser.add_argument("--attainment", type=float, default=0.95, metavar="F",
                         help="capacity: share of requests that must meet every --slo threshold at a passing load "
                              "level (default 0.95)")
     parser.add_argument("--precision", type=float, default=0.05, metavar="F",
                         help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
+    parser.add_argument("--level-seconds", type=float, default=LEVEL_SECONDS, metavar="S",
+                        help=f"capacity: a load level lasts at least S seconds, the trace replayed end to end again "
+                             f"where it is shorter (default {LEVEL_SECONDS:g})")
+    parser.add_argument("--level-lifetimes", type=float, default=LEVEL_LIFETIMES, metavar="K",
+                        help=f"capacity: ... and at least K request lifetimes (the longest a median request may "
+                             f"live within the SLO, or its measured median E2E; default {LEVEL_LIFETIMES:g})")
+    parser.add_argument("--level-requests", type=int, default=LEVEL_REQUESTS, metavar="N",
+                        help=f"capacity: ... and at least N requests (default {LEVEL_REQUESTS})")
+
+
+def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any) -> Any:
+    """The capacity search's options from the shared flags (`add_capacity_options`)."""
+    from replay.capacity import CapacityOptions
+
+    return CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision,
+                           level_seconds=args.level_seconds, level_lifetimes=args.level_lifetimes,
+                           level_requests=args.level_requests, **more)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,16 +81,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def capacity_command(args: argparse.Namespace, console) -> int:
     from engine_adapter.errors import InputError
-    from replay.capacity import CapacityOptions
     from replay.levels import LevelRunner, settle
     from cli.replay import prepare_run, prepared_requests
     from replay.metrics import parse_slos
     from replay.runner import ReplayOptions
 
-    options = CapacityOptions(slos=tuple(parse_slos(args.slo)), attainment=args.attainment, precision=args.precision,
-                              start_scale=args.start_scale, max_scale=args.max_scale, min_scale=args.min_scale,
-                              confirm=not args.no_repeat,
-                              abandon=not args.no_abandon)
+    options = capacity_options(args, parse_slos(args.slo), start_scale=args.start_scale, max_scale=args.max_scale,
+                               min_scale=args.min_scale, confirm=not args.no_repeat, abandon=not args.no_abandon)
     if args.max_duration is not None and not args.max_duration > 0:
         raise InputError(f"--max-duration must be > 0, got {args.max_duration}")
     replay_options = ReplayOptions(max_requests=args.max_requests, max_duration_s=args.max_duration,

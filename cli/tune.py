@@ -244,9 +244,9 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
                                    request_timeout_s=args.request_timeout)
     capacity_options = None
     if "capacity" in objectives:
-        from replay.capacity import CapacityOptions
+        from cli.capacity import capacity_options as options_of
 
-        capacity_options = CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision)
+        capacity_options = options_of(args, slos)
     economics = {k: v for k, v in (("gpu_hour_cost", args.gpu_hour_cost), ("target_rate", args.target_rate))
                  if v is not None}
     return StudySettings(study_name=study_name, storage_url=storage, trials=args.trials, objectives=objectives,

@@ -5,11 +5,15 @@ within their latency targets. This module owns the definitions; everything else 
   (`replay.metrics.meets_slos`: its own TTFT, TPOT, E2E, ITL under each threshold). An errored,
   timed-out or never-finished request is not good.
 - *Attainment* of a load level = good requests / requests the level planned to send.
-- A load level *passes* when attainment >= the attainment target (default 0.95) and every
-  percentile target of the SLO holds over all its requests (a failed request counts as
-  infinitely slow there).
+- A load level *passes* when it is *sustained*: attainment >= the attainment target (default
+  0.95) over its whole window, every percentile target of the SLO holds over all its requests (a
+  failed request counts as infinitely slow there), and the engine held the load to the end: the
+  window's last third meets the attainment target too, and neither the requests in flight nor the
+  TTFT are still rising at the end (a slope with its 95% interval). `replay.sustain` has these
+  tests and the window's length: at least 30 s, 5 request lifetimes and 300 requests by default,
+  the trace replayed end to end again where it is shorter. Each step names the test that decided.
 - *Load level k*: the trace replayed with its arrival times divided by k (k = 2: twice the
-  recorded rate); content, lengths and prefixes unchanged.
+  recorded rate); content, lengths and prefixes unchanged, looped as the window needs.
 - *Capacity*: the highest passing k, reported as k, as the offered requests/s and output tokens/s
   at that level, and per GPU. It is a bracket: [highest confirmed pass, lowest fail].
 
@@ -18,7 +22,8 @@ earlier trial's capacity), then bisection (geometric midpoints) until the bracke
 precision. Then both ends of the bracket are measured again: a repeat that agrees confirms the
 end; one that disagrees marks the result *unstable* and a third measurement decides by majority
 (never an average); an end whose outcome changed resumes the search from there. A level is abandoned as soon as
-its outcome is certain (more requests certainly missed than the target allows). A failed level
+its outcome is certain (more requests certainly missed than the target allows, over the whole window or
+over its last third), so only passing levels pay their whole window. A failed level
 whose client could not keep the schedule (`client_overloaded`) says nothing about the engine: it
 is measured once more, and if the client falls behind again the search stops there and says so
 (the capacity is then a lower bound).
@@ -38,8 +43,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine_adapter.errors import InputError
+from replay import sustain
 from replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value
 from replay.runner import InFlight, PreparedRequest, ReplayResult, RequestRecord
+
+# A level's window by default (`replay.sustain` says why): seconds, request lifetimes, requests.
+LEVEL_SECONDS = 30.0
+LEVEL_LIFETIMES = 5.0
+LEVEL_REQUESTS = 300
 
 @dataclasses.dataclass(frozen=True)
 class CapacityOptions:
@@ -54,6 +65,9 @@ class CapacityOptions:
     confirm: bool = True
     max_steps: int = 20
     abandon: bool = True
+    level_seconds: float = LEVEL_SECONDS
+    level_lifetimes: float = LEVEL_LIFETIMES
+    level_requests: int = LEVEL_REQUESTS
 
     def __post_init__(self) -> None:
         if not self.slos:
@@ -65,6 +79,9 @@ class CapacityOptions:
             raise InputError(f"--precision must be in (0, 1), e.g. 0.05 for 5%, got {self.precision}")
         if not self.min_scale <= self.start_scale <= self.max_scale:
             raise InputError(f"the start level {self.start_scale:g} must lie in [{self.min_scale:g}, {self.max_scale:g}]")
+        if self.level_seconds < 0 or self.level_lifetimes < 0 or self.level_requests < 0:
+            raise InputError("--level-seconds, --level-lifetimes and --level-requests must be >= 0 (0: no minimum), "
+                             f"got {self.level_seconds:g}, {self.level_lifetimes:g}, {self.level_requests}")
 
     @property
     def lag_bound_s(self) -> float:
@@ -90,23 +107,57 @@ class Step:
     repeat: bool = False
     errors: int = 0
     client_procs: int = 1
+    # How the level was decided (`replay.sustain`): "held" (passed every test), or the test that failed
+    # it: "attainment", "percentile target", "last third", "queue rising", "TTFT rising"; an abandoned
+    # level: "misses" or "last-third misses" (more certain misses than the target allows there).
+    decided_by: str = ""
+    window_s: float = 0.0  # the level's schedule, first to last arrival
+    passes: int = 1  # times the trace was replayed end to end to fill the window
+    last_third: float | None = None  # attainment of the requests scheduled in the window's last third
+    quarters: list[float] = dataclasses.field(default_factory=list)  # attainment per quarter of the window
+    in_flight_trend: list[float] | None = None  # requests in flight at the end: slope/s, 95% low, high, end value
+    ttft_trend: list[float] | None = None  # median TTFT at the end (s): slope/s, 95% low, high, end value
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def outcome(self) -> str:
+        """pass, fail or abandoned (failed before its end: the outcome was certain)."""
+        return "abandoned" if self.abandoned else "pass" if self.passed else "fail"
+
     def line(self, label: str = "") -> str:
         """This level in one line, for progress output."""
-        verdict = "pass" if self.passed else "fail"
         if self.client_overloaded and not self.passed:
             verdict = f"client overloaded (schedule lag p99 {self.lag_p99_s * 1000:.0f} ms): not counted"
+        else:
+            verdict = f"{self.outcome}: {self.why()}" if self.decided_by else "pass" if self.passed else "fail"
         if self.abandoned:
-            attained = (f"attainment <= {self.attainment:.0%} · abandoned ({self.requests} of {self.planned} sent): "
-                        f"already more misses than the target allows")
+            attained = f"attainment <= {self.attainment:.0%} ({self.requests} of {self.planned} sent)"
         else:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
+        passes = f", {self.passes} passes of the trace" if self.passes > 1 else ""
         return (f"{label + ': ' if label else ''}load {self.scale:.3g}x = {self.rps:.3g} req/s · {attained} · {verdict}"
-                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s{procs}")
+                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s{passes}{procs}")
+
+    def why(self) -> str:
+        """The test that decided, in a few words."""
+        last = f"last third {self.last_third:.0%}" if self.last_third is not None else ""
+        if self.decided_by == "held":
+            return f"held to the end ({last})" if last else "held to the end"
+        if self.decided_by == "last third":
+            return f"{last}, below the target"
+        if self.decided_by == "queue rising" and self.in_flight_trend:
+            slope, low, high = self.in_flight_trend[:3]
+            return f"queue still rising, {slope:+.2g} in flight/s [{low:+.2g}, {high:+.2g}]"
+        if self.decided_by == "TTFT rising" and self.ttft_trend:
+            slope, low, high = (v * 1000 for v in self.ttft_trend[:3])
+            return f"TTFT still rising, {slope:+.3g} ms/s [{low:+.3g}, {high:+.3g}]"
+        return {"misses": "more misses than the target allows",
+                "last-third misses": "more misses in the last third than the target allows",
+                "attainment": "below the target", "percentile target": "a percentile target missed"}.get(
+            self.decided_by, self.decided_by)
 
 
 @dataclasses.dataclass
@@ -285,13 +336,16 @@ def allowed_misses(planned: int, attainment: float) -> int:
     return int(math.floor(planned * (1 - attainment) + 1e-9))
 
 
+def _late(live: InFlight, now: float, ttft: float, e2e: float) -> bool:
+    return (live.first_output is None and now - live.send > ttft) or now - live.send > e2e
+
+
 def late_in_flight(in_flight: Sequence[InFlight], now: float, slos: Sequence[SLO]) -> int:
     """In-flight requests already known to miss: their first output (TTFT) or whole answer (E2E)
     is later than its threshold allows."""
     ttft = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
     e2e = min((s.threshold_s for s in slos if s.metric == "e2e"), default=math.inf)
-    return sum(1 for live in in_flight
-               if (live.first_output is None and now - live.send > ttft) or now - live.send > e2e)
+    return sum(1 for live in in_flight if _late(live, now, ttft, e2e))
 
 
 def certain_misses(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float,
@@ -303,19 +357,27 @@ def certain_misses(finished: Sequence[RequestRecord], in_flight: Sequence[InFlig
 class MissCounter:
     """`certain_misses` while a level runs, checked every few milliseconds: each finished request
     is judged once (the finished list only grows), so the check costs the client little however
-    long the level."""
+    long the level. `last_from_s`: also count the misses of requests scheduled from then on (the
+    window's last third) in `last`."""
 
-    def __init__(self, slos: Sequence[SLO]) -> None:
+    def __init__(self, slos: Sequence[SLO], last_from_s: float = math.inf) -> None:
         self.slos = slos
+        self.last_from_s = last_from_s
+        self.ttft = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
+        self.e2e = min((s.threshold_s for s in slos if s.metric == "e2e"), default=math.inf)
         self.judged = 0
-        self.finished_misses = 0
-        self.count = 0
+        self.finished_misses = self.finished_last = 0
+        self.count = self.last = 0
 
     def __call__(self, finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> int:
         for record in finished[self.judged:]:
-            self.finished_misses += not meets_slos(record, self.slos)
+            missed = not meets_slos(record, self.slos)
+            self.finished_misses += missed
+            self.finished_last += missed and record.scheduled_s >= self.last_from_s
         self.judged = len(finished)
-        self.count = self.finished_misses + late_in_flight(in_flight, now, self.slos)
+        late = [live for live in in_flight if _late(live, now, self.ttft, self.e2e)]
+        self.count = self.finished_misses + len(late)
+        self.last = self.finished_last + sum(live.scheduled_s >= self.last_from_s for live in late)
         return self.count
 
 
@@ -330,21 +392,33 @@ def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence
 
 
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
-          duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0) -> Step:
-    """A measured level as a `Step`: attainment, pass or fail, and the client's own verdict. An
-    abandoned level's attainment is the most it could still have reached (its certain misses
-    counted, everything else assumed good)."""
+          duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0, abandoned_by: str = "misses",
+          passes: int = 1) -> Step:
+    """A measured level as a `Step`: attainment, pass or fail (sustained: `replay.sustain.held`),
+    the test that decided, and the client's own verdict. An abandoned level's attainment is the most
+    it could still have reached (its certain misses counted, everything else assumed good)."""
     planned = len(requests)
     good, passed = level_verdict(result.records, planned, options.slos, options.attainment)
     attainment = good / planned if planned else 0.0
-    if result.abandoned and planned:
-        attainment, passed = (planned - misses_at_stop) / planned, False
     rps, tps = offered_rates(requests)
-    return Step(scale=scale, rps=rps, output_tps=tps, attainment=attainment, passed=passed,
+    window_s = requests[-1].scheduled_s - requests[0].scheduled_s if requests else 0.0
+    step = Step(scale=scale, rps=rps, output_tps=tps, attainment=attainment, passed=passed,
                 abandoned=result.abandoned, requests=result.sent or len(result.records), planned=planned, good=good,
                 duration_s=duration_s, lag_p99_s=lag_p99(result.records),
                 client_overloaded=client_overloaded(result.records, options.slos), repeat=repeat,
-                errors=sum(not r.success and not r.client_error for r in result.records))
+                errors=sum(not r.success and not r.client_error for r in result.records),
+                window_s=window_s, passes=passes, quarters=sustain.quarters(result.records, requests, options.slos))
+    if result.abandoned and planned:
+        step.attainment, step.passed, step.decided_by = (planned - misses_at_stop) / planned, False, abandoned_by
+    elif not passed:
+        step.decided_by = "attainment" if attainment < options.attainment else "percentile target"
+    else:
+        held = sustain.held(result.records, requests, options.slos, options.attainment, window_s, rps)
+        step.last_third = held.last_third
+        step.in_flight_trend = held.in_flight.as_list() if held.in_flight else None
+        step.ttft_trend = held.ttft.as_list() if held.ttft else None
+        step.passed, step.decided_by = not held.failed, held.failed or "held"
+    return step
 
 
 # -- the search -----------------------------------------------------------------------------------

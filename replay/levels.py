@@ -1,6 +1,7 @@
 """Capacity on a real engine: load levels replayed against one running engine (warm-up once, the engine
-drained and its prefix cache emptied before each level, a level abandoned once its outcome is certain),
-driven by the search of `replay.capacity`."""
+drained and its prefix cache emptied before each level, each level as long as `replay.sustain` says,
+the trace looped where it is shorter, a level abandoned once its outcome is certain), driven by the
+search of `replay.capacity`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine_adapter.errors import InputError
+from replay import sustain
 from replay.capacity import (CapacityOptions, CapacityResult, MissCounter, Step, allowed_misses, at_scale, judge,
                              offered_rates, search_capacity)
 from replay.runner import PreparedRequest, ReplayOptions, ReplayResult, replay
@@ -53,7 +55,12 @@ class LevelRunner:
     measured: list[tuple[Step, ReplayResult]] = dataclasses.field(default_factory=list)  # every replay, in order
     client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
     engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
+    lifetime_s: float = 0.0  # a request's lifetime the windows are sized for (the SLO's bound, or measured)
     _pool: Any = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        bound = sustain.lifetime_bound(self.options.slos, [r.max_tokens for r in self.requests])
+        self.lifetime_s = max(self.lifetime_s, bound)
 
     def _procs(self, requests: Sequence[PreparedRequest], repeat: bool) -> int:
         """Client processes for a level; a level the client could not keep up with is measured
@@ -82,19 +89,51 @@ class LevelRunner:
             self._pool.close()
             self._pool = None
 
+    def window(self, scale: float) -> sustain.Window:
+        """How long level `scale` lasts and how many passes of the trace fill it."""
+        o = self.options
+        return sustain.plan(self.requests, scale, seconds=o.level_seconds, lifetimes=o.level_lifetimes,
+                            min_requests=o.level_requests, lifetime_s=self.lifetime_s)
+
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
-        requests = at_scale(self.requests, scale)
+        """Measure level `scale` over its window. A passing level whose requests lived longer than the
+        window was sized for (the SLO bounds no lifetime, or the engine is slower) is measured once
+        more, over a window sized by its measured median E2E latency."""
+        window = self.window(scale)
+        step, result = self._replay_level(scale, window, repeat, abandon)
+        lifetime = median_e2e(result.records)
+        short = step.passed and self.options.level_lifetimes * lifetime > window.seconds * (1 + 1e-6)
+        if lifetime > self.lifetime_s and step.passed:
+            self.lifetime_s = lifetime
+        if short:
+            step.passed, step.decided_by = False, "window short"
+        self._record(scale, step, result)
+        if short:
+            step = self.level(scale, repeat, abandon=abandon)
+        return step
+
+    def _replay_level(self, scale: float, window: sustain.Window, repeat: bool,
+                      abandon: bool | None) -> tuple[Step, ReplayResult]:
+        requests = at_scale(sustain.looped(self.requests, window.passes), scale)
         warmup = list(self.warmup) if not self.results else []
         if self.before_level is not None:
             self.before_level()
         opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
                                    max_duration_s=None, time_scale=1.0)
+        last_from = requests[-1].scheduled_s * (1 - sustain.LAST_PART)
         budget = allowed_misses(len(requests), self.options.attainment)
+        last_budget = allowed_misses(sum(r.scheduled_s >= last_from for r in requests), self.options.attainment)
         use_abandon = self.options.abandon if abandon is None else abandon
-        misses = MissCounter(self.options.slos)
+        misses = MissCounter(self.options.slos, last_from_s=last_from)
+        why = ["misses"]
 
         def certain(finished, in_flight, now) -> bool:
-            return misses(finished, in_flight, now) > budget
+            if misses(finished, in_flight, now) > budget:
+                return True
+            if misses.last > last_budget:
+                why[0] = "last-third misses"
+                return True
+            return False
 
         procs = self._procs(requests, repeat)
         t0 = time.perf_counter()
@@ -102,14 +141,16 @@ class LevelRunner:
                         headers=self.headers, on_progress=self.on_progress,
                         stop_when=certain if use_abandon else None, pool=self._pool_of(procs))
         step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
-                     misses_at_stop=misses.count)
+                     misses_at_stop=max(misses.count, misses.last), abandoned_by=why[0], passes=window.passes)
         step.client_procs = procs
+        return step, result
+
+    def _record(self, scale: float, step: Step, result: ReplayResult) -> None:
         if scale not in self.results or not (step.client_overloaded and not step.passed):
             self.results[scale] = result  # the latest replay of this level the client kept up with
         self.measured.append((step, result))
         if self.on_level is not None:
             self.on_level(step)
-        return step
 
     @property
     def base_rates(self) -> tuple[float, float]:
@@ -129,3 +170,9 @@ class LevelRunner:
         prompts = [r.prompt_tokens for res in self.results.values() for r in res.records if r.prompt_tokens]
         result.mean_prompt_tokens = float(np.mean(prompts)) if prompts else 0.0
         return result
+
+
+def median_e2e(records: Sequence[Any]) -> float:
+    """The median E2E latency of a level's successful requests (0 when none succeeded)."""
+    done = [r.e2e_s for r in records if r.success]
+    return float(np.median(done)) if done else 0.0

@@ -167,6 +167,7 @@ class InFlight:
 
     send: float
     first_output: float | None = None
+    scheduled_s: float = 0.0  # its place in the schedule, as in its record
 
 
 # Called while a replay runs with (finished records, requests in flight, clock now); True stops it.
@@ -212,7 +213,7 @@ class Replayer:
     async def _measured(self, session, request: PreparedRequest, body: bytes, start: float, total: int,
                         scheduled_s: float) -> RequestRecord:
         send = self.clock()
-        live = self.live[request.index] = InFlight(send)
+        live = self.live[request.index] = InFlight(send, scheduled_s=scheduled_s)
 
         def first_output() -> None:
             live.first_output = self.clock()

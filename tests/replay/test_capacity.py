@@ -292,7 +292,9 @@ def test_level_runner_finds_a_slot_servers_capacity_and_abandons_hopeless_levels
     # 8 slots x 0.1 s = 80 req/s. The trace offers 30 req/s for 4 s (120 requests): capacity ~2.7x,
     # a little more while the queue a level builds stays under the 300 ms TTFT.
     requests = [PreparedRequest(index=i, id=None, scheduled_s=i / 30, max_tokens=2, prompt="p") for i in range(120)]
-    opts = CapacityOptions(slos=tuple(parse_slos("ttft:p99<300ms")), precision=0.25, max_scale=32)
+    # Levels of 4 s (the trace looped): this test is about abandoning, not about steady state.
+    opts = CapacityOptions(slos=tuple(parse_slos("ttft:p99<300ms")), precision=0.25, max_scale=32, level_seconds=4,
+                           level_requests=0)
     steps = []
     with SlotServer(slots=8, service_s=0.1) as server:
         runner = LevelRunner(server.base_url, "m", requests, ReplayOptions(), opts,

@@ -1,0 +1,215 @@
+"""Sustained load levels: how long a level lasts, and whether the engine held it to the end.
+
+A capacity is what a platform team provisions from, so a load level must show that the engine can
+hold its load, not that it survives a few seconds of it. `replay.capacity` defines the capacity;
+this module owns the two rules that make a level *sustained*.
+
+**The window.** A level lasts at least `level_seconds` (default 30 s), at least `level_lifetimes`
+(default 5) request lifetimes and at least `level_requests` (default 300) requests. A request's
+lifetime is the longest a request of the trace's median output length may live and still meet the
+SLO (TTFT threshold + TPOT threshold x (tokens - 1), or the E2E threshold), or its measured median
+E2E latency when that is longer (the SLO bounds no lifetime, or the engine is slower). Why: an
+engine admits many sequences at once; its batch, and with it TPOT and the KV cache in use, fills
+over a few lifetimes after the load starts, so a shorter window measures a transient (on an H200,
+300-request levels passed at 1.15-2x the rates the same engines held for 80 s).
+
+A trace shorter than the window is replayed again end to end (pass 2, 3, ...): each pass's
+arrivals shifted by the trace's span plus its mean gap (the rate stays the trace's), its requests
+and their mix unchanged. Every prompt of a pass after the first starts with a tag naming the pass
+("(pass 2) "): requests of one pass share prefixes with each other as the trace's do, never with an
+earlier pass, so looping adds no prefix-cache hit the trace did not have (at the price of a few
+prompt tokens).
+
+**Held.** A level that meets its attainment over the whole window passes only if the engine also
+held it to the end, tested in this order (the step names the test that decided, `decided_by`):
+- *last third*: the requests scheduled in the window's last third meet the attainment target too;
+- *queue*: the requests in flight, averaged over 8 blocks of the window's last half, are not rising
+  by more than 5% of the arrival rate (the 95% interval of the slope lies above it): the engine
+  finishes fewer requests than arrive;
+- *TTFT*: the blocks' median TTFT is not rising so fast that, at the slope's 95% lower bound, it
+  would cross the TTFT threshold within one more window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from replay.metrics import SLO, meets_slos
+from replay.runner import PreparedRequest, RequestRecord
+
+LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the target on its own
+TREND_PART = 0.5  # the share of the window (its end) where the trends are measured
+TREND_BLOCKS = 8
+QUEUE_GROWTH = 0.05  # in-flight growth, as a share of the arrival rate, that counts as a rising queue
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """How one level is replayed: `passes` of the trace, `seconds` long at its rate, `requests` sent."""
+
+    passes: int
+    seconds: float
+    requests: int
+    lifetime_s: float  # the request lifetime the window was sized for
+
+
+def period(requests: Sequence[PreparedRequest]) -> float:
+    """Trace seconds from one pass's start to the next: the span of its arrivals plus their mean gap."""
+    n = len(requests)
+    span = requests[-1].scheduled_s - requests[0].scheduled_s if n else 0.0
+    return span * n / (n - 1) if n > 1 else 0.0
+
+
+def lifetime_bound(slos: Sequence[SLO], output_tokens: Sequence[int]) -> float:
+    """The longest a request of the median output length may live and still meet `slos` (0 when
+    the SLO bounds no lifetime, e.g. a TTFT target alone)."""
+    def threshold(metric: str) -> float:
+        return min((s.threshold_s for s in slos if s.metric == metric), default=math.inf)
+
+    tokens = float(np.median(output_tokens)) if len(output_tokens) else 1.0
+    bound = threshold("e2e")
+    if math.isfinite(threshold("ttft")) and math.isfinite(threshold("tpot")):
+        bound = min(bound, threshold("ttft") + threshold("tpot") * max(tokens - 1, 0.0))
+    return bound if math.isfinite(bound) else 0.0
+
+
+def plan(requests: Sequence[PreparedRequest], scale: float, *, seconds: float, lifetimes: float,
+         min_requests: int, lifetime_s: float) -> Window:
+    """The window of level `scale`: whole passes of the trace, enough for every minimum."""
+    n, trace_period = len(requests), period(requests)
+    if n < 2 or trace_period <= 0:
+        return Window(1, 0.0, n, lifetime_s)
+    rate = n / trace_period * scale
+    need_s = max(seconds, lifetimes * lifetime_s, min_requests / rate)
+    passes = max(1, math.ceil(need_s * scale / trace_period - 1e-9))
+    return Window(passes, passes * trace_period / scale, passes * n, lifetime_s)
+
+
+def looped(requests: Sequence[PreparedRequest], passes: int) -> list[PreparedRequest]:
+    """The trace `passes` times end to end; a later pass's requests get new indices and tagged prompts."""
+    out = list(requests)
+    if passes <= 1 or not requests:
+        return out
+    shift = period(requests)
+    stride = max(r.index for r in requests) + 1
+    for p in range(1, passes):
+        tag = f"(pass {p + 1}) "
+        out += [dataclasses.replace(r, index=r.index + p * stride, id=None if r.id is None else f"{r.id}~{p + 1}",
+                                    scheduled_s=r.scheduled_s + p * shift,
+                                    prompt=None if r.prompt is None else tag + r.prompt,
+                                    messages=_tagged(r.messages, tag)) for r in requests]
+    return out
+
+
+def _tagged(messages: list[dict[str, Any]] | None, tag: str) -> list[dict[str, Any]] | None:
+    """The messages with `tag` at the start of the first one's text."""
+    if not messages:
+        return messages
+    first = dict(messages[0])
+    content = first.get("content")
+    if isinstance(content, list):
+        first["content"] = [{"type": "text", "text": tag}, *content]
+    else:
+        first["content"] = tag + (content or "")
+    return [first, *messages[1:]]
+
+
+# -- was the level held? ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Trend:
+    """A least-squares slope over the blocks of the window's end, per second, with its 95% interval,
+    and the fitted value at the end."""
+
+    slope: float
+    low: float
+    high: float
+    end: float
+
+    def as_list(self) -> list[float]:
+        return [self.slope, self.low, self.high, self.end]
+
+    @classmethod
+    def fit(cls, times: Sequence[float], values: Sequence[float]) -> Trend | None:
+        x, y = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
+        if x.size < 4 or np.ptp(x) <= 0:
+            return None
+        slope, intercept = np.polyfit(x, y, 1)
+        residuals = y - (slope * x + intercept)
+        se = math.sqrt(float(residuals @ residuals) / (x.size - 2) / float(((x - x.mean()) ** 2).sum()))
+        from scipy import stats  # imported here: it costs a command's start ~0.5 s
+
+        half = float(stats.t.ppf(0.975, x.size - 2)) * se
+        return cls(float(slope), float(slope - half), float(slope + half), float(slope * x.max() + intercept))
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """The tests of a level that met its attainment over the whole window; `failed` names the first
+    that did not hold ("" when every one did)."""
+
+    last_third: float  # attainment of the requests scheduled in the window's last third
+    in_flight: Trend | None  # requests in flight (per second)
+    ttft: Trend | None  # median TTFT (seconds per second)
+    failed: str = ""
+
+
+def share_good(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], slos: Sequence[SLO],
+               start_s: float, end_s: float = math.inf) -> float:
+    """Good requests among those scheduled in [start_s, end_s), over how many were planned there."""
+    def inside(t: float) -> bool:
+        return start_s <= t < end_s
+
+    n = sum(inside(r.scheduled_s) for r in planned)
+    good = sum(meets_slos(r, slos) for r in records if inside(r.scheduled_s))
+    return good / n if n else 1.0
+
+
+def quarters(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], slos: Sequence[SLO]) -> list[float]:
+    """Attainment of each quarter of the window (by schedule), to see a level decay."""
+    span = planned[-1].scheduled_s if planned else 0.0
+    edges = [span * q / 4 for q in range(4)] + [math.inf]
+    return [share_good(records, planned, slos, edges[q], edges[q + 1]) for q in range(4)]
+
+
+def block_trends(records: Sequence[RequestRecord], window_s: float) -> tuple[Trend | None, Trend | None]:
+    """(in-flight, median TTFT) trends over TREND_BLOCKS blocks of the window's last TREND_PART, by
+    send time. In flight: the time-average of requests between their send and their end."""
+    if not records or window_s <= 0:
+        return None, None
+    send = np.asarray([r.send_s for r in records], dtype=float)
+    end = send + np.asarray([r.e2e_s for r in records], dtype=float)
+    edges = np.linspace(window_s * (1 - TREND_PART), window_s, TREND_BLOCKS + 1)
+    mids, flight, ttft_mids, ttft = [], [], [], []
+    for a, b in zip(edges[:-1], edges[1:]):
+        mids.append((a + b) / 2)
+        flight.append(float(np.clip(np.minimum(end, b) - np.maximum(send, a), 0, None).sum()) / (b - a))
+        first = [r.ttft_s for r in records if a <= r.send_s < b and r.success and r.ttft_s is not None]
+        if first:
+            ttft_mids.append((a + b) / 2)
+            ttft.append(float(np.median(first)))
+    return Trend.fit(mids, flight), Trend.fit(ttft_mids, ttft)
+
+
+def held(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], slos: Sequence[SLO],
+         attainment: float, window_s: float, rate: float) -> Held:
+    """The held-to-the-end tests of a level (see the module's text), in order."""
+    span = planned[-1].scheduled_s if planned else 0.0
+    last = share_good(records, planned, slos, span * (1 - LAST_PART))
+    in_flight, ttft = block_trends(records, span)
+    failed = ""
+    ttft_threshold = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
+    if last < attainment:
+        failed = "last third"
+    elif in_flight is not None and in_flight.low > QUEUE_GROWTH * rate:
+        failed = "queue rising"
+    elif ttft is not None and ttft.low > 0 and ttft.end + ttft.low * window_s >= ttft_threshold:
+        failed = "TTFT rising"
+    return Held(last, in_flight, ttft, failed)
+
+
+def lifetime_note(window: Window) -> str:
+    return f"{window.lifetime_s:.3g} s" if window.lifetime_s else "not bounded by the SLO"
