@@ -114,12 +114,13 @@ def capacity_command(args: argparse.Namespace, console) -> int:
 
         console.print(f"searching the capacity of {engine_info.get('endpoint') or 'vLLM'} at SLO {args.slo} "
                       f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)
-        with _level_progress(console) as (on_progress, on_level):
+        with _level_progress(console) as (on_progress, on_level, progress_print):
             runner = LevelRunner(engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:],
                                  replay_options, options, warmup=everything[:n_warm], engine=None,
                                  headers=engine.endpoint.headers or None, before_level=before_level,
                                  on_level=on_level, on_progress=on_progress, client_procs=args.client_procs,
                                  engine_cores=engine_cores(args, engine_info, config))
+            progress_print(runner.describe())
             result = runner.search(gpus=config.gpus() if config is not None else 1)
     console.print(f"[bold]{result.headline()}[/]", highlight=False)
     payload = {"trace": str(args.trace), **engine_info, **result.as_dict()}
@@ -146,4 +147,4 @@ def _level_progress(console):
             progress.console.print("  " + step.line(), highlight=False)
             progress.reset(task, total=None, info="")
 
-        yield on_progress, on_level
+        yield on_progress, on_level, lambda text: progress.console.print("  " + text, highlight=False)

@@ -16,6 +16,7 @@ class ConsoleReporter:
         self.console, self.progress = console, progress
         self.storage, self.platform = storage, platform
         self.task = None  # the progress line of the engine being measured
+        self.window_said = False
 
     def __call__(self, event: str, **fields: Any) -> None:
         handler = getattr(self, f"on_{event}", None)
@@ -85,6 +86,11 @@ class ConsoleReporter:
     def on_client_overloaded(self, label: str, lag_p99_s: float, procs: int, **_: Any) -> None:
         self.print(f"  {label}: [yellow]client overloaded[/] (schedule lag p99 {lag_p99_s * 1000:.0f} ms): measured "
                    f"again with {procs} client processes")
+
+    def on_capacity_window(self, text: str) -> None:
+        if not self.window_said:  # the same rule for every trial: said once
+            self.window_said = True
+            self.print("  " + text)
 
     def on_capacity_step(self, label: str, step: Any) -> None:
         self.print("  " + step.line(label))

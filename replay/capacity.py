@@ -111,7 +111,7 @@ class Step:
     # it: "attainment", "percentile target", "last third", "queue rising", "TTFT rising"; an abandoned
     # level: "misses" or "last-third misses" (more certain misses than the target allows there).
     decided_by: str = ""
-    window_s: float = 0.0  # the level's schedule, first to last arrival
+    window_s: float = 0.0  # the level's length: its requests over its rate
     passes: int = 1  # times the trace was replayed end to end to fill the window
     last_third: float | None = None  # attainment of the requests scheduled in the window's last third
     quarters: list[float] = dataclasses.field(default_factory=list)  # attainment per quarter of the window
@@ -119,7 +119,7 @@ class Step:
     ttft_trend: list[float] | None = None  # median TTFT at the end (s): slope/s, 95% low, high, end value
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "outcome": self.outcome}
 
     @property
     def outcome(self) -> str:
@@ -294,16 +294,14 @@ def caveats(cap: dict[str, Any] | None) -> list[str]:
 
 # -- one load level -------------------------------------------------------------------------------
 def offered_rates(requests: Sequence[PreparedRequest]) -> tuple[float, float]:
-    """(requests/s, output tokens/s) the schedule offers: n-1 gaps over the span between the first
-    and the last arrival (a single request, or all at once: its count per second)."""
+    """(requests/s, output tokens/s) the schedule offers: its requests over its period (the span of
+    its arrivals plus their mean gap, `replay.sustain.period`), the same whether it is replayed once
+    or looped; all at once: their count per second."""
     if not requests:
         return 0.0, 0.0
-    span = requests[-1].scheduled_s - requests[0].scheduled_s
-    n = len(requests)
-    if span <= 0:
-        return float(n), float(sum(r.max_tokens for r in requests))
+    n, length = len(requests), sustain.period(requests)
     per_request_tokens = sum(r.max_tokens for r in requests) / n
-    rps = (n - 1) / span
+    rps = n / length if length > 0 else float(n)
     return rps, rps * per_request_tokens
 
 
@@ -401,7 +399,7 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
     good, passed = level_verdict(result.records, planned, options.slos, options.attainment)
     attainment = good / planned if planned else 0.0
     rps, tps = offered_rates(requests)
-    window_s = requests[-1].scheduled_s - requests[0].scheduled_s if requests else 0.0
+    window_s = len(requests) / rps if rps > 0 else 0.0
     step = Step(scale=scale, rps=rps, output_tps=tps, attainment=attainment, passed=passed,
                 abandoned=result.abandoned, requests=result.sent or len(result.records), planned=planned, good=good,
                 duration_s=duration_s, lag_p99_s=lag_p99(result.records),

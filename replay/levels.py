@@ -95,6 +95,12 @@ class LevelRunner:
         return sustain.plan(self.requests, scale, seconds=o.level_seconds, lifetimes=o.level_lifetimes,
                             min_requests=o.level_requests, lifetime_s=self.lifetime_s)
 
+    def describe(self) -> str:
+        """The window rule this runner applies, in one sentence."""
+        o = self.options
+        return sustain.describe(self.requests, seconds=o.level_seconds, lifetimes=o.level_lifetimes,
+                                min_requests=o.level_requests, lifetime_s=self.lifetime_s)
+
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
         """Measure level `scale` over its window. A passing level whose requests lived longer than the
         window was sized for (the SLO bounds no lifetime, or the engine is slower) is measured once

@@ -14,8 +14,8 @@ over a few lifetimes after the load starts, so a shorter window measures a trans
 300-request levels passed at 1.15-2x the rates the same engines held for 80 s).
 
 A trace shorter than the window is replayed again end to end (pass 2, 3, ...): each pass's
-arrivals shifted by the trace's span plus its mean gap (the rate stays the trace's), its requests
-and their mix unchanged. Every prompt of a pass after the first starts with a tag naming the pass
+arrivals shifted by the trace's span plus its mean gap between arrival instants (the rate stays the
+trace's), its requests and their mix unchanged. Every prompt of a pass after the first starts with a tag naming the pass
 ("(pass 2) "): requests of one pass share prefixes with each other as the trace's do, never with an
 earlier pass, so looping adds no prefix-cache hit the trace did not have (at the price of a few
 prompt tokens).
@@ -58,10 +58,14 @@ class Window:
 
 
 def period(requests: Sequence[PreparedRequest]) -> float:
-    """Trace seconds from one pass's start to the next: the span of its arrivals plus their mean gap."""
-    n = len(requests)
-    span = requests[-1].scheduled_s - requests[0].scheduled_s if n else 0.0
-    return span * n / (n - 1) if n > 1 else 0.0
+    """Trace seconds from one pass's start to the next: the span of its arrivals plus the mean gap
+    between its distinct arrival instants (a trace recorded on a coarse grid, its requests arriving
+    a few at each instant, keeps its grid when looped). 0 when every request arrives at once."""
+    instants = np.unique(np.round([r.scheduled_s for r in requests], 3))
+    if instants.size < 2:
+        return 0.0
+    span = float(instants[-1] - instants[0])
+    return span * instants.size / (instants.size - 1)
 
 
 def lifetime_bound(slos: Sequence[SLO], output_tokens: Sequence[int]) -> float:
@@ -81,7 +85,7 @@ def plan(requests: Sequence[PreparedRequest], scale: float, *, seconds: float, l
          min_requests: int, lifetime_s: float) -> Window:
     """The window of level `scale`: whole passes of the trace, enough for every minimum."""
     n, trace_period = len(requests), period(requests)
-    if n < 2 or trace_period <= 0:
+    if trace_period <= 0:
         return Window(1, 0.0, n, lifetime_s)
     rate = n / trace_period * scale
     need_s = max(seconds, lifetimes * lifetime_s, min_requests / rate)
@@ -211,5 +215,12 @@ def held(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], s
     return Held(last, in_flight, ttft, failed)
 
 
-def lifetime_note(window: Window) -> str:
-    return f"{window.lifetime_s:.3g} s" if window.lifetime_s else "not bounded by the SLO"
+def describe(requests: Sequence[PreparedRequest], *, seconds: float, lifetimes: float, min_requests: int,
+             lifetime_s: float) -> str:
+    """The window rule in one sentence, for the start of a search."""
+    lifetime = (f"{lifetimes:g} request lifetimes ({lifetime_s:.3g} s within the SLO)" if lifetime_s
+                else f"{lifetimes:g} measured request lifetimes")
+    trace = f"the trace's {len(requests)} measured requests ({period(requests):.3g} s)"
+    return (f"each load level lasts >= {seconds:g} s, >= {lifetime} and >= {min_requests} requests; {trace} are "
+            f"replayed end to end as often as a level needs, each later pass's prompts starting with "
+            f"'(pass N) ' so that it hits no prefix cached by an earlier pass")

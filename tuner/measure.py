@@ -131,12 +131,14 @@ class EngineRuns:
         """Load levels on this running engine; each starts drained with an empty prefix cache."""
         n_warm = min(self.s.replay.warmup_requests, len(self.requests))
         options = dataclasses.replace(self.s.capacity, start_scale=start_scale)
-        return LevelRunner(server.endpoint.base_url, server.endpoint.model, self.requests[n_warm:], self.s.replay,
-                           options, warmup=self.requests[:n_warm], engine=server, headers=self.headers or None,
-                           before_level=lambda: settle(server, reset_prefix_cache=True),
-                           on_progress=self.on_replay_progress, client_procs=self.s.client_procs,
-                           engine_cores=engine_cores,
-                           on_level=lambda step: self.report("capacity_step", label=label, step=step))
+        runner = LevelRunner(server.endpoint.base_url, server.endpoint.model, self.requests[n_warm:], self.s.replay,
+                             options, warmup=self.requests[:n_warm], engine=server, headers=self.headers or None,
+                             before_level=lambda: settle(server, reset_prefix_cache=True),
+                             on_progress=self.on_replay_progress, client_procs=self.s.client_procs,
+                             engine_cores=engine_cores,
+                             on_level=lambda step: self.report("capacity_step", label=label, step=step))
+        self.report("capacity_window", text=runner.describe())
+        return runner
 
     def _trace_rate_level(self, runner: LevelRunner, server: Engine, out: dict[str, Any]) -> ReplayResult:
         """The trace at its own rate, replayed in full (never abandoned): the latency objectives

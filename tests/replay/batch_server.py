@@ -88,9 +88,8 @@ def app_for(engine: BatchEngine) -> web.Application:
             usage = {"prompt_tokens": 4, "completion_tokens": sent, "total_tokens": 4 + sent}
             end = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": usage}
             await response.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
-        except (asyncio.CancelledError, ConnectionResetError):
+        except (asyncio.CancelledError, ConnectionResetError):  # the client hung up (an abandoned level)
             seq.gone = True
-            raise
         return response
 
     app = web.Application()
@@ -108,6 +107,7 @@ async def main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     task = asyncio.create_task(engine.run())
+    task.add_done_callback(lambda t: t.cancelled() or print(f"engine loop ended: {t.exception()!r}", flush=True))
     print(f"batch server on port {args.port}", flush=True)
     await stop.wait()
     task.cancel()

@@ -134,12 +134,13 @@ SERVER_SLO = "ttft:p95<500ms,tpot:p95<200ms"
 
 
 @pytest.fixture(scope="module")
-def batch_server():
+def batch_server(tmp_path_factory):
     from engine_adapter.process import free_port
 
     port = free_port()
+    log = open(tmp_path_factory.mktemp("batch") / "server.log", "w")
     proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "batch_server.py"), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -150,7 +151,11 @@ def batch_server():
             time.sleep(0.1)
     yield url
     proc.terminate()
-    proc.wait(10)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
 
 
 @pytest.mark.slow
