@@ -10,7 +10,7 @@ within their latency targets. This module owns the definitions; everything else 
   failed request counts as infinitely slow there), and the engine held the load to the end: the
   window's last third meets the attainment target too, and neither the requests in flight nor the
   TTFT are still rising at the end (a slope with its 95% interval). `replay.sustain` has these
-  tests and the window's length: at least 30 s, 5 request lifetimes and 300 requests by default,
+  tests and the window's length: at least 30 s, 5 request lifetimes and 100 requests by default,
   the trace replayed end to end again where it is shorter. Each step names the test that decided.
 - *Load level k*: the trace replayed with its arrival times divided by k (k = 2: twice the
   recorded rate); content, lengths and prefixes unchanged, looped as the window needs.
@@ -50,7 +50,7 @@ from replay.runner import InFlight, PreparedRequest, ReplayResult, RequestRecord
 # A level's window by default (`replay.sustain` says why): seconds, request lifetimes, requests.
 LEVEL_SECONDS = 30.0
 LEVEL_LIFETIMES = 5.0
-LEVEL_REQUESTS = 300
+LEVEL_REQUESTS = 100
 
 @dataclasses.dataclass(frozen=True)
 class CapacityOptions:

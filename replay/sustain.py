@@ -5,13 +5,16 @@ hold its load, not that it survives a few seconds of it. `replay.capacity` defin
 this module owns the two rules that make a level *sustained*.
 
 **The window.** A level lasts at least `level_seconds` (default 30 s), at least `level_lifetimes`
-(default 5) request lifetimes and at least `level_requests` (default 300) requests. A request's
+(default 5) request lifetimes and at least `level_requests` (default 100) requests. A request's
 lifetime is the longest a request of the trace's median output length may live and still meet the
 SLO (TTFT threshold + TPOT threshold x (tokens - 1), or the E2E threshold), or its measured median
 E2E latency when that is longer (the SLO bounds no lifetime, or the engine is slower). Why: an
 engine admits many sequences at once; its batch, and with it TPOT and the KV cache in use, fills
 over a few lifetimes after the load starts, so a shorter window measures a transient (on an H200,
-300-request levels passed at 1.15-2x the rates the same engines held for 80 s).
+300-request levels passed at 1.15-2x the rates the same engines held for 80 s). 30 s is a floor
+for engines whose requests live a second or two; 100 requests let a level at the 95% target miss 5
+before it fails, so one unlucky request does not decide it. On a GPU at chat SLOs the lifetimes
+rule decides (about 60 s and 1,200-2,100 requests a level on the H200).
 
 A trace shorter than the window is replayed again end to end (pass 2, 3, ...): each pass's
 arrivals shifted by the trace's span plus its mean gap between arrival instants (the rate stays the
