@@ -14,10 +14,15 @@ examples:
   tune capacity --trace examples/traffic.jsonl --slo "ttft:p99<2s,tpot:p99<200ms" --eager --json cap.json
   tune capacity --trace t.jsonl --endpoint http://127.0.0.1:8000 --slo "ttft:p99<500ms" --attainment 0.99
   tune capacity --trace t.jsonl --slo "e2e:p90<10s" --max-num-seqs 64 --precision 0.1 --max-duration 60
+  tune capacity --trace t.jsonl --slo "ttft:p95<1s,tpot:p95<50ms" --level-seconds 60 --precision 0.1
 
 A request is good when it meets every threshold of --slo (errors are misses); a load level (the
-trace's arrival times divided by k) passes when at least --attainment of its requests are good
-and every percentile target holds; capacity is the highest passing k, reported with its bracket.
+trace's arrival times divided by k) passes when at least --attainment of its requests are good,
+every percentile target holds, and the engine held it to the end: its last third meets
+--attainment too, and neither the requests in flight nor TTFT are still rising. A level lasts at
+least --level-seconds, --level-lifetimes request lifetimes and --level-requests requests; a
+shorter trace is replayed end to end again (later passes' prompts tagged: no extra prefix-cache
+hits). Capacity is the highest passing k, reported with its bracket.
 """
 
 

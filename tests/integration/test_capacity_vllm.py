@@ -26,8 +26,14 @@ def test_tune_capacity_brackets_the_highest_passing_level(tmp_path):
     cap = json.loads(out.read_text())
     steps = cap["steps"]
     assert cap["attainment_target"] == 0.95 and cap["slo"] == ["ttft:p99<4000ms", "tpot:p99<300ms"]
-    for key in ("scale", "rps", "attainment", "passed", "abandoned", "requests", "duration_s"):
+    for key in ("scale", "rps", "attainment", "passed", "abandoned", "requests", "duration_s", "decided_by", "outcome"):
         assert all(key in s for s in steps)
+    # sustained levels by default: >= 30 s and 100 requests each, the 22-request trace looped to fill them
+    held = [s for s in steps if not s["abandoned"]]
+    assert all(s["window_s"] >= 30 - 1e-6 and s["planned"] >= 100 and s["passes"] > 1 for s in held), held
+    assert all(s["decided_by"] == "held" for s in steps if s["passed"])
+    assert all(s["decided_by"] and s["decided_by"] != "held" for s in steps if not s["passed"])
+    assert "passes of the trace" in res.stdout
     passed = {s["scale"] for s in steps if s["passed"]}
     failed = {s["scale"] for s in steps if not s["passed"]}
     assert steps[0]["scale"] == 1.0 and cap["capacity_scale"] in passed
@@ -45,7 +51,8 @@ def test_capacity_study_ranks_against_the_reference(tmp_path):
     res = run_tune("--trace", str(TRACE), "--space", str(space), "--trials", "2", "--study", "cap",
                    "--run-dir", str(tmp_path), "--slo", SLO, "--precision", "0.2", "--probe-prompts", "2",
                    "--probe-tokens", "8", "--sampler", "random", "--gpu-hour-cost", "2", "--target-rate", "50",
-                   "--no-prune", timeout=1500)  # both searched to the end: this test is about the ranking
+                   "--no-prune", "--level-seconds", "8", "--level-requests", "0", "--level-lifetimes", "0",
+                   timeout=1500)  # both searched to the end, on 8 s levels: this test is about the ranking
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
     rows = ResultStore(f"sqlite:///{tmp_path / 'study.db'}").trials("cap")
     assert len(rows) == 2 and all(r["status"] == "measured" for r in rows)
