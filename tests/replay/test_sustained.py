@@ -188,3 +188,20 @@ def test_tune_capacity_measures_the_held_out_servers_steady_state(batch_server, 
     assert all(s["decided_by"] for s in steps)
     assert {s["decided_by"] for s in steps if s["passed"]} == {"held"}
     assert "passes of the trace" in proc.stdout and "held to the end" in proc.stdout
+
+
+def test_a_level_whose_requests_outlive_its_window_is_measured_again_over_a_longer_one():
+    from tests.replay.test_capacity import SlotServer
+
+    # a TTFT target bounds no lifetime: the 1 s window is sized blind, the requests live 0.4 s
+    requests = trace(20, rate=20.0, tokens=2)
+    opts = CapacityOptions(slos=tuple(parse_slos("ttft:p99<1s")), level_seconds=1, level_lifetimes=5,
+                           level_requests=0)
+    with SlotServer(slots=64, service_s=0.4) as server:
+        runner = LevelRunner(server.base_url, "m", requests, ReplayOptions(), opts)
+        assert runner.lifetime_s == 0
+        step = runner.level(1.0)
+    first, second = [s for s, _ in runner.measured]
+    assert not first.passed and first.decided_by == "window short" and first.passes == 1
+    assert second is step and step.passed and step.decided_by == "held"
+    assert runner.lifetime_s == pytest.approx(0.4, abs=0.1) and step.window_s >= 5 * 0.35 and step.passes >= 2
