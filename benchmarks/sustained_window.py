@@ -65,12 +65,12 @@ def report(rows: list[dict]) -> None:
     rows = sorted(rows, key=lambda r: r["window_s"] or 0)
     longest = rows[-1]["capacity_rps"]
     print(f"{'window':<9} {'req/level':>9} {'s/level':>7} {'capacity req/s':>14} {'bracket':>14} "
-          f"{'vs longest':>10} {'levels':>6} {'search':>6}")
+          f"{'vs ' + rows[-1]['window']:>10} {'levels':>6} {'search':>6}")
     for r in rows:
         low, high = r["bracket_rps"]
         bracket = f"[{low:.3g}, {'-' if high is None else f'{high:.3g}'}]"
         ratio = f"{r['capacity_rps'] / longest:.2f}x" if longest else "-"
-        print(f"{r['window']:<9} {r['requests_per_level']:>9} {r['window_s'] or 0:>7.0f} {r['capacity_rps']:>14.3g} "
+        print(f"{r['window']:<9} {r['requests_per_level']:>9} {r['window_s'] or 0:>7.3g} {r['capacity_rps']:>14.3g} "
               f"{bracket:>14} {ratio:>10} {r['levels']:>6} {r['search_s'] / 60:>5.1f}m")
 
 
