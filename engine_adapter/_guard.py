@@ -95,10 +95,13 @@ def main(argv: list[str]) -> int:
         return 2
     _set_parent_death_signal(signal.SIGTERM)
     pgid = os.getpgrp()
-    stopping = threading.Event()
+    # A plain flag, polled: a signal handler that calls Event.set() while the main thread sits in
+    # Event.wait() can deadlock on the event's own lock (seen: the tuner killed by SIGTERM, the
+    # parent-death SIGTERM caught mid-wait, the guard hung and its engine outlived the tuner).
+    stopping = [False]
 
     def request_stop(*_args: object) -> None:
-        stopping.set()
+        stopping[0] = True
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
@@ -114,12 +117,12 @@ def main(argv: list[str]) -> int:
                 pass
         except OSError:
             pass
-        stopping.set()
+        stopping[0] = True
 
     threading.Thread(target=watch_parent, daemon=True).start()
 
-    while server.poll() is None and not stopping.is_set():
-        stopping.wait(0.2)
+    while server.poll() is None and not stopping[0]:
+        time.sleep(0.2)
 
     if server.poll() is None:
         server.send_signal(signal.SIGTERM)
