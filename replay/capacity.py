@@ -44,7 +44,7 @@ import numpy as np
 
 from engine_adapter.errors import InputError
 from replay import sustain
-from replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value
+from replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value, threshold
 from replay.runner import InFlight, PreparedRequest, ReplayResult, RequestRecord
 
 # A level's window by default (`replay.sustain` says why): seconds, request lifetimes, requests.
@@ -341,8 +341,7 @@ def _late(live: InFlight, now: float, ttft: float, e2e: float) -> bool:
 def late_in_flight(in_flight: Sequence[InFlight], now: float, slos: Sequence[SLO]) -> int:
     """In-flight requests already known to miss: their first output (TTFT) or whole answer (E2E)
     is later than its threshold allows."""
-    ttft = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
-    e2e = min((s.threshold_s for s in slos if s.metric == "e2e"), default=math.inf)
+    ttft, e2e = threshold(slos, "ttft"), threshold(slos, "e2e")
     return sum(1 for live in in_flight if _late(live, now, ttft, e2e))
 
 
@@ -361,8 +360,7 @@ class MissCounter:
     def __init__(self, slos: Sequence[SLO], last_from_s: float = math.inf) -> None:
         self.slos = slos
         self.last_from_s = last_from_s
-        self.ttft = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
-        self.e2e = min((s.threshold_s for s in slos if s.metric == "e2e"), default=math.inf)
+        self.ttft, self.e2e = threshold(slos, "ttft"), threshold(slos, "e2e")
         self.judged = 0
         self.finished_misses = self.finished_last = 0
         self.count = self.last = 0

@@ -147,7 +147,7 @@ class LevelRunner:
                         headers=self.headers, on_progress=self.on_progress,
                         stop_when=certain if use_abandon else None, pool=self._pool_of(procs))
         step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
-                     misses_at_stop=max(misses.count, misses.last), abandoned_by=why[0], passes=window.passes)
+                     misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
         step.client_procs = procs
         return step, result
 

@@ -51,6 +51,11 @@ class SLO:
         return f"{self.metric}:{self.stat}<{self.threshold_s * 1000:g}ms"
 
 
+def threshold(slos: Sequence[SLO], metric: str) -> float:
+    """The tightest per-request threshold the SLO sets on `metric` (seconds; inf when it sets none)."""
+    return min((s.threshold_s for s in slos if s.metric == metric), default=math.inf)
+
+
 def lag_bound_s(slos: Sequence[SLO] = ()) -> float:
     """The schedule-lag p99 above which a replay under `slos` measured its client (see above)."""
     timed = [s.threshold_s for s in slos if s.metric in ("ttft", "e2e")]

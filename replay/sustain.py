@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from replay.metrics import SLO, meets_slos
+from replay.metrics import SLO, meets_slos, threshold
 from replay.runner import PreparedRequest, RequestRecord
 
 LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the target on its own
@@ -57,7 +57,6 @@ class Window:
     passes: int
     seconds: float
     requests: int
-    lifetime_s: float  # the request lifetime the window was sized for
 
 
 def period(requests: Sequence[PreparedRequest]) -> float:
@@ -74,13 +73,11 @@ def period(requests: Sequence[PreparedRequest]) -> float:
 def lifetime_bound(slos: Sequence[SLO], output_tokens: Sequence[int]) -> float:
     """The longest a request of the median output length may live and still meet `slos` (0 when
     the SLO bounds no lifetime, e.g. a TTFT target alone)."""
-    def threshold(metric: str) -> float:
-        return min((s.threshold_s for s in slos if s.metric == metric), default=math.inf)
-
     tokens = float(np.median(output_tokens)) if len(output_tokens) else 1.0
-    bound = threshold("e2e")
-    if math.isfinite(threshold("ttft")) and math.isfinite(threshold("tpot")):
-        bound = min(bound, threshold("ttft") + threshold("tpot") * max(tokens - 1, 0.0))
+    ttft, tpot = threshold(slos, "ttft"), threshold(slos, "tpot")
+    bound = threshold(slos, "e2e")
+    if math.isfinite(ttft) and math.isfinite(tpot):
+        bound = min(bound, ttft + tpot * max(tokens - 1, 0.0))
     return bound if math.isfinite(bound) else 0.0
 
 
@@ -89,11 +86,11 @@ def plan(requests: Sequence[PreparedRequest], scale: float, *, seconds: float, l
     """The window of level `scale`: whole passes of the trace, enough for every minimum."""
     n, trace_period = len(requests), period(requests)
     if trace_period <= 0:
-        return Window(1, 0.0, n, lifetime_s)
+        return Window(1, 0.0, n)
     rate = n / trace_period * scale
     need_s = max(seconds, lifetimes * lifetime_s, min_requests / rate)
     passes = max(1, math.ceil(need_s * scale / trace_period - 1e-9))
-    return Window(passes, passes * trace_period / scale, passes * n, lifetime_s)
+    return Window(passes, passes * trace_period / scale, passes * n)
 
 
 def looped(requests: Sequence[PreparedRequest], passes: int) -> list[PreparedRequest]:
@@ -208,7 +205,7 @@ def held(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], s
     last = share_good(records, planned, slos, span * (1 - LAST_PART))
     in_flight, ttft = block_trends(records, span)
     failed = ""
-    ttft_threshold = min((s.threshold_s for s in slos if s.metric == "ttft"), default=math.inf)
+    ttft_threshold = threshold(slos, "ttft")
     if last < attainment:
         failed = "last third"
     elif in_flight is not None and in_flight.low > QUEUE_GROWTH * rate:

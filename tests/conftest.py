@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,19 @@ def run_tune(*args, timeout=1800, cwd=ROOT):
     """`tune ARGS...` as a user runs it (a subprocess of this Python)."""
     return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
+
+
+def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
+    """Wait until GET `url` answers 200 (a stand-in server started as a subprocess is up)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

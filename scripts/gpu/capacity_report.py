@@ -183,8 +183,10 @@ def sustained() -> dict:
         start = float(text.split("healthy after ")[1].split("s")[0])
         low, high = bracket_rps(result)
         windows = [s for s in result["steps"] if not s["abandoned"]]
+        at_capacity = [s["passed"] for s in result["steps"] if s["scale"] == result["capacity_scale"]]
         runs[name] = {"label": label, "capacity_rps": low, "bracket_rps": [low, high], "unstable": result["unstable"],
                       "precision": result["precision"], "config": result.get("config"), "startup_s": start,
+                      "votes": f"{sum(at_capacity)} of {len(at_capacity)}",
                       "search_s": result["search_s"], "levels": len(result["steps"]),
                       "window_s": [min(s["window_s"] for s in windows), max(s["window_s"] for s in windows)],
                       "requests_per_level": [min(s["planned"] for s in windows), max(s["planned"] for s in windows)]}
@@ -199,7 +201,7 @@ def sustained() -> dict:
         low, high = r["bracket_rps"]
         r["ratio"] = low / ref
         r["ratio_bracket"] = [low / runs["default"]["bracket_rps"][1], high / ref]
-        note = " (unstable: 2 of 3 passed)" if r["unstable"] else ""
+        note = f" (unstable: {r['votes']} passed)" if r["unstable"] else ""
         print(f"| {r['label']} | {low:.1f} [{low:.1f}, {high:.1f}]{note} | {r['ratio']:.2f} "
               f"[{r['ratio_bracket'][0]:.2f}, {r['ratio_bracket'][1]:.2f}] | {r['levels']} | "
               f"{r['startup_s']:.0f} s + {r['search_s'] / 60:.1f} min |")

@@ -12,10 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from engine_adapter.process import free_port
@@ -23,6 +21,7 @@ from replay.metrics import summarize
 from replay.runner import ReplayOptions, Replayer, prepare, replay
 from replay.trace import Trace, TraceRecord
 from replay.workers import ClientPool, auto_client_procs, peak_rate
+from tests.conftest import wait_for_http
 from tests.replay.sse_server import SSEServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +40,7 @@ def zero_server(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "zero_latency_server.py"), str(port),
                              str(arrivals), "8"], stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    wait_for_http(url + "/health", 20)
     yield url
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)

@@ -9,10 +9,8 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from replay import sustain
@@ -20,6 +18,7 @@ from replay.capacity import CapacityOptions, judge
 from replay.levels import LevelRunner
 from replay.metrics import parse_slos
 from replay.runner import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord
+from tests.conftest import wait_for_http
 
 SLOS = tuple(parse_slos("ttft:p95<1s,tpot:p95<100ms"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,13 +141,7 @@ def batch_server(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "batch_server.py"), "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_for_http(url + "/v1/models", 30)
     yield url
     proc.terminate()
     try:
