@@ -4,15 +4,16 @@ traffic, then replay the recording against the same server."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from engine_adapter.openai_client import new_session, stream_completion
-from engine_adapter.vllm.server import VLLMConfig, VLLMServer
-from replay.record import RecordingProxy
-from replay.recorded import percentile
-from replay.runner import ReplayOptions, prepare, replay
-from replay.trace import load_trace
+from tracetune.engine_adapter.openai_client import new_session, stream_completion
+from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
+from tracetune.replay.record import RecordingProxy
+from tracetune.replay.recorded import percentile
+from tracetune.replay.runner import ReplayOptions, prepare, replay
+from tracetune.replay.trace import load_trace
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +39,8 @@ def test_record_then_replay(server, tmp_path):
             async with new_session(timeout_s=300) as session:
                 async def send(delay, **request):
                     await asyncio.sleep(delay)
-                    return await stream_completion(session, proxy.base_url, model=model, **request)
+                    sent = time.perf_counter()  # the proxy's clock too
+                    return sent, await stream_completion(session, proxy.base_url, model=model, **request)
 
                 # Concurrent, arriving in this order; the first is the longest, so finishes last.
                 # The second may stop at EOS: its recorded length must be what was generated.
@@ -50,7 +52,8 @@ def test_record_then_replay(server, tmp_path):
         finally:
             await proxy.stop()
 
-    seen, proxy = asyncio.run(record())
+    sent_seen, proxy = asyncio.run(record())
+    sent, seen = [s for s, _ in sent_seen], [r for _, r in sent_seen]
     assert all(s.success for s in seen), [s.error for s in seen]
     counts = dict(recorded=proxy.recorded, errors=proxy.errors, not_recordable=proxy.not_recordable,
                   interrupted=proxy.interrupted, outputs=[(s.output_tokens, s.text) for s in seen])
@@ -62,7 +65,14 @@ def test_record_then_replay(server, tmp_path):
     assert [m.model_dump() for m in trace.records[2].messages] == CHAT
     assert [r.output_length for r in trace.records] == [s.output_tokens for s in seen]
     assert [r.response for r in trace.records] == [s.text for s in seen]
-    assert [r.timestamp for r in trace.records] == pytest.approx([0.0, 0.2, 0.4], abs=0.15)
+    # Each arrival lies between its client's send and first token (a shared 2-core machine may
+    # delay a send by far more than its scheduled gap, so the client's instants are the reference).
+    first_token = [t + s.ttft_s for t, s in zip(sent, seen)]
+    stamps = [r.timestamp for r in trace.records]
+    assert stamps[0] == 0.0 and stamps == sorted(stamps), stamps
+    for i in (1, 2):
+        low, high = sent[i] - first_token[0], first_token[i] - sent[0]
+        assert low - 1e-3 <= stamps[i] <= high + 1e-3, (i, stamps, sent, first_token)
 
     lat = proxy.added_latency_s
     assert len(lat) == 3
