@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def run_vllm_bench(base_url: str, model: str, tokenizer: str, prompts: list[str], rate: float, tokens: int,
@@ -49,9 +48,9 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str, prompts: list[str]
 
 
 def run_tracetune(base_url: str, model: str, prompts: list[str], rate: float, tokens: int) -> dict:
-    from replay.metrics import summarize
-    from replay.runner import ReplayOptions, prepare, replay
-    from replay.trace import Trace, TraceRecord
+    from tracetune.replay.metrics import summarize
+    from tracetune.replay.runner import ReplayOptions, prepare, replay
+    from tracetune.replay.trace import Trace, TraceRecord
 
     trace = Trace(source="fidelity", records=[TraceRecord(timestamp=i / rate, prompt=p, output_length=tokens)
                                               for i, p in enumerate(prompts)])
@@ -72,9 +71,9 @@ def main() -> None:
     parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
-    from engine_adapter.models import prepare_default_model
-    from engine_adapter.vllm.server import VLLMConfig, VLLMServer
-    from replay.trace import load_trace
+    from tracetune.engine_adapter.models import prepare_default_model
+    from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
+    from tracetune.replay.trace import load_trace
 
     model_dir = prepare_default_model()
     prompts = [r.prompt for r in load_trace(args.trace).records if r.prompt][: args.requests]

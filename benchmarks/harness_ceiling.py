@@ -38,9 +38,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from engine_adapter.process import free_port  # noqa: E402
+from tracetune.engine_adapter.process import free_port  # noqa: E402
 
 LAG_LIMIT_S = 0.002
 TTFT_LIMIT_S = 0.010
@@ -98,7 +97,7 @@ def write_trace(path: Path, rate: float, n: int, tokens: int) -> None:
 def run_tracetune(port: int, rate: float, n: int, tokens: int, tmp: Path, cpus: list[int], procs: int) -> dict:
     trace, out = tmp / f"trace-{rate:g}.jsonl", tmp / f"tt-{port}"
     write_trace(trace, rate, n, tokens)
-    cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "cli", "replay",
+    cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "tracetune", "replay",
            "--trace", str(trace), "--endpoint", f"http://127.0.0.1:{port}", "--served-model", "zero",
            "--warmup", "0", "--request-timeout", "60", "--client-procs", str(procs), "--out", str(out)]
     t0 = time.perf_counter()
@@ -175,7 +174,7 @@ def main() -> None:
     parser.add_argument("--skip-vllm", action="store_true", help="tracetune only (no vLLM installed)")
     args = parser.parse_args()
 
-    from engine_adapter.models import prepare_default_model
+    from tracetune.engine_adapter.models import prepare_default_model
     tokenizer = "" if args.skip_vllm else str(prepare_default_model())
     rates = [float(r) for r in args.rates.split(",")]
     print(f"{len(cores())} cores; server on {args.server_cores} ({args.server_procs} process(es)); "

@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 SLO = "ttft:p99<2s,tpot:p99<100ms"  # the quickstart's
 
@@ -38,13 +37,13 @@ def main() -> int:
     p.add_argument("--export-only", action="store_true", help="only write the table from the stored study")
     args = p.parse_args()
 
-    from search_spaces.space import load_space
+    from tracetune.search_spaces.space import load_space
 
     space = load_space(args.space)
     points = space.grid()
     storage = f"sqlite:///{(args.run_dir / 'study.db').resolve()}"
     if not args.export_only:
-        from cli.main import main as tune_main
+        from tracetune.cli.main import main as tune_main
 
         argv = ["--trace", str(args.trace), "--space", str(args.space), "--study", args.study,
                 "--run-dir", str(args.run_dir), "--storage", storage, "--trials", str(len(points)),
@@ -73,7 +72,7 @@ def _capacity(summary: dict | None) -> dict:
 def export(args, space, storage: str) -> int:
     import optuna
 
-    from tuner.storage import REFERENCE_RUN, ResultStore
+    from tracetune.tuner.storage import REFERENCE_RUN, ResultStore
 
     study = optuna.load_study(study_name=args.study, storage=storage)
     store = ResultStore(storage)
@@ -99,7 +98,7 @@ def export(args, space, storage: str) -> int:
     reference = None
     ref_rows = store.trials(args.study, REFERENCE_RUN)
     if ref_rows:
-        from tuner.objectives import objective_value
+        from tracetune.tuner.objectives import objective_value
 
         ref = ref_rows[0]
         values = [objective_value(n, ref["summary"], None) if n != "quality_loss" else 0.0 for n in objectives]

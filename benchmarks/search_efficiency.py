@@ -43,7 +43,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 FRACTIONS = (0.10, 0.15, 0.25, 0.50)
 # name -> (sampler, presets, early stop, start-up trials sized to the space); "default" is what `tune`
@@ -107,7 +106,7 @@ class Replay:
     def __init__(self, bench: "Bench", strategy: str, seed: int) -> None:
         import optuna
 
-        from tuner.objectives import make_sampler, startup_trials
+        from tracetune.tuner.objectives import make_sampler, startup_trials
 
         sampler_name, self.use_presets, self.prune, small_start = STRATEGIES[strategy]
         sampler_name = bench.default_sampler if sampler_name == "DEFAULT" else sampler_name
@@ -143,7 +142,7 @@ class Replay:
         self.clocks += [self.clocks[-1]] * (n - len(self.clocks))
 
     def step(self) -> None:
-        from tuner.objectives import FAILED_VIOLATION, set_constraints
+        from tracetune.tuner.objectives import FAILED_VIOLATION, set_constraints
 
         trial = self.study.ask()
         params = self.bench.space.sample(trial)
@@ -160,7 +159,7 @@ class Replay:
         self.study.tell(trial, values)
 
     def measure(self, point: Point) -> tuple[list[float], bool]:
-        from tuner.front import Candidate, strongest_rival
+        from tracetune.tuner.front import Candidate, strongest_rival
 
         bench = self.bench
         if not point.measured:
@@ -184,11 +183,11 @@ class Replay:
 
 class Bench:
     def __init__(self, table: Path, space_path: Path, default_sampler: str, target: float) -> None:
-        from search_spaces.space import load_space
-        from tuner.front import REFERENCE, Candidate
-        from tuner.objectives import OBJECTIVES
-        from tuner.presets import presets
-        from replay.trace import load_trace
+        from tracetune.search_spaces.space import load_space
+        from tracetune.tuner.front import REFERENCE, Candidate
+        from tracetune.tuner.objectives import OBJECTIVES
+        from tracetune.tuner.presets import presets
+        from tracetune.replay.trace import load_trace
 
         objectives: list[str] = []
         self.points, self.reference, self.table = load_table(table, objectives)
@@ -222,7 +221,7 @@ class Bench:
 
     def volume(self, points: list[np.ndarray]) -> float:
         """Hypervolume of normalised points (every objective minimised)."""
-        from tuner.front import hypervolume
+        from tracetune.tuner.front import hypervolume
 
         return hypervolume([list(p) for p in points], self.ref_point)
 
@@ -304,7 +303,7 @@ def main() -> int:
 
     import optuna
 
-    from tuner.objectives import DEFAULT_SAMPLER
+    from tracetune.tuner.objectives import DEFAULT_SAMPLER
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def records(rng: np.random.Generator, n: int, scale: float) -> list:
-    from replay.runner import RequestRecord
+    from tracetune.replay.runner import RequestRecord
 
     out = []
     for i in range(n):
@@ -56,9 +55,9 @@ def capacity_dict(scales: list[float]) -> dict:
 def generate(url: str, args: argparse.Namespace) -> None:
     import optuna
 
-    from replay.metrics import summarize
-    from replay.runner import ReplayOptions, ReplayResult
-    from tuner.storage import ResultStore
+    from tracetune.replay.metrics import summarize
+    from tracetune.replay.runner import ReplayOptions, ReplayResult
+    from tracetune.tuner.storage import ResultStore
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     rng = np.random.default_rng(0)
@@ -111,8 +110,8 @@ def main() -> int:
     print(f"wrote {args.trials} trials x {args.levels} levels x {args.requests} requests in "
           f"{time.perf_counter() - t0:.0f}s")
     size_mb = db.stat().st_size / 2**20
-    from dashboard.data import load_study
-    from tuner.storage import ResultStore
+    from tracetune.dashboard.data import load_study
+    from tracetune.tuner.storage import ResultStore
 
     t0 = time.perf_counter()
     view = load_study(url, "big")

@@ -39,7 +39,7 @@ WINDOWS = [
 
 def measure(label: str, extra: list[str], trace: Path, out: Path, slo: str) -> dict:
     path = out / f"{label.replace(' ', '_')}.json"
-    cmd = [sys.executable, "-m", "cli", "capacity", "--trace", str(trace), "--slo", slo, "--eager",
+    cmd = [sys.executable, "-m", "tracetune", "capacity", "--trace", str(trace), "--slo", slo, "--eager",
            "--json", str(path), "--out", str(out / label.replace(" ", "_")), *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

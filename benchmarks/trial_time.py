@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 SPACE = """\
 name: trial-time
@@ -38,7 +37,7 @@ def run_study(out: Path, args: argparse.Namespace, capacity: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "space.yaml").write_text(SPACE)
     objectives = "ttft_p99,capacity,quality_loss" if capacity else "ttft_p99,output_tps,quality_loss"
-    cmd = [sys.executable, "-m", "cli", "--trace", str(args.trace), "--space", str(out / "space.yaml"),
+    cmd = [sys.executable, "-m", "tracetune", "--trace", str(args.trace), "--space", str(out / "space.yaml"),
            "--trials", str(len(CONFIGS)), "--study", "bench", "--run-dir", str(out), "--slo", args.slo,
            "--objectives", objectives, "--sampler", "random"]
     for config in CONFIGS:
@@ -48,7 +47,7 @@ def run_study(out: Path, args: argparse.Namespace, capacity: bool) -> None:
 
 
 def rows(out: Path) -> list[dict]:
-    from tuner.storage import ResultStore
+    from tracetune.tuner.storage import ResultStore
 
     store = ResultStore(f"sqlite:///{out / 'study.db'}")
     table = []

@@ -28,7 +28,7 @@ hits). Capacity is the highest passing k, reported with its bracket.
 
 def add_capacity_options(parser: argparse.ArgumentParser) -> None:
     """How a capacity search judges a load level and when it stops (`tune capacity`, `tune --trace --slo`)."""
-    from replay.capacity import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
+    from tracetune.replay.capacity import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
 
     parser.add_argument("--attainment", type=float, default=0.95, metavar="F",
                         help="capacity: share of requests that must meet every --slo threshold at a passing load "
@@ -47,7 +47,7 @@ def add_capacity_options(parser: argparse.ArgumentParser) -> None:
 
 def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any) -> Any:
     """The capacity search's options from the shared flags (`add_capacity_options`)."""
-    from replay.capacity import CapacityOptions
+    from tracetune.replay.capacity import CapacityOptions
 
     return CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision,
                            level_seconds=args.level_seconds, level_lifetimes=args.level_lifetimes,
@@ -55,8 +55,8 @@ def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from cli.engine_options import add_engine_options
-    from cli.replay import add_target_options
+    from tracetune.cli.engine_options import add_engine_options
+    from tracetune.cli.replay import add_target_options
 
     cp = sub.add_parser("capacity", help="highest request rate a configuration serves within the SLO",
                         epilog=CAPACITY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,11 +85,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def capacity_command(args: argparse.Namespace, console) -> int:
-    from engine_adapter.errors import InputError
-    from replay.levels import LevelRunner, settle
-    from cli.replay import prepare_run, prepared_requests
-    from replay.metrics import parse_slos
-    from replay.runner import ReplayOptions
+    from tracetune.errors import InputError
+    from tracetune.replay.levels import LevelRunner, settle
+    from tracetune.cli.replay import prepare_run, prepared_requests
+    from tracetune.replay.metrics import parse_slos
+    from tracetune.replay.runner import ReplayOptions
 
     options = capacity_options(args, parse_slos(args.slo), start_scale=args.start_scale, max_scale=args.max_scale,
                                min_scale=args.min_scale, confirm=not args.no_repeat, abandon=not args.no_abandon)
@@ -102,7 +102,7 @@ def capacity_command(args: argparse.Namespace, console) -> int:
     if args.json is not None and args.json.is_dir():
         raise InputError(f"--json {args.json}: is a directory; name a file")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from cli.replay import engine_cores, serving_target
+    from tracetune.cli.replay import engine_cores, serving_target
 
     with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
         everything = prepared_requests(trace, replay_options, tokenizer_dir, console)

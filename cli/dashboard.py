@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dashboard import APP, ENV_STORAGE, ENV_STUDY
+from tracetune.dashboard import APP, ENV_STORAGE, ENV_STUDY
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")  # = dashboard.export.FORMATS (not imported: fast --help)
 
 DASHBOARD_EPILOG = """\
@@ -93,7 +93,7 @@ def check_port_free(host: str, port: int) -> None:
     other program, e.g. another study's dashboard)."""
     import socket
 
-    from engine_adapter.errors import InputError
+    from tracetune.errors import InputError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -123,8 +123,8 @@ def streamlit_argv(host: str, port: int) -> list[str]:
 
 
 def dashboard_command(args: argparse.Namespace, console) -> int:
-    from dashboard.storage import resolve_study, storage_url
-    from engine_adapter.errors import InputError
+    from tracetune.dashboard.storage import resolve_study, storage_url
+    from tracetune.errors import InputError
 
     if not 0 < args.port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {args.port}")
@@ -159,10 +159,10 @@ def dashboard_command(args: argparse.Namespace, console) -> int:
 
 
 def export_command(args: argparse.Namespace, console) -> int:
-    from dashboard.data import load_study
-    from dashboard.storage import storage_url
-    from dashboard.export import ExportOptions, FILE_NAMES, export
-    from dashboard.pick import select_trial
+    from tracetune.dashboard.data import load_study
+    from tracetune.dashboard.storage import storage_url
+    from tracetune.dashboard.export import ExportOptions, FILE_NAMES, export
+    from tracetune.dashboard.pick import select_trial
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,

@@ -23,7 +23,7 @@ def _progress(message: str) -> None:
 
 
 def model_prepare(args: argparse.Namespace) -> int:
-    from engine_adapter.models import resolve_model
+    from tracetune.engine_adapter.models import resolve_model
 
     t0 = time.perf_counter()
     with console.status("preparing model…"):
@@ -33,15 +33,15 @@ def model_prepare(args: argparse.Namespace) -> int:
 
 
 def _config_from(args: argparse.Namespace):
-    from cli.engine_options import resolve_engine_config
+    from tracetune.cli.engine_options import resolve_engine_config
 
     with console.status("preparing model…"):
         return resolve_engine_config(args, _progress)
 
 
 def engine_command(args: argparse.Namespace) -> int:
-    from engine_adapter.platform import detect_platform
-    from engine_adapter.registry import engine_kind
+    from tracetune.engine_adapter.platform import detect_platform
+    from tracetune.engine_adapter.registry import engine_kind
 
     config = _config_from(args)
     platform = detect_platform()
@@ -53,7 +53,7 @@ def engine_command(args: argparse.Namespace) -> int:
 
 
 def _default_check_prompt() -> str:
-    from replay.synth import load_corpus_text
+    from tracetune.replay.synth import load_corpus_text
 
     # Real text (the first ShareGPT prompts of the bundled corpus), cut at a paragraph break.
     text = load_corpus_text()[:1400].rsplit("\n", 1)[0]
@@ -70,9 +70,9 @@ def _ms(seconds: float | None) -> str:
 
 
 def engine_check(args: argparse.Namespace) -> int:
-    from engine_adapter.errors import EngineError
-    from engine_adapter.openai_client import new_session
-    from engine_adapter.registry import make_engine
+    from tracetune.errors import EngineError
+    from tracetune.engine_adapter.openai_client import new_session
+    from tracetune.engine_adapter.registry import make_engine
 
     config = _config_from(args)
     prompt = args.prompt or _default_check_prompt()

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from engine_adapter.errors import InputError
+from tracetune.errors import InputError
 
 B = argparse.BooleanOptionalAction
 # The one list of engine flags: (VLLMConfig field, flag, argparse keywords). The parser, the config
@@ -83,7 +83,7 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
     """Build and validate a VLLMConfig from parsed flags (ENGINE_FLAGS); errors name the flag."""
     from pydantic import ValidationError
 
-    from engine_adapter.vllm.server import VLLMConfig
+    from tracetune.engine_adapter.vllm.server import VLLMConfig
 
     fields: dict[str, Any] = {"model": model_dir, "speculative": {}}
     for field, flag, _ in ENGINE_FLAGS:
@@ -101,6 +101,6 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
 
 def resolve_engine_config(args: argparse.Namespace, progress=lambda message: None) -> Any:
     """The VLLMConfig the flags describe, on the model they name (the bundled default if none)."""
-    from engine_adapter.models import resolve_model
+    from tracetune.engine_adapter.models import resolve_model
 
     return engine_config_from_args(args, resolve_model(args.model, progress))

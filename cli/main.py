@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine_adapter.errors import TuneError
+from tracetune.errors import TuneError
 
 EPILOG = """\
 examples:
@@ -29,9 +29,9 @@ examples:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from cli.engine_options import add_engine_options
+    from tracetune.cli.engine_options import add_engine_options
 
-    from cli import tune
+    from tracetune.cli import tune
 
     parser = argparse.ArgumentParser(
         prog="tune",
@@ -77,16 +77,16 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="where engine logs go (default runs/engine-check)")
     check.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
 
-    from cli.replay import add_parsers as add_replay_parsers
+    from tracetune.cli.replay import add_parsers as add_replay_parsers
 
     add_replay_parsers(sub)
-    from cli.capacity import add_parser as add_capacity_parser
+    from tracetune.cli.capacity import add_parser as add_capacity_parser
 
     add_capacity_parser(sub)
-    from cli.record import add_parser as add_record_parser
+    from tracetune.cli.record import add_parser as add_record_parser
 
     add_record_parser(sub)
-    from cli.dashboard import add_parsers as add_dashboard_parsers
+    from tracetune.cli.dashboard import add_parsers as add_dashboard_parsers
 
     add_dashboard_parsers(sub)
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv)  # as given: `--gpus` starts workers with the same command line
-    from cli.engine import console
+    from tracetune.cli.engine import console
 
     try:
         return _run(parser, args, console, given=bool(argv))
@@ -128,36 +128,36 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, console, *, 
         if args.trace is None:
             parser.print_help()
             return 0
-        from cli.tune import run
+        from tracetune.cli.tune import run
         return run(args, console)
     if args.trace is not None and args.command not in ("replay", "capacity"):
         parser.error(f"--trace belongs to the main job (tune --trace FILE ...), not to `tune {args.command}`")
     if args.command == "model":
-        from cli.engine import model_prepare
+        from tracetune.cli.engine import model_prepare
         return model_prepare(args)
     if args.command == "engine" and args.engine_command == "check":
-        from cli.engine import engine_check
+        from tracetune.cli.engine import engine_check
         return engine_check(args)
     if args.command == "engine" and args.engine_command == "command":
-        from cli.engine import engine_command
+        from tracetune.cli.engine import engine_command
         return engine_command(args)
     if args.command == "replay":
-        from cli.replay import replay_command
+        from tracetune.cli.replay import replay_command
         return replay_command(args, console)
     if args.command == "capacity":
-        from cli.capacity import capacity_command
+        from tracetune.cli.capacity import capacity_command
         return capacity_command(args, console)
     if args.command == "record":
-        from cli.record import record_command
+        from tracetune.cli.record import record_command
         return record_command(args, console)
     if args.command == "trace" and args.trace_command == "convert":
-        from cli.replay import convert_command
+        from tracetune.cli.replay import convert_command
         return convert_command(args, console)
     if args.command == "dashboard":
-        from cli.dashboard import dashboard_command
+        from tracetune.cli.dashboard import dashboard_command
         return dashboard_command(args, console)
     if args.command == "export":
-        from cli.dashboard import export_command
+        from tracetune.cli.dashboard import export_command
         return export_command(args, console)
     parser.error(f"unknown command {args.command}")
     return 2

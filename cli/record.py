@@ -6,7 +6,7 @@ import argparse
 import signal
 from pathlib import Path
 
-from replay.record import DEFAULT_HOST, DEFAULT_PORT, SHUTDOWN_GRACE_S, RecordingProxy, parse_listen
+from tracetune.replay.record import DEFAULT_HOST, DEFAULT_PORT, SHUTDOWN_GRACE_S, RecordingProxy, parse_listen
 
 RECORD_EPILOG = f"""\
 Point clients at the proxy instead of the server (e.g. base URL http://127.0.0.1:{DEFAULT_PORT}/v1).

@@ -65,7 +65,7 @@ def engine_cores(args: argparse.Namespace, engine_info: dict, config: Any) -> in
     address, none for a remote endpoint."""
     import urllib.parse
 
-    from replay.workers import engine_cores as started_engine_cores
+    from tracetune.replay.workers import engine_cores as started_engine_cores
 
     if args.endpoint:
         host = urllib.parse.urlsplit(args.endpoint).hostname or ""
@@ -75,7 +75,7 @@ def engine_cores(args: argparse.Namespace, engine_info: dict, config: Any) -> in
 
 def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info: dict, config: Any) -> int:
     """The --client-procs to use for `requests`: as given, or chosen for their peak rate."""
-    from replay.workers import auto_client_procs
+    from tracetune.replay.workers import auto_client_procs
 
     if args.client_procs is not None:
         return args.client_procs
@@ -83,7 +83,7 @@ def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from cli.engine_options import add_engine_options
+    from tracetune.cli.engine_options import add_engine_options
 
     rp = sub.add_parser("replay", help="replay a trace against an engine and measure latency/throughput/goodput",
                         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -145,10 +145,10 @@ def _context_length(model_dir: Path) -> int:
 
 
 def convert_command(args: argparse.Namespace, console) -> int:
-    from engine_adapter.errors import InputError
-    from engine_adapter.models import resolve_model
-    from replay.importers import convert, read_requests
-    from replay.trace import write_trace
+    from tracetune.errors import InputError
+    from tracetune.engine_adapter.models import resolve_model
+    from tracetune.replay.importers import convert, read_requests
+    from tracetune.replay.trace import write_trace
 
     if args.output.is_dir():
         raise InputError(f"{args.output}: is a directory; name the output trace file")
@@ -169,7 +169,7 @@ def convert_command(args: argparse.Namespace, console) -> int:
 
 
 def _options(args: argparse.Namespace, max_input_tokens: int):
-    from replay.importers import ConvertOptions
+    from tracetune.replay.importers import ConvertOptions
 
     return ConvertOptions(max_input_tokens=max_input_tokens, overlong=args.overlong, limit=args.limit,
                           length_scale=args.length_scale, max_output_tokens=args.max_output_tokens,
@@ -246,7 +246,7 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
     engine = None
     try:
         if args.endpoint:
-            from engine_adapter.registry import engine_kind
+            from tracetune.engine_adapter.registry import engine_kind
 
             kind = engine_kind("openai")
             engine = kind.make()
@@ -255,7 +255,7 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
             engine.wait_healthy(60)
             yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
         else:
-            from engine_adapter.registry import make_engine
+            from tracetune.engine_adapter.registry import make_engine
 
             engine = make_engine("vllm", out_dir)
             with console.status("starting vLLM…") as status:
@@ -272,8 +272,8 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
 
 def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, Any, Path]:
     """Checks every input before anything starts: (trace, engine config or None, results dir)."""
-    from engine_adapter.errors import InputError
-    from replay.trace import load_trace
+    from tracetune.errors import InputError
+    from tracetune.replay.trace import load_trace
 
     trace = load_trace(args.trace)
     needs_tokens = any(r.input_length is not None for r in trace.records)
@@ -282,7 +282,7 @@ def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, A
                          f"tokenizer) so prompts of the right token counts can be made")
     config = None
     if not args.endpoint:  # a bad --model or engine flag fails here, before the results directory exists
-        from cli.engine_options import resolve_engine_config
+        from tracetune.cli.engine_options import resolve_engine_config
 
         config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
     out_dir = args.out or Path("runs") / f"{args.command}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -293,11 +293,11 @@ def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, A
 
 def prepared_requests(trace: Any, options: Any, tokenizer_dir: Path | None, console) -> list:
     """The trace's requests with their text (prompts synthesised for length-only requests)."""
-    from replay.runner import prepare
+    from tracetune.replay.runner import prepare
 
     synthesizer = None
     if any(r.input_length is not None for r in trace.records):
-        from replay.synth import PromptSynthesizer
+        from tracetune.replay.synth import PromptSynthesizer
 
         with console.status("synthesising prompts for length-only requests…"):
             synthesizer = PromptSynthesizer(_tokenizer(tokenizer_dir))
@@ -316,9 +316,9 @@ def engine_with_metrics(engine: Any) -> Any:
 def replay_command(args: argparse.Namespace, console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engine_adapter.errors import InputError
-    from replay.metrics import parse_slos, summarize
-    from replay.runner import ReplayOptions, replay
+    from tracetune.errors import InputError
+    from tracetune.replay.metrics import parse_slos, summarize
+    from tracetune.replay.runner import ReplayOptions, replay
 
     slos = parse_slos(args.slo)
     if args.time_scale is not None and args.rate_scale is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.results import fmt_objective
+from tracetune.cli.results import fmt_objective
 
 
 class ConsoleReporter:

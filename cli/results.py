@@ -25,8 +25,8 @@ def fmt_objective(name: str, value: float) -> str:
 
 def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, args) -> dict:
     """One candidate of the final table: the reference or a trial, with what it was measured."""
-    from tuner.front import economics
-    from tuner.study import config_diff
+    from tracetune.tuner.front import economics
+    from tracetune.tuner.study import config_diff
 
     config = result.get("config") or {}
     summary = result.get("summary") or {}
@@ -43,8 +43,8 @@ def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, a
 def report_results(tuner, study, args, console, run_dir: Path) -> None:
     """The front (vLLM's defaults competing like any trial), the verdict in plain words, failures
     grouped by reason, and best.json / pareto.json."""
-    from tuner.front import REFERENCE, Candidate, decide, pareto_trials, trials_outside_constraints
-    from tuner.objectives import OBJECTIVES, reference_feasible
+    from tracetune.tuner.front import REFERENCE, Candidate, decide, pareto_trials, trials_outside_constraints
+    from tracetune.tuner.objectives import OBJECTIVES, reference_feasible
 
     name, objectives = tuner.s.study_name, tuner.s.objectives
     directions = [OBJECTIVES[o] for o in objectives]
@@ -91,7 +91,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
 def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
     from rich.table import Table
 
-    from tuner.quality_gate import units_text
+    from tracetune.tuner.quality_gate import units_text
 
     has_capacity = any(r["capacity"] for r in rows)
     on_front = sum(r["trial"] != "reference" for r in rows)
@@ -135,7 +135,7 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:
     """The probe's noise floor and the study's self-check on it (lossless configurations within it)."""
-    from tuner.quality_gate import floor_text, self_check
+    from tracetune.tuner.quality_gate import floor_text, self_check
 
     floor = floor_text((reference or {}).get("probe"))
     check = self_check([(n, r.get("quality")) for n, r in sorted(results.items())])
@@ -145,13 +145,13 @@ def _print_quality_floor(reference: dict | None, results: dict[int, dict], conso
 
 
 def _bracket(capacity: dict | None) -> str:
-    from replay.capacity import bracket_text, caveats
+    from tracetune.replay.capacity import bracket_text, caveats
 
     return " · ".join([bracket_text(capacity), *caveats(capacity)]) if capacity else "-"
 
 
 def _print_failures(study, console) -> None:
-    from tuner.front import group_failures
+    from tracetune.tuner.front import group_failures
 
     failed = [t for t in study.trials if t.user_attrs.get("status") in ("pruned", "rejected", "engine_failed", "failed",
                                                                          "unmeasurable")
@@ -164,7 +164,7 @@ def _print_failures(study, console) -> None:
 
 
 def _ci_of(name: str, summary: dict, quality: dict):
-    from tuner.objectives import objective_estimate
+    from tracetune.tuner.objectives import objective_estimate
 
     try:
         estimate = objective_estimate(name, summary or {}, quality or None)

@@ -26,10 +26,10 @@ the main job:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """The main job's options, on the root parser (`tune --help` lists them)."""
-    from cli.capacity import add_capacity_options
-    from cli.engine_options import add_engine_options
-    from cli.replay import add_client_options
-    from tuner.objectives import DEFAULT_SAMPLER, SAMPLERS
+    from tracetune.cli.capacity import add_capacity_options
+    from tracetune.cli.engine_options import add_engine_options
+    from tracetune.cli.replay import add_client_options
+    from tracetune.tuner.objectives import DEFAULT_SAMPLER, SAMPLERS
 
     p.add_argument("--trace", type=Path, metavar="FILE", help="native JSONL trace: runs the main job")
     p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
@@ -109,14 +109,14 @@ def run(args: argparse.Namespace, console) -> int:
     _check_flags(args)
     request = build_request(args, console)
     if args.gpus:
-        from cli.workers import run_study_on_gpus
+        from tracetune.cli.workers import run_study_on_gpus
 
         return run_study_on_gpus(args, request, console)
     tuner, progress = _tuner(request, console)
     study = _run_study(tuner, progress, request, console)
     if study is None:
         return 130
-    from cli.results import report_results
+    from tracetune.cli.results import report_results
 
     report_results(tuner, study, args, console, request.run_dir)
     return 0
@@ -138,9 +138,9 @@ class TuneRequest:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    from engine_adapter.errors import InputError
+    from tracetune.errors import InputError
 
-    from engine_adapter.registry import engine_kind
+    from tracetune.engine_adapter.registry import engine_kind
 
     if not engine_kind(args.engine_type).tunable:
         raise InputError(f"--engine {args.engine_type} is an endpoint tracetune cannot reconfigure, so there is "
@@ -160,7 +160,7 @@ def _api_key(args: argparse.Namespace, base_config: Any) -> str | None:
     appears in a command line, a config or the database), or one passed straight to vLLM."""
     import os
 
-    from engine_adapter.errors import InputError
+    from tracetune.errors import InputError
 
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)
@@ -178,7 +178,7 @@ def _api_key(args: argparse.Namespace, base_config: Any) -> str | None:
 
 
 def _tries(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from engine_adapter.errors import InputError
+    from tracetune.errors import InputError
 
     out = []
     for item in args.try_first:
@@ -196,16 +196,16 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     """Every input read and checked before anything is started or written."""
     import os
 
-    from cli.engine_options import engine_config_from_args
-    from engine_adapter.models import resolve_model
-    from engine_adapter.registry import engine_kind
-    from engine_adapter.platform import detect_platform
-    from replay.metrics import parse_slos
-    from replay.trace import load_trace
-    from search_spaces.space import DEFAULT_SPACE, load_space
-    from tuner.quality_gate import parse_gate
-    from tuner.storage import display_url, secret_values
-    from tuner.objectives import parse_objectives
+    from tracetune.cli.engine_options import engine_config_from_args
+    from tracetune.engine_adapter.models import resolve_model
+    from tracetune.engine_adapter.registry import engine_kind
+    from tracetune.engine_adapter.platform import detect_platform
+    from tracetune.replay.metrics import parse_slos
+    from tracetune.replay.trace import load_trace
+    from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
+    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.tuner.storage import display_url, secret_values
+    from tracetune.tuner.objectives import parse_objectives
 
     slos = parse_slos(args.slo)
     gate = parse_gate(args.max_quality_loss)
@@ -236,15 +236,15 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
 
 def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list,
               gate: Any, enqueue: list, secrets: list[str], api_key: str | None) -> Any:
-    from replay.runner import ReplayOptions
-    from tuner.study import StudySettings
+    from tracetune.replay.runner import ReplayOptions
+    from tracetune.tuner.study import StudySettings
 
     replay_options = ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests,
                                    max_duration_s=args.max_duration, warmup_requests=args.warmup,
                                    request_timeout_s=args.request_timeout)
     capacity_options = None
     if "capacity" in objectives:
-        from cli.capacity import capacity_options as options_of
+        from tracetune.cli.capacity import capacity_options as options_of
 
         capacity_options = options_of(args, slos)
     economics = {k: v for k, v in (("gpu_hour_cost", args.gpu_hour_cost), ("target_rate", args.target_rate))
@@ -280,7 +280,7 @@ def _runnable_space(request: TuneRequest, console) -> Any:
 
 
 def _check_tries(enqueue: list[dict], space: Any, never: dict, platform: Any) -> None:
-    from engine_adapter.errors import InputError
+    from tracetune.errors import InputError
 
     unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
     if unknown:
@@ -299,18 +299,18 @@ def _tuner(request: TuneRequest, console) -> tuple[Any, Any]:
     directory is made only now: every input has been checked)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from cli.reporter import ConsoleReporter
-    from tuner.study import Tuner
+    from tracetune.cli.reporter import ConsoleReporter
+    from tracetune.tuner.study import Tuner
 
     synthesizer = None
     if any(r.input_length is not None for r in request.trace.records):
         from transformers import AutoTokenizer
 
-        from replay.synth import PromptSynthesizer
+        from tracetune.replay.synth import PromptSynthesizer
         synthesizer = PromptSynthesizer(AutoTokenizer.from_pretrained(str(request.model_dir)))
 
     def make_checkpoint(scheme: str) -> Path:
-        from engine_adapter.vllm.quantize import quantized_checkpoint
+        from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
         return quantized_checkpoint(request.model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}"))
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

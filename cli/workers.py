@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from engine_adapter.errors import InputError
+from tracetune.errors import InputError
 
 
 def parse_gpus(spec: str) -> list[str]:
@@ -113,7 +113,7 @@ def run_workers(commands: Sequence[list[str]], envs: Sequence[dict[str, str]], l
 
 def run_study_on_gpus(args, request, console) -> int:
     """The main job on several GPUs of this host: the workers, then the study's results."""
-    from engine_adapter.platform import Platform, host_gpus
+    from tracetune.engine_adapter.platform import Platform, host_gpus
 
     groups = parse_gpus(args.gpus)
     if request.platform is not Platform.CUDA:
@@ -124,7 +124,7 @@ def run_study_on_gpus(args, request, console) -> int:
     wanted = max(int(i) for g in groups for i in g.split(","))
     if wanted >= available:
         raise InputError(f"--gpus {args.gpus}: this machine has {available} GPU(s) (0..{available - 1})")
-    commands = [[sys.executable, "-m", "cli", *worker_argv(args.argv, i)] for i in range(len(groups))]
+    commands = [[sys.executable, "-m", "tracetune", *worker_argv(args.argv, i)] for i in range(len(groups))]
     logs = [request.run_dir / f"worker-{i}.log" for i in range(len(groups))]
     for i, (gpus, log) in enumerate(zip(groups, logs)):
         console.print(f"worker {i}: GPU {gpus} · log {log}", highlight=False)
@@ -137,8 +137,8 @@ def run_study_on_gpus(args, request, console) -> int:
     if code:
         console.print(f"[red]a worker failed (exit code {code})[/]: see {', '.join(map(str, logs))}")
         return code
-    from cli.results import report_results
-    from cli.tune import _tuner
+    from tracetune.cli.results import report_results
+    from tracetune.cli.tune import _tuner
 
     tuner, _ = _tuner(request, console)
     import optuna

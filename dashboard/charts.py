@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from dashboard import capacity
-from dashboard.data import StudyView, TrialView, diff_text, floor_band, front_line, thresholds
-from dashboard.metrics import display_value, metric_label
-from dashboard.records import latency_cdfs, request_records, timeline
+from tracetune.dashboard import capacity
+from tracetune.dashboard.data import StudyView, TrialView, diff_text, floor_band, front_line, thresholds
+from tracetune.dashboard.metrics import display_value, metric_label
+from tracetune.dashboard.records import latency_cdfs, request_records, timeline
 
 STYLE = {
     "pareto": dict(name="Pareto front", color="#1f6feb", symbol="circle", size=15, opacity=1.0),

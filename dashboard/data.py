@@ -14,15 +14,15 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from dashboard import capacity
-from dashboard.metrics import METRICS, metric_interval, metric_value
-from dashboard.storage import read_results, silent_for, optuna_storage, resolve_study
-from engine_adapter.errors import InputError
+from tracetune.dashboard import capacity
+from tracetune.dashboard.metrics import METRICS, metric_interval, metric_value
+from tracetune.dashboard.storage import read_results, silent_for, optuna_storage, resolve_study
+from tracetune.errors import InputError
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
-from tuner.front import REFERENCE, Candidate, decide, dominates, economics
-from tuner.objectives import reference_feasible
-from tuner.quality_gate import floor_estimates, floor_text
-from tuner.storage import REFERENCE_RUN
+from tracetune.tuner.front import REFERENCE, Candidate, decide, dominates, economics
+from tracetune.tuner.objectives import reference_feasible
+from tracetune.tuner.quality_gate import floor_estimates, floor_text
+from tracetune.tuner.storage import REFERENCE_RUN
 
 # Categories of a trial in the Pareto view, in drawing order.
 CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "pruned", "failed", "running", "duplicate")
@@ -36,7 +36,7 @@ _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache (?:size|usage)|detected platf
 def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     """Settings where `config` differs from the reference (speculation flattened; the model path
     shown by its directory name)."""
-    from tuner.study import config_diff as study_diff
+    from tracetune.tuner.study import config_diff as study_diff
 
     diff = study_diff(config, reference)
     if "model" in diff:
@@ -144,7 +144,7 @@ class StudyView:
     @property
     def quality_check(self) -> str:
         """The probe's self-check: lossless-by-construction trials within the floor, or too noisy."""
-        from tuner.quality_gate import self_check
+        from tracetune.tuner.quality_gate import self_check
 
         return self_check([(t.number, t.quality) for t in self.trials])
 
@@ -172,7 +172,7 @@ class StudyView:
     @property
     def parsed_slos(self) -> list[Any]:
         """The study's SLOs (`slos` holds them as the user wrote them) as `replay.metrics.SLO`s."""
-        from replay.metrics import parse_slos
+        from tracetune.replay.metrics import parse_slos
 
         return [slo for spec in self.slos for slo in parse_slos(spec, flag="study SLO")]
 
@@ -257,7 +257,7 @@ def floor_band(study: StudyView, metric: str) -> tuple[float, float] | None:
 def _gate_of(attrs: dict[str, Any]) -> Any:
     """The study's quality gate (`tuner.quality.QualityGate`): its stored spec, or the plain nats
     limit of a study made before gates had units; None without one (or one this version cannot read)."""
-    from tuner.quality_gate import parse_gate
+    from tracetune.tuner.quality_gate import parse_gate
 
     try:
         return parse_gate(attrs.get("quality_gate") or attrs.get("max_quality_loss"))

@@ -26,10 +26,10 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
-from dashboard import capacity
-from dashboard.data import StudyView, TrialView
-from dashboard.metrics import display_value
-from engine_adapter.errors import InputError
+from tracetune.dashboard import capacity
+from tracetune.dashboard.data import StudyView, TrialView
+from tracetune.dashboard.metrics import display_value
+from tracetune.errors import InputError
 
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
 DEFAULT_PORT = 8000
@@ -47,7 +47,7 @@ def gpu_vllm_version(study: StudyView, options: ExportOptions) -> str:
     """The vLLM release the export will run: --vllm-version, else the one a GPU study measured
     with, else the GPU release tracetune runs (a study measured on CPU ran the CPU build, whose
     version says nothing about the GPU image)."""
-    from engine_adapter.platform import GPU_VLLM_VERSION
+    from tracetune.engine_adapter.platform import GPU_VLLM_VERSION
 
     if options.vllm_version:
         return options.vllm_version.lstrip("v")
@@ -150,8 +150,8 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
     In a container the model (and a draft model) are mounted at /models/<directory name>; the
     served model name stays the directory name measured, so clients need no change.
     """
-    from engine_adapter.platform import Platform
-    from engine_adapter.vllm.server import VLLMConfig, build_command
+    from tracetune.engine_adapter.platform import Platform
+    from tracetune.engine_adapter.vllm.server import VLLMConfig, build_command
 
     dropped: list[str] = []
     data = json.loads(json.dumps(config))
@@ -193,7 +193,7 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
 
 # -- formats -------------------------------------------------------------------------------------
 def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
-    from tuner.quality_gate import units_text
+    from tracetune.tuner.quality_gate import units_text
 
     lines = [
         f"tracetune export ({fmt}): study {study.name!r}, {_label(trial)}",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dashboard import capacity
-from engine_adapter.errors import InputError
-from tuner.objectives import OBJECTIVES, objective_estimate, objective_value
+from tracetune.dashboard import capacity
+from tracetune.errors import InputError
+from tracetune.tuner.objectives import OBJECTIVES, objective_estimate, objective_value
 
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -99,7 +99,7 @@ def metric_interval(name: str, summary: dict | None, quality: dict | None) -> tu
 
 
 def _capacity_interval(cap: dict | None) -> tuple[float, float] | None:
-    from replay.capacity import bracket_rps
+    from tracetune.replay.capacity import bracket_rps
 
     if not cap:
         return None

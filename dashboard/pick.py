@@ -7,10 +7,10 @@ import dataclasses
 import math
 import re
 
-from dashboard.data import StudyView, TrialView
-from dashboard.metrics import METRICS
-from dashboard.tables import Condition, parse_conditions
-from engine_adapter.errors import InputError
+from tracetune.dashboard.data import StudyView, TrialView
+from tracetune.dashboard.metrics import METRICS
+from tracetune.dashboard.tables import Condition, parse_conditions
+from tracetune.errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,10 +6,10 @@ import math
 import warnings
 from typing import Any
 
-from dashboard.data import StudyView
-from dashboard.storage import optuna_storage
-from tuner.front import hypervolume
-from tuner.storage import REFERENCE_RUN
+from tracetune.dashboard.data import StudyView
+from tracetune.dashboard.storage import optuna_storage
+from tracetune.tuner.front import hypervolume
+from tracetune.tuner.storage import REFERENCE_RUN
 
 
 # -- how the search went ------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any, Iterable, Sequence
 
-from dashboard.data import TrialView
+from tracetune.dashboard.data import TrialView
 
 
 # -- per-request data (drill-down) --------------------------------------------------------------

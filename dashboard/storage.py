@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from engine_adapter.errors import InputError
-from tuner.storage import display_url, normalize_url
+from tracetune.errors import InputError
+from tracetune.tuner.storage import display_url, normalize_url
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dic
     create missing tables: the dashboard never writes)."""
     from sqlalchemy import inspect, select
 
-    from tuner.storage import references, trial_results, unpack_records
+    from tracetune.tuner.storage import references, trial_results, unpack_records
 
     def decoded(row: Any, fields: Iterable[str]) -> dict[str, Any]:
         item = dict(row)

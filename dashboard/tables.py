@@ -8,11 +8,11 @@ import math
 import re
 from typing import Any, Iterable, Sequence
 
-from dashboard import capacity
-from dashboard.data import CATEGORIES, StudyView, TrialView, diff_text, has_capacity
-from dashboard.metrics import LATENCY_METRICS, METRICS, display_interval, display_value
-from engine_adapter.errors import InputError
-from tuner.front import economics
+from tracetune.dashboard import capacity
+from tracetune.dashboard.data import CATEGORIES, StudyView, TrialView, diff_text, has_capacity
+from tracetune.dashboard.metrics import LATENCY_METRICS, METRICS, display_interval, display_value
+from tracetune.errors import InputError
+from tracetune.tuner.front import economics
 
 
 # -- conditions (table filters and --pick) ------------------------------------------------------
@@ -162,7 +162,7 @@ def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]
 
 def failure_causes(trials: Sequence[TrialView]) -> list[dict[str, Any]]:
     """Unmeasured trials grouped by cause (`tuner.front.group_failures`), the most frequent first."""
-    from tuner.front import group_failures
+    from tracetune.tuner.front import group_failures
 
     groups = group_failures([(t.number, t.status, (t.failure_reason or "")[:300]) for t in trials])
     return [{"status": status, "count": len(numbers), "trials": ", ".join(map(str, numbers)), "reason": reason}

@@ -9,12 +9,12 @@ import time
 
 import streamlit as st
 
-from dashboard import capacity, charts, data, metrics, progress, records, storage, tables
-from dashboard import ENV_STORAGE, ENV_STUDY
-from dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
-from dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
-from engine_adapter.errors import TuneError
-from tuner.quality_gate import verdict
+from tracetune.dashboard import capacity, charts, data, metrics, progress, records, storage, tables
+from tracetune.dashboard import ENV_STORAGE, ENV_STUDY
+from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
+from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
+from tracetune.errors import TuneError
+from tracetune.tuner.quality_gate import verdict
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
 LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}

@@ -1,6 +1,6 @@
 """Watchdog that runs an engine server and takes it down with its parent.
 
-Usage (internal): python -m engine_adapter._guard -- CMD ARGS...
+Usage (internal): python -m tracetune.engine_adapter._guard -- CMD ARGS...
 
 The tuner starts this guard as the leader of a new process group, with a pipe on its stdin whose
 write end only the tuner holds. The guard starts the server in the same group and waits. When
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m engine_adapter._guard -- CMD ARGS...", file=sys.stderr)
+        print("usage: python -m tracetune.engine_adapter._guard -- CMD ARGS...", file=sys.stderr)
         return 2
     _set_parent_death_signal(signal.SIGTERM)
     pgid = os.getpgrp()

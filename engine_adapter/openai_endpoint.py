@@ -12,8 +12,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine_adapter.base import Endpoint, HTTPEngine
-from engine_adapter.errors import EngineError, EngineTimeoutError
+from tracetune.engine_adapter.base import Endpoint, HTTPEngine
+from tracetune.errors import EngineError, EngineTimeoutError
 
 
 class OpenAIEndpointConfig(BaseModel):

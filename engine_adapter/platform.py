@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 
-from engine_adapter.errors import TuneError
+from tracetune.errors import TuneError
 
 
 # The vLLM release tracetune runs on NVIDIA GPUs (what scripts/gpu/device_setup.sh installs): a study

@@ -21,8 +21,8 @@ from typing import Callable
 
 import httpx
 
-from engine_adapter._guard import group_members
-from engine_adapter.errors import EngineError, EngineStartError, EngineTimeoutError
+from tracetune.engine_adapter._guard import group_members
+from tracetune.errors import EngineError, EngineStartError, EngineTimeoutError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,7 +107,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "engine_adapter._guard", "--", *self.argv],
+                [sys.executable, "-m", "tracetune.engine_adapter._guard", "--", *self.argv],
                 stdin=read_end,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -10,8 +10,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from engine_adapter.base import Engine
-from engine_adapter.errors import InputError
+from tracetune.engine_adapter.base import Engine
+from tracetune.errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +36,15 @@ class EngineKind:
 
 
 def _vllm() -> EngineKind:
-    from engine_adapter.vllm.server import VLLMConfig, VLLMServer, build_command
-    from engine_adapter.vllm.translate import reference_config, to_engine_config, unrunnable_choices
+    from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer, build_command
+    from tracetune.engine_adapter.vllm.translate import reference_config, to_engine_config, unrunnable_choices
 
     return EngineKind("vllm", VLLMConfig, VLLMServer, build_command, translate=to_engine_config,
                       reference=reference_config, unrunnable=unrunnable_choices)
 
 
 def _openai() -> EngineKind:
-    from engine_adapter.openai_endpoint import OpenAIEndpoint, OpenAIEndpointConfig
+    from tracetune.engine_adapter.openai_endpoint import OpenAIEndpoint, OpenAIEndpointConfig
 
     return EngineKind("openai", OpenAIEndpointConfig, lambda run_dir=None, **_: OpenAIEndpoint())
 

@@ -23,9 +23,9 @@ import random
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from engine_adapter.errors import InputError
-from replay.synth import PromptSynthesizer, implied_reuse_ratio, prefix_reuse_ratio
-from replay.trace import Message, TraceRecord
+from tracetune.errors import InputError
+from tracetune.replay.synth import PromptSynthesizer, implied_reuse_ratio, prefix_reuse_ratio
+from tracetune.replay.trace import Message, TraceRecord
 
 FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
 MOONCAKE_BLOCK_TOKENS = 512

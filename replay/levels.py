@@ -11,11 +11,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine_adapter.errors import InputError
-from replay import sustain
-from replay.capacity import (CapacityOptions, CapacityResult, MissCounter, Step, allowed_misses, at_scale, judge,
+from tracetune.errors import InputError
+from tracetune.replay import sustain
+from tracetune.replay.capacity import (CapacityOptions, CapacityResult, MissCounter, Step, allowed_misses, at_scale, judge,
                              offered_rates, search_capacity)
-from replay.runner import PreparedRequest, ReplayOptions, ReplayResult, replay
+from tracetune.replay.runner import PreparedRequest, ReplayOptions, ReplayResult, replay
 
 
 def settle(engine: Any, *, reset_prefix_cache: bool, timeout_s: float = 30.0) -> None:
@@ -65,7 +65,7 @@ class LevelRunner:
     def _procs(self, requests: Sequence[PreparedRequest], repeat: bool) -> int:
         """Client processes for a level; a level the client could not keep up with is measured
         again with twice as many, where the machine has the cores."""
-        from replay.workers import auto_client_procs, more_client_procs
+        from tracetune.replay.workers import auto_client_procs, more_client_procs
 
         procs = self.client_procs or auto_client_procs(requests, self.engine_cores)
         last = self.measured[-1][0] if self.measured else None
@@ -75,7 +75,7 @@ class LevelRunner:
 
     def _pool_of(self, procs: int) -> Any:
         """A client pool of `procs` processes (kept from level to level), or None for one process."""
-        from replay.workers import ClientPool
+        from tracetune.replay.workers import ClientPool
 
         if procs <= 1:
             return None

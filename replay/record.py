@@ -39,15 +39,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from engine_adapter.errors import InputError
-from replay.recorded import RECORDED_PATHS, ResponseSummary, build_record, decoded, percentile, summarize_response
+from tracetune.errors import InputError
+from tracetune.replay.recorded import RECORDED_PATHS, ResponseSummary, build_record, decoded, percentile, summarize_response
 
 if TYPE_CHECKING:
     import asyncio
 
     from aiohttp import web
 
-    from replay.trace import TraceRecord
+    from tracetune.replay.trace import TraceRecord
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8100
@@ -166,7 +166,7 @@ class RecordingProxy:
         from aiohttp import web
 
         # Imported now: importing pydantic on the first request would stall every stream for ~0.1 s.
-        import replay.trace  # noqa: F401
+        import tracetune.replay.trace  # noqa: F401
 
         if self.out_path.is_dir():
             raise InputError(f"--out {self.out_path} is a directory; give a file name, e.g. traffic.jsonl")

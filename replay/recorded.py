@@ -10,10 +10,10 @@ import math
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from engine_adapter.http_stream import sse_payloads
+from tracetune.engine_adapter.http_stream import sse_payloads
 
 if TYPE_CHECKING:
-    from replay.trace import TraceRecord
+    from tracetune.replay.trace import TraceRecord
 
 # Recorded paths and the kind of request each carries.
 RECORDED_PATHS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
@@ -119,7 +119,7 @@ def _message(raw: Any) -> dict[str, str] | None:
 def _sampling(body: dict[str, Any]) -> dict[str, Any] | None:
     from pydantic import ValidationError
 
-    from replay.trace import Sampling
+    from tracetune.replay.trace import Sampling
 
     fields: dict[str, Any] = {}
     for name in SAMPLING_FIELDS:
@@ -142,7 +142,7 @@ def build_record(kind: str, request_body: bytes, response: ResponseSummary, *,
     request cannot be held by the native format."""
     from pydantic import ValidationError
 
-    from replay.trace import TraceRecord
+    from tracetune.replay.trace import TraceRecord
 
     try:
         body = json.loads(request_body)

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
-from engine_adapter.errors import InputError
-from engine_adapter.metrics import EngineMetrics
-from engine_adapter.http_stream import connection_budget
-from engine_adapter.openai_client import StreamedCompletion, encoded_request, new_session, stream_completion
-from replay.trace import Trace, TraceRecord
+from tracetune.errors import InputError
+from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.engine_adapter.http_stream import connection_budget
+from tracetune.engine_adapter.openai_client import StreamedCompletion, encoded_request, new_session, stream_completion
+from tracetune.replay.trace import Trace, TraceRecord
 
 
 @dataclasses.dataclass
@@ -362,7 +362,7 @@ def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], optio
     the end. An open-loop replay with `client_procs` > 1 (or a `replay.workers.ClientPool`) is sent
     by that many client processes; the warm-up is sent from this one."""
     if pool is None and client_procs > 1 and options.mode == "open":
-        from replay.workers import ClientPool
+        from tracetune.replay.workers import ClientPool
 
         with ClientPool(client_procs) as own:
             return replay(base_url, model, requests, options, engine=engine, headers=headers,

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from engine_adapter.errors import InputError
+from tracetune.errors import InputError
 
 CORPUS_FILE = Path(__file__).resolve().parent / "data" / "corpus_sharegpt_500.txt"
 

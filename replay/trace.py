@@ -23,7 +23,7 @@ from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from engine_adapter.errors import InputError, opened_input
+from tracetune.errors import InputError, opened_input
 
 MAX_LINE_BYTES = 64 * 2**20
 # Far beyond any model's context; a larger length is a corrupt line, and synthesising its prompt

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from replay.runner import (InFlight, PreparedRequest, ReplayOptions, Replayer, RequestRecord, StopWhen, loop_runner,
+from tracetune.replay.runner import (InFlight, PreparedRequest, ReplayOptions, Replayer, RequestRecord, StopWhen, loop_runner,
                            quiet_gc)
 
 # Requests per second one client process offers on one core with its schedule lag p99 well under the
@@ -189,7 +189,7 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
 
 async def _serve(conn, base_url: str, model: str, requests: list[PreparedRequest], options: ReplayOptions,
                  headers: dict[str, str] | None, t_first: float) -> None:
-    from engine_adapter.openai_client import new_session
+    from tracetune.engine_adapter.openai_client import new_session
 
     replayer = Replayer(base_url, model, options, headers=headers)
     bodies = replayer.bodies(requests)

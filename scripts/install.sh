@@ -48,7 +48,10 @@ PY=$(find_python)
 echo "installing tracetune[$TRACETUNE_EXTRA,dev] into .venv (first time: a few minutes, ~3.5 GB)"
 .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip
 # shellcheck disable=SC2086
-.venv/bin/python -m pip install --disable-pip-version-check -q ${TRACETUNE_PIP_ARGS:-} -e ".[${TRACETUNE_EXTRA},dev]"
+# Editable: the checkout is what runs. setuptools warns on every editable build that folders named
+# like the package may shadow it; tracetune's folders are mapped under `tracetune`, so it cannot.
+PYTHONWARNINGS="ignore:Editable installation" \
+  .venv/bin/python -m pip install --disable-pip-version-check -q ${TRACETUNE_PIP_ARGS:-} -e ".[${TRACETUNE_EXTRA},dev]"
 
 if [ "$TRACETUNE_EXTRA" = cpu ]; then
   .venv/bin/python -m pip uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec 2>/dev/null || true

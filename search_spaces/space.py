@@ -23,7 +23,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from engine_adapter.errors import InputError, opened_input
+from tracetune.errors import InputError, opened_input
 
 
 def _scalar(value: Any) -> Any:
@@ -306,7 +306,7 @@ def _duplicate_key(node: Any) -> str | None:
 
 def _fixed_problem(space: SearchSpace) -> tuple[str, str] | None:
     """(field, message) for the first fixed setting no engine config accepts, or None."""
-    from engine_adapter.vllm.translate import reference_config
+    from tracetune.engine_adapter.vllm.translate import reference_config
 
     bits = space.fixed.get("weight_bits", 16)
     if bits not in (16, 8, 4):

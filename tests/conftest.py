@@ -26,7 +26,7 @@ parameters:
 
 def run_tune(*args, timeout=1800, cwd=ROOT):
     """`tune ARGS...` as a user runs it (a subprocess of this Python)."""
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
 
 
@@ -46,7 +46,7 @@ def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
 @pytest.fixture(scope="session")
 def default_model():
     """The bundled default model (prepared once; scripts/test.sh prepares it before the run)."""
-    from engine_adapter.models import prepare_default_model
+    from tracetune.engine_adapter.models import prepare_default_model
 
     return prepare_default_model()
 

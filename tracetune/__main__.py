@@ -1,7 +1,7 @@
-"""`python -m cli ARGS...` is `tune ARGS...`."""
+"""`python -m tracetune ARGS...` is `tune ARGS...`."""
 
 import sys
 
-from cli.main import main
+from tracetune.cli.main import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
-"""Errors shared by every tracetune package.
+"""Errors shared by every tracetune package: the root `TuneError` and what derives from it.
 
-`engine_adapter` is the bottom layer of tracetune (trace -> replay -> metrics -> tuner), so the
-project's root exception lives here and every other package imports it from here.
+Every package imports them from here (`tracetune.errors`); the CLI turns a `TuneError` into its
+message and `exit_code`, never a traceback.
 """
 
 from __future__ import annotations

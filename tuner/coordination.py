@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.storage import COUNTED, SKIPPED, ResultStore, normalize_url, owner_is_dead
+from tracetune.tuner.storage import COUNTED, SKIPPED, ResultStore, normalize_url, owner_is_dead
 
 def make_storage(url: str, heartbeat_s: int):
     """Optuna's RDBStorage with the heartbeat on: a RUNNING trial whose worker stops beating for

@@ -196,7 +196,7 @@ class Plateau:
 def _complete_measured(study: Any) -> list[Any]:
     import optuna
 
-    from tuner.storage import Status
+    from tracetune.tuner.storage import Status
 
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
             if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED]

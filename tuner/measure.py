@@ -7,13 +7,13 @@ import dataclasses
 import json
 from typing import Any
 
-from engine_adapter.base import Engine
-from engine_adapter.errors import EngineError, TuneError
-from replay import workers
-from replay.levels import LevelRunner, settle
-from replay.metrics import Summary, summarize
-from replay.runner import ReplayResult, replay
-from tuner.quality import (QualityResult, lossless_by_construction, measure_candidate, measure_reference,
+from tracetune.engine_adapter.base import Engine
+from tracetune.errors import EngineError, TuneError
+from tracetune.replay import workers
+from tracetune.replay.levels import LevelRunner, settle
+from tracetune.replay.metrics import Summary, summarize
+from tracetune.replay.runner import ReplayResult, replay
+from tracetune.tuner.quality import (QualityResult, lossless_by_construction, measure_candidate, measure_reference,
                            probe_prompts, quality_key)
 
 def client_overload_reason(summary: Summary) -> str:

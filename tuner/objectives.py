@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine_adapter.errors import InputError
-from replay.metrics import SLO, STATS, Summary
-from tuner.quality import QualityResult
-from tuner.quality_gate import QualityGate
+from tracetune.errors import InputError
+from tracetune.replay.metrics import SLO, STATS, Summary
+from tracetune.tuner.quality import QualityResult
+from tracetune.tuner.quality_gate import QualityGate
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
 DEFAULT_SAMPLER = "gp"  # measured best by benchmarks/search_efficiency.py (README, "Benchmarks")

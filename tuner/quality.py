@@ -39,10 +39,10 @@ from typing import Any, Sequence
 import httpx
 import numpy as np
 
-from engine_adapter.base import Endpoint
-from engine_adapter.errors import EngineError
-from replay.metrics import Estimate, bootstrap_ci
-from replay.trace import Trace
+from tracetune.engine_adapter.base import Endpoint
+from tracetune.errors import EngineError
+from tracetune.replay.metrics import Estimate, bootstrap_ci
+from tracetune.replay.trace import Trace
 
 
 # Log-probabilities per position for the KL divergence: vLLM returns at most --max-logprobs (20 by

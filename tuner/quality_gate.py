@@ -8,9 +8,9 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from engine_adapter.errors import InputError
-from replay.metrics import Estimate, bootstrap_ci
-from tuner.quality import Reference
+from tracetune.errors import InputError
+from tracetune.replay.metrics import Estimate, bootstrap_ci
+from tracetune.tuner.quality import Reference
 
 
 # The gate's units: how each reads a stored quality dict, and which side of the limit passes.

@@ -28,24 +28,24 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from engine_adapter.errors import EngineError, InputError, Rejected, TuneError
-from engine_adapter.platform import Platform, installed_vllm_version
-from engine_adapter.registry import EngineKind, engine_kind
-from replay.capacity import CapacityOptions
-from replay.metrics import SLO, Summary
-from replay.runner import ReplayOptions, prepare
-from replay.trace import Trace
-from search_spaces.space import SearchSpace
-from tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counted, make_storage, running, skipped,
+from tracetune.errors import EngineError, InputError, Rejected, TuneError
+from tracetune.engine_adapter.platform import Platform, installed_vllm_version
+from tracetune.engine_adapter.registry import EngineKind, engine_kind
+from tracetune.replay.capacity import CapacityOptions
+from tracetune.replay.metrics import SLO, Summary
+from tracetune.replay.runner import ReplayOptions, prepare
+from tracetune.replay.trace import Trace
+from tracetune.search_spaces.space import SearchSpace
+from tracetune.tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counted, make_storage, running, skipped,
                                 stored_choices)
-from tuner.measure import EngineRuns, client_overload_reason
-from tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, feasible,
+from tracetune.tuner.measure import EngineRuns, client_overload_reason
+from tracetune.tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, feasible,
                               make_sampler, objective_value, set_constraints, startup_trials)
-from tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
-from tuner.presets import presets
-from tuner.quality import QualityResult, Reference
-from tuner.quality_gate import QualityGate
-from tuner.storage import REFERENCE_RUN, Redactor, ResultStore, Status, worker_id
+from tracetune.tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
+from tracetune.tuner.presets import presets
+from tracetune.tuner.quality import QualityResult, Reference
+from tracetune.tuner.quality_gate import QualityGate
+from tracetune.tuner.storage import REFERENCE_RUN, Redactor, ResultStore, Status, worker_id
 
 
 @dataclasses.dataclass
@@ -243,7 +243,7 @@ class Tuner(EngineRuns, Coordination):
 
     def _pruned_reason(self, capacity: dict[str, Any]) -> str:
         """Why a trial's capacity search stopped early, naming the configuration it cannot beat."""
-        from replay.capacity import bracket_text
+        from tracetune.replay.capacity import bracket_text
 
         rival = self._rival
         who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
@@ -411,7 +411,7 @@ class Tuner(EngineRuns, Coordination):
         front first: tried first here, measured again on this trace, never reused as measurements."""
         if not self.s.warm_start:
             return []
-        from tuner.warm_start import earlier_configs
+        from tracetune.tuner.warm_start import earlier_configs
 
         url, name = self.s.warm_start
         return earlier_configs(url, name, space=self.space, platform=self.platform.value,
@@ -484,7 +484,7 @@ class Tuner(EngineRuns, Coordination):
 
     def front_labels(self, study: Any) -> frozenset:
         """The trials on the front now, vLLM's defaults competing ("reference" when it is on it)."""
-        from tuner.front import decide
+        from tracetune.tuner.front import decide
 
         reference, trials = self._candidates(study)
         decision = decide(trials, reference, self.s.objectives, self._directions)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine_adapter.errors import InputError
+from tracetune.errors import InputError
 
 
 def earlier_configs(url: str, name: str, *, space: Any, platform: str, model: str) -> list[dict[str, Any]]:
@@ -15,8 +15,8 @@ def earlier_configs(url: str, name: str, *, space: Any, platform: str, model: st
     then the rest by its deciding objective. Values `space` does not offer are left to the sampler."""
     import optuna
 
-    from tuner.front import deciding_objective, measured_trials, pareto_trials
-    from tuner.storage import ResultStore, normalize_url
+    from tracetune.tuner.front import deciding_objective, measured_trials, pareto_trials
+    from tracetune.tuner.storage import ResultStore, normalize_url
 
     try:
         source = optuna.load_study(study_name=name, storage=normalize_url(url))

@@ -22,8 +22,8 @@ import importlib.metadata
 from pathlib import Path
 from typing import Callable
 
-from engine_adapter.errors import ModelError
-from engine_adapter.models import build_model_dir, check_model_dir, tracetune_home
+from tracetune.errors import ModelError
+from tracetune.engine_adapter.models import build_model_dir, check_model_dir, tracetune_home
 
 SCHEMES = ("W8A8", "W4A16")
 MARKER = "tracetune-quantized.json"

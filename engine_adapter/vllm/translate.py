@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from engine_adapter.errors import Rejected
-from engine_adapter.platform import Platform, cpu_flags
-from engine_adapter.vllm.server import VLLMConfig, platform_problems
+from tracetune.errors import Rejected
+from tracetune.engine_adapter.platform import Platform, cpu_flags
+from tracetune.engine_adapter.vllm.server import VLLMConfig, platform_problems
 
 # (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
 BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {

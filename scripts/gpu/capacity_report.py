@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-from replay.capacity import bracket_rps, level_verdict  # noqa: E402
-from replay.importers import arrival_grid  # noqa: E402
-from replay.metrics import parse_slos  # noqa: E402
+from tracetune.replay.capacity import bracket_rps, level_verdict  # noqa: E402
+from tracetune.replay.importers import arrival_grid  # noqa: E402
+from tracetune.replay.metrics import parse_slos  # noqa: E402
 from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
-from tuner.storage import REFERENCE_RUN, records_of_level  # noqa: E402
-from tuner.study import config_diff  # noqa: E402
+from tracetune.tuner.storage import REFERENCE_RUN, records_of_level  # noqa: E402
+from tracetune.tuner.study import config_diff  # noqa: E402
 
 STUDY, MOON = "h200-cap", "h200-moon"
 GPU_HOUR_USD = 3.5  # the hourly price of one H200 assumed for $ per 1M output tokens

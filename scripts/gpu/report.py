@@ -18,12 +18,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from replay.metrics import parse_slos, summarize  # noqa: E402
-from replay.runner import ReplayOptions, ReplayResult, RequestRecord  # noqa: E402
-from tuner.storage import ResultStore  # noqa: E402
-from tuner.study import config_diff  # noqa: E402
+from tracetune.replay.metrics import parse_slos, summarize  # noqa: E402
+from tracetune.replay.runner import ReplayOptions, ReplayResult, RequestRecord  # noqa: E402
+from tracetune.tuner.storage import ResultStore  # noqa: E402
+from tracetune.tuner.study import config_diff  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results" / "h200"
 

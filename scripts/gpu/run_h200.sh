@@ -13,7 +13,7 @@ export TRACETUNE_SRC=$SRC
 source "$REPO/scripts/gpu/env.sh"
 OUT=${OUT:-/root/out}; mkdir -p "$OUT" /root/runs
 cd "$SRC"
-TUNE="python3 -m cli"
+TUNE="python3 -m tracetune"
 step=$1; budget=${2:-540}; shift $(( $# < 2 ? $# : 2 )); extra=("$@")
 stop=(timeout -s "${STOP_SIGNAL:-TERM}" -k 60 "$budget")
 # The users' SLOs, stated before the runs (docs/results/h200.md): a chat SLO for the capacity studies.

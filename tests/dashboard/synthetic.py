@@ -81,7 +81,7 @@ def make_study(path: Path, name: str = "synth") -> str:
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
 
-    from tuner.storage import ResultStore
+    from tracetune.tuner.storage import ResultStore
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     url = f"sqlite:///{path}"
@@ -131,7 +131,7 @@ def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_s
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
 
-    from tuner.storage import ResultStore
+    from tracetune.tuner.storage import ResultStore
 
     study = optuna.load_study(study_name=name, storage=url)
     cfg = config(max_num_seqs=max_num_seqs)
@@ -207,7 +207,7 @@ def make_capacity_studies(path: Path) -> str:
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
 
-    from tuner.storage import ResultStore
+    from tracetune.tuner.storage import ResultStore
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     url = f"sqlite:///{path}"

@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from dashboard import ENV_STORAGE, ENV_STUDY
-from dashboard.views import PAGES
+from tracetune.dashboard import ENV_STORAGE, ENV_STUDY
+from tracetune.dashboard.views import PAGES
 from tests.dashboard.conftest import ROOT
 
 APP = str(ROOT / "dashboard" / "app.py")
@@ -168,7 +168,7 @@ def test_bad_storage_is_shown_not_raised(monkeypatch, tmp_path):
 @pytest.mark.parametrize("page", PAGES)
 def test_pages_on_a_real_study(monkeypatch, real_study, page):
     url, name = real_study
-    from dashboard.data import load_study
+    from tracetune.dashboard.data import load_study
 
     study = load_study(url, name)
     measured = [t.number for t in study.trials if t.measured]

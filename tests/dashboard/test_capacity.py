@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from dashboard import capacity, charts, data, metrics, tables
-from dashboard.export import export
-from dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for, select_trial
-from engine_adapter.errors import InputError
+from tracetune.dashboard import capacity, charts, data, metrics, tables
+from tracetune.dashboard.export import export
+from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for, select_trial
+from tracetune.errors import InputError
 from tests.dashboard.synthetic import CAPACITY_SLO, CAPACITY_STUDIES, REFERENCE_CAPACITY
 from tests.dashboard.test_cli import tune
 
@@ -81,7 +81,7 @@ def test_the_reference_dominates_trial_2_so_it_is_not_on_the_front(cap_study):
 
 
 def test_categories_agree_with_tuner_front(cap_study, defaults_study):
-    from tuner.front import REFERENCE, Candidate, front
+    from tracetune.tuner.front import REFERENCE, Candidate, front
 
     for study in (cap_study, defaults_study):
         ref = Candidate(REFERENCE, data.reference_values(study))
@@ -232,7 +232,7 @@ def test_reference_capacity_is_read(cap_study):
 
 
 def test_reads_what_replay_capacity_stores():
-    from replay.capacity import CapacityResult, Step
+    from tracetune.replay.capacity import CapacityResult, Step
 
     def step(scale, passed, **kw):
         return Step(scale=scale, rps=2 * scale, output_tps=100 * scale, attainment=1.0 if passed else 0.5,
@@ -253,7 +253,7 @@ def test_reads_what_replay_capacity_stores():
 
 
 def test_cost_and_sizing_columns_and_export_lines(cap_study, defaults_study):
-    from tuner.front import economics
+    from tracetune.tuner.front import economics
 
     assert cap_study.economics == {"gpu_hour_cost": 2.5, "target_rate": 40.0}
     rows = {r["trial"]: r for r in tables.trial_table(cap_study)}

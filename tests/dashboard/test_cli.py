@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from cli.dashboard import is_loopback, streamlit_argv
+from tracetune.cli.dashboard import is_loopback, streamlit_argv
 from tests.conftest import run_tune
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def _listening(port: int) -> set[str]:
 
 def start_dashboard(*args, cwd=ROOT):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "dashboard", "--port", str(port), *args], cwd=cwd,
+    proc = subprocess.Popen([sys.executable, "-m", "tracetune", "dashboard", "--port", str(port), *args], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -171,8 +171,8 @@ def test_dashboard_serves_the_latest_run_on_loopback_only(synthetic_url, tmp_pat
 
 
 def test_cli_formats_are_the_exporters():
-    from cli import dashboard as command
-    from dashboard import export
+    from tracetune.cli import dashboard as command
+    from tracetune.dashboard import export
 
     assert command.FORMATS == export.FORMATS
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dashboard import charts, data, metrics, records, storage, tables
-from engine_adapter.errors import InputError
+from tracetune.dashboard import charts, data, metrics, records, storage, tables
+from tracetune.errors import InputError
 from tests.dashboard.synthetic import SLO
 
 
@@ -104,7 +104,7 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
     assert metrics.metric_value("top1_agreement", {}, quality) == pytest.approx(0.94)
     assert metrics.metric_label("ppl_change") == ("perplexity change vs reference (%)", 100.0)
     assert math.isnan(metrics.metric_value("kld", {}, {"nll_delta_per_token": {"value": 0.1}}))  # an older study
-    from tuner.quality_gate import parse_gate
+    from tracetune.tuner.quality_gate import parse_gate
 
     for spec, gate, metric, limit in (("kld:0.01", "kld<=0.01", "kld", 0.01),
                                       ("ppl:+1%", "ppl<=+1%", "ppl_change", 0.01),
@@ -265,7 +265,7 @@ def test_loading_never_writes_measurements(synthetic_url, tmp_path):
 
 
 def test_request_records_read_packed_and_plain_storage(study):
-    from tuner.storage import pack_records, unpack_records  # what the dashboard reads with
+    from tracetune.tuner.storage import pack_records, unpack_records  # what the dashboard reads with
 
     plain = study.trial(0).requests_jsonl
     assert plain.startswith("{")  # unpacked on load
@@ -322,7 +322,7 @@ def test_a_pruned_trial_is_its_own_category_listed_with_why_never_plotted(tmp_pa
     from optuna.trial import TrialState, create_trial
 
     from tests.dashboard.synthetic import config, make_study, quality, summary
-    from tuner.storage import ResultStore
+    from tracetune.tuner.storage import ResultStore
 
     url = make_study(tmp_path / "s.db")
     study = optuna.load_study(study_name="synth", storage=url)

@@ -39,7 +39,7 @@ def _wait_idle(page) -> None:
 
 @pytest.mark.skipif(not HAVE_CHROMIUM, reason="Debian chromium is not installed")
 def test_dashboard_in_a_real_browser(real_study, artifacts):
-    from dashboard.data import load_study
+    from tracetune.dashboard.data import load_study
 
     url, name = real_study
     study = load_study(url, name)

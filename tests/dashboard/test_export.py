@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboard import data
-from dashboard.export import FORMATS, ExportOptions, comment_safe, export, k8s_name
-from dashboard.pick import best_rule, parse_pick, pick_trial, select_trial
-from engine_adapter.errors import InputError
+from tracetune.dashboard import data
+from tracetune.dashboard.export import FORMATS, ExportOptions, comment_safe, export, k8s_name
+from tracetune.dashboard.pick import best_rule, parse_pick, pick_trial, select_trial
+from tracetune.errors import InputError
 from tests.dashboard.synthetic import REF_MODEL, SLO
 
 NASTY_PATHS = [REF_MODEL, "/m/a b/c\"d'e;f$(touch x)`g`\\h", "/m/$HOME ${PATH} $$ %s {{x}}", "/m/new\nline",
@@ -212,7 +212,7 @@ def test_the_image_tag_is_the_gpu_release_whatever_the_study_measured_on(study):
     release tracetune runs, and says its speed there was not measured; --vllm-version and --image win."""
     import dataclasses as dc
 
-    from engine_adapter.platform import GPU_VLLM_VERSION
+    from tracetune.engine_adapter.platform import GPU_VLLM_VERSION
 
     def image(view, **options):
         return yaml.safe_load(export(view, view.trial(1), "compose", ExportOptions(**options)))["services"][

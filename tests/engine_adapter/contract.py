@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_adapter.base import Endpoint, Engine
-from engine_adapter.openai_client import new_session
+from tracetune.engine_adapter.base import Endpoint, Engine
+from tracetune.engine_adapter.openai_client import new_session
 
 
 async def _complete(engine: Engine, max_tokens: int):

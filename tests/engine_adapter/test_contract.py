@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.registry import ENGINES, engine_kind
+from tracetune.engine_adapter.registry import ENGINES, engine_kind
 from tests.engine_adapter.contract import check_serving, check_stopping
 
 SCRIPTED_SERVER = str(Path(__file__).parent / "scripted_openai.py")
@@ -22,13 +22,13 @@ def _scripted_vllm(monkeypatch, tmp_path, kind):
     def command(config, platform, *, host="127.0.0.1", port=8000, **_):
         return [sys.executable, SCRIPTED_SERVER, "--port", str(port), "--model", config.name()], {}
 
-    monkeypatch.setattr("engine_adapter.vllm.server.build_command", command)
+    monkeypatch.setattr("tracetune.engine_adapter.vllm.server.build_command", command)
     yield kind.config_model(model=tmp_path / "model")
 
 
 def _scripted_openai(monkeypatch, tmp_path, kind):
     """An endpoint tracetune only measures: the scripted server is already running."""
-    from engine_adapter.process import free_port
+    from tracetune.engine_adapter.process import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, SCRIPTED_SERVER, "--port", str(port), "--model", "m"])
@@ -69,7 +69,7 @@ def test_engine_contract_on_a_scripted_server(name, tmp_path, monkeypatch):
 
 
 def test_an_unknown_engine_is_named_with_the_known_ones():
-    from engine_adapter.errors import InputError
+    from tracetune.errors import InputError
 
     with pytest.raises(InputError, match="unknown engine 'sglang'; tracetune knows: openai, vllm"):
         engine_kind("sglang")

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from engine_adapter.http_stream import ClientSideError, Exchange, Session
-from engine_adapter.openai_client import EventReader, StreamedCompletion, new_session, stream_completion
+from tracetune.engine_adapter.http_stream import ClientSideError, Exchange, Session
+from tracetune.engine_adapter.openai_client import EventReader, StreamedCompletion, new_session, stream_completion
 
 EVENTS = [b'{"id":"c","choices":[{"index":0,"text":"Hel","logprobs":null,"finish_reason":null}]}',
           b'{"id":"c","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":null}]}',

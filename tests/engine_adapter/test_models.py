@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import models
-from engine_adapter.errors import ModelError
+from tracetune.engine_adapter import models
+from tracetune.errors import ModelError
 
 
 def make_model_dir(path: Path) -> Path:

@@ -9,7 +9,7 @@ import json
 import pytest
 from aiohttp import web
 
-from engine_adapter.openai_client import new_session, stream_completion
+from tracetune.engine_adapter.openai_client import new_session, stream_completion
 
 
 def sse(*events, done=True) -> bytes:

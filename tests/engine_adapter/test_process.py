@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.errors import EngineStartError, EngineTimeoutError
-from engine_adapter.process import ServerProcess, free_port, group_alive
+from tracetune.errors import EngineStartError, EngineTimeoutError
+from tracetune.engine_adapter.process import ServerProcess, free_port, group_alive
 
 FAKE = str(Path(__file__).parent / "fake_server.py")
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -85,8 +85,7 @@ def test_group_dies_with_its_parent(tmp_path, sig, mode, monkeypatch):
     parent_code = textwrap.dedent(f"""
         import os, sys, time
         from pathlib import Path
-        sys.path.insert(0, {ROOT!r})
-        from engine_adapter.process import ServerProcess, free_port
+        from tracetune.engine_adapter.process import ServerProcess, free_port
         port = free_port()
         p = ServerProcess([sys.executable, {FAKE!r}, str(port), {mode!r}], env=dict(os.environ),
                           log_path=Path({str(tmp_path)!r}) / "s.log", health_url=f"http://127.0.0.1:{{port}}/health")
@@ -110,7 +109,7 @@ def test_group_dies_with_its_parent(tmp_path, sig, mode, monkeypatch):
 
 
 def test_root_cause_skips_wrapper_errors():
-    from engine_adapter.process import root_cause
+    from tracetune.engine_adapter.process import root_cause
 
     log = "\n".join([
         "(APIServer pid=1) WARNING [x.py:1] failed with error ... `OSError: [Errno 24] Too many open files`.",

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from engine_adapter.errors import InputError
-from engine_adapter.platform import Platform
-from engine_adapter.vllm.server import (
+from tracetune.errors import InputError
+from tracetune.engine_adapter.platform import Platform
+from tracetune.engine_adapter.vllm.server import (
     CPU_DEFAULT_KV_CACHE_GIB,
     SERVER_MODULE,
     VLLMConfig,
@@ -182,7 +182,7 @@ _WARM_START = """\
 
 
 def test_start_phases_reads_a_cold_and_a_warm_compiled_start():
-    from engine_adapter.vllm.server import start_phases
+    from tracetune.engine_adapter.vllm.server import start_phases
 
     cold = start_phases(_COLD_START)
     assert cold == {"weights_s": pytest.approx(4.213377), "compile_s": 27.45, "cuda_graphs_s": 19.0,

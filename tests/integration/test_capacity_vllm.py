@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT, run_tune
-from tuner.storage import ResultStore
+from tracetune.tuner.storage import ResultStore
 
 pytestmark = pytest.mark.integration
 TRACE = ROOT / "examples" / "traffic.jsonl"

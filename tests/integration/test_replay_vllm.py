@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from replay.trace import load_trace
+from tracetune.replay.trace import load_trace
 
 pytestmark = pytest.mark.integration
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "public_traces"  # shipped samples
 
 
 def tune(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.errors import EngineStartError
-from engine_adapter.openai_client import new_session
-from engine_adapter.openai_endpoint import OpenAIEndpointConfig
-from engine_adapter.process import group_alive
-from engine_adapter.registry import make_engine
-from engine_adapter.vllm.server import VLLMConfig, VLLMServer
+from tracetune.errors import EngineStartError
+from tracetune.engine_adapter.openai_client import new_session
+from tracetune.engine_adapter.openai_endpoint import OpenAIEndpointConfig
+from tracetune.engine_adapter.process import group_alive
+from tracetune.engine_adapter.registry import make_engine
+from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
 
 pytestmark = pytest.mark.integration
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -155,8 +155,7 @@ def test_invalid_config_fails_fast_with_the_servers_own_error(default_model, tmp
 def test_no_server_survives_a_killed_parent(default_model, tmp_path, sig):
     parent_code = textwrap.dedent(f"""
         import os, sys, time
-        sys.path.insert(0, {ROOT!r})
-        from engine_adapter.vllm.server import VLLMConfig, VLLMServer
+        from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
         from pathlib import Path
         s = VLLMServer(Path({str(tmp_path)!r}))
         s.launch(VLLMConfig(model=Path({str(default_model)!r}), enforce_eager=True), timeout_s=600)

@@ -47,7 +47,7 @@ def tagged(tag: str) -> list[tuple[int, str]]:
 
 def engines(tag: str) -> list[tuple[int, str]]:
     """The tagged vLLM processes (API server and engine core), the guard excluded."""
-    return [(pid, cmd) for pid, cmd in tagged(tag) if "engine_adapter._guard" not in cmd]
+    return [(pid, cmd) for pid, cmd in tagged(tag) if "tracetune.engine_adapter._guard" not in cmd]
 
 
 def _stat(pid: int) -> list[str]:
@@ -127,7 +127,7 @@ class Tune:
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._f = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT, stdout=self._f,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tracetune", *args], cwd=ROOT, stdout=self._f,
                                      stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200", **(env or {})},
                                      preexec_fn=sigint_default)
 

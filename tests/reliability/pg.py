@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from engine_adapter.process import free_port
+from tracetune.engine_adapter.process import free_port
 
 
 def _bindir() -> str | None:

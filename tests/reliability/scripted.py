@@ -7,14 +7,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from engine_adapter.errors import EngineError
-from engine_adapter.platform import Platform
-from replay.metrics import Estimate, Summary
-from replay.runner import ReplayOptions
-from replay.trace import load_trace
-from search_spaces.space import load_space
-from tuner.quality import ProbeItem, QualityResult, Reference
-from tuner.study import StudySettings, Tuner
+from tracetune.errors import EngineError
+from tracetune.engine_adapter.platform import Platform
+from tracetune.replay.metrics import Estimate, Summary
+from tracetune.replay.runner import ReplayOptions
+from tracetune.replay.trace import load_trace
+from tracetune.search_spaces.space import load_space
+from tracetune.tuner.quality import ProbeItem, QualityResult, Reference
+from tracetune.tuner.study import StudySettings, Tuner
 
 TRACE = "\n".join(f'{{"timestamp": {i * 0.1}, "prompt": "hello number {i}", "output_length": 8}}'
                   for i in range(6)) + "\n"

@@ -31,11 +31,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import replay.trace as trace_module
-from engine_adapter.errors import InputError
-from replay.importers import ConvertOptions, read_requests
-from replay.trace import MAX_TOKENS, TraceError, load_trace, parse_lines
-from search_spaces.space import KNOBS, SpaceError, load_space
+import tracetune.replay.trace as trace_module
+from tracetune.errors import InputError
+from tracetune.replay.importers import ConvertOptions, read_requests
+from tracetune.replay.trace import MAX_TOKENS, TraceError, load_trace, parse_lines
+from tracetune.search_spaces.space import KNOBS, SpaceError, load_space
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -761,8 +761,8 @@ def test_bad_space_is_named_by_file_line_and_field(kind, data):
 # --- the real CLI, in a subprocess ----------------------------------------------------------
 
 def run_tune(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True,
+    env = {**os.environ, "COLUMNS": "400", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "tracetune", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -18,10 +18,10 @@ import httpx
 import optuna
 import pytest
 
-from engine_adapter.metrics import parse_metrics
+from tracetune.engine_adapter.metrics import parse_metrics
 from tests.reliability.engines import FAST, TRACE, engine_port, engines, gone_within, new_tag, run_tune, tagged
-from tuner.storage import ResultStore
-from tuner.coordination import make_storage
+from tracetune.tuner.storage import ResultStore
+from tracetune.tuner.coordination import make_storage
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_fault_is_an_infeasible_trial_with_a_reason_and_the_study_goes_on(faults
 
 
 def test_the_study_reached_its_trial_count_with_every_fault_counted(faults):
-    from tuner.coordination import counted
+    from tracetune.tuner.coordination import counted
 
     assert counted(faults["study"]) == 5  # the rejected configuration does not count
     assert not tagged(faults["tag"])

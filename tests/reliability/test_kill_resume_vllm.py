@@ -12,8 +12,8 @@ import pytest
 
 from tests.reliability.engines import (FAST, TRACE, Tune, describe, engines_of, gone_within, kill_tagged, new_tag,
                                       run_tune, wait_for)
-from tuner.storage import ResultStore
-from tuner.coordination import counted, make_storage
+from tracetune.tuner.storage import ResultStore
+from tracetune.tuner.coordination import counted, make_storage
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ import pytest
 
 from tests.reliability.pg import postgres_url  # noqa: F401 - fixture
 from tests.reliability.scripted import crash, fake_quality, fake_summary, make_tuner
-from tuner.storage import ResultStore, secret_values, worker_id
-from tuner.coordination import counted, make_storage
-from tuner.front import pareto_trials
+from tracetune.tuner.storage import ResultStore, secret_values, worker_id
+from tracetune.tuner.coordination import counted, make_storage
+from tracetune.tuner.front import pareto_trials
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQS = """\
@@ -132,7 +132,6 @@ def test_failed_requests_make_a_measured_trial_infeasible(tmp_path):
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    sys.path.insert(0, {root!r})
     from tests.reliability.scripted import make_tuner
     from tests.reliability.test_study_logic import SEQS
     n = [0]
@@ -278,7 +277,7 @@ def test_two_workers_on_postgresql_measure_each_config_once(tmp_path, postgres_u
 
 
 def test_root_cause_names_an_engine_argument_refused_by_argparse():
-    from engine_adapter.process import root_cause
+    from tracetune.engine_adapter.process import root_cause
 
     log = "usage: api_server.py [-h] [--model MODEL]\napi_server.py: error: unrecognized arguments: --no-such-flag\n"
     assert root_cause(log) == "the engine refused its arguments: unrecognized arguments: --no-such-flag"
@@ -299,7 +298,7 @@ def test_a_replay_the_client_could_not_keep_is_unmeasurable_not_an_engine_failur
 
 def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(tmp_path, monkeypatch):
     """Twice the processes each time, within the cores the engine leaves (8 cores, engine on 2)."""
-    import tuner.measure as study_module
+    import tracetune.tuner.measure as study_module
 
     tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
     tuner.s.client_procs = 1
@@ -318,7 +317,7 @@ def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(
     monkeypatch.setattr(study_module, "replay", scripted_replay)
     monkeypatch.setattr(study_module, "summarize", scripted_summary)
     monkeypatch.setattr(study_module, "settle", lambda *a, **k: None)
-    monkeypatch.setattr("replay.workers.cores", lambda: 8)
+    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 8)
 
     class Server:
         endpoint = type("E", (), {"base_url": "http://x", "model": "m"})()
@@ -326,7 +325,7 @@ def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(
     result, summary = tuner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
     assert sent_by == [1, 2, 4] and result == 4 and not summary.client_overloaded
     sent_by.clear()
-    monkeypatch.setattr("replay.workers.cores", lambda: 4)  # only two cores free: 1, 2, then no more
+    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 4)  # only two cores free: 1, 2, then no more
     result, summary = tuner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
     assert sent_by == [1, 2] and summary.client_overloaded
 
@@ -334,9 +333,9 @@ def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(
 def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypatch):
     """A config differing from a measured one only in batching knobs reuses its stored quality (from
     the database: another worker's, or before a resume); a different KV-cache precision is measured."""
-    import tuner.measure as study_module
-    from engine_adapter.vllm.server import VLLMConfig
-    from tuner.quality import ProbeItem, Reference
+    import tracetune.tuner.measure as study_module
+    from tracetune.engine_adapter.vllm.server import VLLMConfig
+    from tracetune.tuner.quality import ProbeItem, Reference
 
     tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
 
@@ -431,7 +430,7 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
     assert [t.user_attrs["values"] for t in study.trials] == warm
     assert calls == ["reference", "trial-0000", "trial-0001"]  # measured again, not reused
 
-    from engine_adapter.errors import InputError
+    from tracetune.errors import InputError
 
     other = make_tuner(tmp_path, script, space_yaml=SEQS, study="c", trials=1)
     other.s.warm_start = (other.s.storage_url, "nope")
@@ -443,9 +442,9 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
     """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
     (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
     early stop and everything the Tuner does with them are real."""
-    from replay.capacity import CapacityOptions, Step, search_capacity
-    from replay.metrics import parse_slos
-    from tuner.quality import ProbeItem, Reference
+    from tracetune.replay.capacity import CapacityOptions, Step, search_capacity
+    from tracetune.replay.metrics import parse_slos
+    from tracetune.tuner.quality import ProbeItem, Reference
 
     slos = parse_slos("ttft:p99<2s")
     tuner = make_tuner(tmp_path, lambda c: None, space_yaml=SEQS, trials=trials, enqueue=enqueue, slos=slos)

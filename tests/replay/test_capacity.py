@@ -12,11 +12,11 @@ import time
 import pytest
 from aiohttp import web
 
-from engine_adapter.errors import InputError
-from replay.capacity import CapacityOptions, Step, allowed_misses, at_scale, certain_misses, offered_rates, percentile_targets_met, search_capacity
-from replay.levels import LevelRunner
-from replay.metrics import parse_slos
-from replay.runner import InFlight, PreparedRequest, ReplayOptions, RequestRecord
+from tracetune.errors import InputError
+from tracetune.replay.capacity import CapacityOptions, Step, allowed_misses, at_scale, certain_misses, offered_rates, percentile_targets_met, search_capacity
+from tracetune.replay.levels import LevelRunner
+from tracetune.replay.metrics import parse_slos
+from tracetune.replay.runner import InFlight, PreparedRequest, ReplayOptions, RequestRecord
 
 SLOS = tuple(parse_slos("ttft:p99<1s"))
 
@@ -204,7 +204,7 @@ def test_allowed_misses_and_certain_misses():
     # already has its first token and the one sent 0.5 s ago are not certain misses
     assert certain_misses(finished, live, 10.0, SLOS) == 3
     # the running count judges each finished request once, and agrees with the full count
-    from replay.capacity import MissCounter
+    from tracetune.replay.capacity import MissCounter
 
     counter = MissCounter(SLOS)
     growing = []

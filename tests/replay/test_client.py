@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.process import free_port
-from replay.metrics import summarize
-from replay.runner import ReplayOptions, Replayer, prepare, replay
-from replay.trace import Trace, TraceRecord
-from replay.workers import ClientPool, auto_client_procs, peak_rate
+from tracetune.engine_adapter.process import free_port
+from tracetune.replay.metrics import summarize
+from tracetune.replay.runner import ReplayOptions, Replayer, prepare, replay
+from tracetune.replay.trace import Trace, TraceRecord
+from tracetune.replay.workers import ClientPool, auto_client_procs, peak_rate
 from tests.conftest import wait_for_http
 from tests.replay.sse_server import SSEServer
 
@@ -52,7 +52,7 @@ def test_a_rate_no_client_can_keep_is_a_client_overloaded_verdict_not_engine_err
     trace.write_text("".join(json.dumps({"timestamp": i / 200_000, "prompt": "hi", "output_length": 8}) + "\n"
                              for i in range(20_000)))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "cli", "replay", "--trace", str(trace), "--endpoint", zero_server,
+    done = subprocess.run([sys.executable, "-m", "tracetune", "replay", "--trace", str(trace), "--endpoint", zero_server,
                            "--served-model", "zero", "--warmup", "0", "--client-procs", "1", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -105,7 +105,7 @@ def test_client_failures_are_counted_apart_from_engine_failures(monkeypatch):
             await server.stop()
 
     records, duration, _ = asyncio.run(go())
-    from replay.runner import ReplayResult
+    from tracetune.replay.runner import ReplayResult
     summary = summarize(ReplayResult(records=records, duration_s=duration, options=options))
     client = [r for r in records if r.client_error]
     engine = [r for r in records if not r.success and not r.client_error]
@@ -137,7 +137,7 @@ def test_automatic_client_processes_follow_the_peak_rate_within_the_free_cores(m
     options = ReplayOptions(warmup_requests=0)
     slow, fast = prepare(even(10, 50), options), prepare(even(9000, 20000), options)
     assert peak_rate(slow) == pytest.approx(10, abs=1) and peak_rate(fast) == pytest.approx(9000, rel=0.01)
-    monkeypatch.setattr("replay.workers.cores", lambda: 16)
+    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 16)
     assert auto_client_procs(slow, engine_cores=2) == 1
     assert auto_client_procs(fast, engine_cores=2) == 5  # 9,000 req/s at 2,000 a process
     assert auto_client_procs(fast, engine_cores=14) == 2  # only two cores left

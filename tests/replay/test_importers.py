@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.errors import InputError
-from replay.importers import ArrivalGrid, ConvertOptions, arrival_grid, convert
-from replay.synth import PromptSynthesizer, implied_reuse_ratio
+from tracetune.errors import InputError
+from tracetune.replay.importers import ArrivalGrid, ConvertOptions, arrival_grid, convert
+from tracetune.replay.synth import PromptSynthesizer, implied_reuse_ratio
 
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "public_traces"  # shipped samples
 

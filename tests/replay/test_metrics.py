@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from engine_adapter.errors import InputError
-from engine_adapter.metrics import EngineMetrics
-from replay.metrics import SLO, bootstrap_ci, parse_slos, summarize
-from replay.runner import ReplayOptions, ReplayResult, RequestRecord
+from tracetune.errors import InputError
+from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.replay.metrics import SLO, bootstrap_ci, parse_slos, summarize
+from tracetune.replay.runner import ReplayOptions, ReplayResult, RequestRecord
 
 
 def rec(i, ttft, e2e, out, itl=None, ok=True, lag=0.0):
@@ -78,7 +78,7 @@ def test_bootstrap_interval_narrows_with_more_data():
 def test_large_samples_get_the_large_sample_interval_close_to_the_bootstrap():
     """Past BOOTSTRAP_MAX_VALUES the interval is the order-statistic one (percentiles) or the normal
     one (mean): it covers the true value and is as wide as the bootstrap's, in a fraction of the time."""
-    from replay.metrics import BOOTSTRAP_MAX_VALUES, bootstrap_ci, large_sample_ci
+    from tracetune.replay.metrics import BOOTSTRAP_MAX_VALUES, bootstrap_ci, large_sample_ci
 
     rng = np.random.default_rng(1)
     data = rng.exponential(1.0, size=BOOTSTRAP_MAX_VALUES + 1000)
@@ -97,7 +97,7 @@ def test_large_samples_get_the_large_sample_interval_close_to_the_bootstrap():
 
 def test_an_slo_on_a_percentile_outside_the_usual_ones_is_summarized_and_read_as_a_constraint():
     """p95 is not one of STATS: the summary holds it anyway, so the constraint is its value, not a violation."""
-    from tuner.objectives import constraint_values
+    from tracetune.tuner.objectives import constraint_values
 
     records = [rec(i, 0.01 * (i + 1), 1.5, 10) for i in range(100)]
     slos = parse_slos("ttft:p95<500ms")

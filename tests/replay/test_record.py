@@ -15,13 +15,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine_adapter.errors import InputError
-from engine_adapter.http_stream import Session
-from engine_adapter.openai_client import new_session, stream_completion
-from cli.record import add_parser as add_record_parser
-from replay.record import RecordingProxy, parse_listen, parse_upstream
-from replay.recorded import ResponseSummary, build_record, percentile, summarize_response
-from replay.trace import load_trace
+from tracetune.errors import InputError
+from tracetune.engine_adapter.http_stream import Session
+from tracetune.engine_adapter.openai_client import new_session, stream_completion
+from tracetune.cli.record import add_parser as add_record_parser
+from tracetune.replay.record import RecordingProxy, parse_listen, parse_upstream
+from tracetune.replay.recorded import ResponseSummary, build_record, percentile, summarize_response
+from tracetune.replay.trace import load_trace
 from tests.replay.sse_server import SSEServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -468,7 +468,7 @@ def test_record_command_runs_until_sigint_and_prints_a_summary(tmp_path):
     driver = (
         "import argparse, sys\n"
         "from rich.console import Console\n"
-        "from cli.record import add_parser as add_record_parser, record_command\n"
+        "from tracetune.cli.record import add_parser as add_record_parser, record_command\n"
         "p = argparse.ArgumentParser(); add_record_parser(p.add_subparsers(dest='command'))\n"
         "sys.exit(record_command(p.parse_args(sys.argv[1:]), Console(width=300)))\n"
     )
@@ -478,8 +478,7 @@ def test_record_command_runs_until_sigint_and_prints_a_summary(tmp_path):
         await upstream.start()
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-c", driver, "record", "--upstream", upstream.base_url, "--listen", "127.0.0.1:0",
-            "--out", str(out), cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            "--out", str(out), cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         try:
             first = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
             assert first.startswith("recording http://127.0.0.1:"), first

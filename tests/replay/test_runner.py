@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from engine_adapter.errors import InputError
-from replay.runner import ReplayOptions, Replayer, prepare
-from replay.trace import Trace, TraceRecord
+from tracetune.errors import InputError
+from tracetune.replay.runner import ReplayOptions, Replayer, prepare
+from tracetune.replay.trace import Trace, TraceRecord
 from tests.replay.sse_server import SSEServer
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from replay import sustain
-from replay.capacity import CapacityOptions, judge
-from replay.levels import LevelRunner
-from replay.metrics import parse_slos
-from replay.runner import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord
+from tracetune.replay import sustain
+from tracetune.replay.capacity import CapacityOptions, judge
+from tracetune.replay.levels import LevelRunner
+from tracetune.replay.metrics import parse_slos
+from tracetune.replay.runner import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord
 from tests.conftest import wait_for_http
 
 SLOS = tuple(parse_slos("ttft:p95<1s,tpot:p95<100ms"))
@@ -134,7 +134,7 @@ SERVER_SLO = "ttft:p95<500ms,tpot:p95<200ms"
 
 @pytest.fixture(scope="module")
 def batch_server(tmp_path_factory):
-    from engine_adapter.process import free_port
+    from tracetune.engine_adapter.process import free_port
 
     port = free_port()
     log = open(tmp_path_factory.mktemp("batch") / "server.log", "w")
@@ -168,7 +168,7 @@ def test_tune_capacity_measures_the_held_out_servers_steady_state(batch_server, 
                             for i in range(200)))
     out = tmp_path / "cap.json"
     env = {**os.environ, "COLUMNS": "100"}
-    proc = subprocess.run([sys.executable, "-m", "cli", "capacity", "--trace", str(path), "--endpoint", batch_server,
+    proc = subprocess.run([sys.executable, "-m", "tracetune", "capacity", "--trace", str(path), "--endpoint", batch_server,
                            "--slo", SERVER_SLO, "--level-seconds", "15", "--warmup", "0", "--json", str(out),
                            "--out", str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)

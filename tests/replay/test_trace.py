@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from replay.trace import TraceError, TraceRecord, load_trace, parse_lines, write_trace
+from tracetune.replay.trace import TraceError, TraceRecord, load_trace, parse_lines, write_trace
 
 
 def lines(*objs):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.platform import Platform
-from search_spaces.space import DEFAULT_SPACE, SearchSpace, SpaceError, load_space
-from engine_adapter.errors import Rejected
-from engine_adapter.vllm.translate import reference_config, to_engine_config
+from tracetune.engine_adapter.platform import Platform
+from tracetune.search_spaces.space import DEFAULT_SPACE, SearchSpace, SpaceError, load_space
+from tracetune.errors import Rejected
+from tracetune.engine_adapter.vllm.translate import reference_config, to_engine_config
 
 MODEL = Path("/models/m")
 
@@ -169,7 +169,7 @@ def test_fp8_kv_cache_needs_avx512_or_amx_on_cpu():
 
 
 def test_choices_a_platform_can_never_run_are_found_and_removed():
-    from engine_adapter.vllm.translate import unrunnable_choices
+    from tracetune.engine_adapter.vllm.translate import unrunnable_choices
 
     space = load_space(DEFAULT_SPACE)
     bad = unrunnable_choices(space, platform=Platform.CPU, model_dir=MODEL, flags=frozenset({"avx2"}))
@@ -186,7 +186,7 @@ def test_choices_a_platform_can_never_run_are_found_and_removed():
 
 
 def test_engine_flags_pin_their_parameters():
-    from search_spaces.space import DEFAULT_SPACE, load_space
+    from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
 
     space = load_space(DEFAULT_SPACE)
     pinned, names = space.pinned({"enforce_eager": True, "speculative": "ngram", "dtype": "float32"})
@@ -219,8 +219,8 @@ def test_the_default_space_proposes_nothing_its_platform_rejects(platform, flags
     rejected by the space's own rules (400 random proposals per platform)."""
     import optuna
 
-    from engine_adapter.platform import Platform
-    from engine_adapter.vllm.translate import unrunnable_choices
+    from tracetune.engine_adapter.platform import Platform
+    from tracetune.engine_adapter.vllm.translate import unrunnable_choices
 
     plat, flags = Platform(platform), frozenset(flags)
     space = load_space(DEFAULT_SPACE)
@@ -250,7 +250,7 @@ def test_size_counts_configurations_with_their_conditions():
 def test_fewer_random_start_up_trials_on_a_small_space():
     import optuna
 
-    from tuner.objectives import make_sampler, startup_trials
+    from tracetune.tuner.objectives import make_sampler, startup_trials
 
     assert startup_trials(48) == 3 and startup_trials(5400) == 10 and startup_trials(4) == 2
     assert startup_trials(float("inf")) == 10

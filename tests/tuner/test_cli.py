@@ -12,7 +12,7 @@ import pytest
 
 
 def tune(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_commands_and_examples():
@@ -33,7 +33,7 @@ def test_help_shows_the_main_jobs_options_on_one_parser():
 
 
 def test_help_does_not_import_heavy_packages():
-    code = "import sys; from cli.main import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n" \
+    code = "import sys; from tracetune.cli.main import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n" \
            "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\nprint('HEAVY', heavy)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "HEAVY []" in out.stdout
@@ -86,7 +86,7 @@ def test_a_bad_quality_gate_exits_2_before_anything_starts(tmp_path):
 def test_a_commands_own_options_are_not_taken_for_the_main_jobs():
     """One root parser carries the main job's options; a command's options after it stay the command's
     (the root's --prompt-lookup-min must not claim `tune engine check --prompt`)."""
-    from cli.main import _build_parser
+    from tracetune.cli.main import _build_parser
 
     parser = _build_parser()
     args = parser.parse_args(["engine", "check", "--eager", "--prompt", "hi", "--max-tokens", "3"])

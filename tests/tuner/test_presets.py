@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from replay.trace import TraceRecord
-from search_spaces.space import SearchSpace
-from tuner.presets import copy_rate, presets
+from tracetune.replay.trace import TraceRecord
+from tracetune.search_spaces.space import SearchSpace
+from tracetune.tuner.presets import copy_rate, presets
 
 FULL = {"name": "s", "parameters": {"weight_bits": {"choices": [16, 8, 4]}, "kv_cache_dtype": {"choices": ["auto", "fp8"]},
                                     "speculative": {"choices": ["none", "ngram"]}, "max_num_seqs": {"choices": [4, 8]}}}
@@ -34,7 +34,7 @@ def test_eight_bit_weights_with_an_eight_bit_kv_cache_where_the_platform_runs_bo
 
 
 def test_the_default_space_presets_keep_vllms_defaults_elsewhere():
-    from search_spaces.space import DEFAULT_SPACE, load_space
+    from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
 
     (preset,) = presets(load_space(DEFAULT_SPACE), FREE)
     assert preset == {"weight_bits": 8, "kv_cache_dtype": "fp8", "max_num_seqs": 64, "enable_chunked_prefill": True,

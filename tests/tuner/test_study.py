@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from engine_adapter.errors import InputError
-from replay.metrics import Estimate, Summary, parse_slos
-from tuner.quality import QualityResult, Reference, ProbeItem, _agreement
-from tuner.front import REFERENCE, Candidate, decide, dominates, economics
-from tuner.storage import ResultStore
-from tuner.objectives import constraint_values, objective_value, parse_objectives, reference_feasible
-from tuner.study import config_diff
+from tracetune.errors import InputError
+from tracetune.replay.metrics import Estimate, Summary, parse_slos
+from tracetune.tuner.quality import QualityResult, Reference, ProbeItem, _agreement
+from tracetune.tuner.front import REFERENCE, Candidate, decide, dominates, economics
+from tracetune.tuner.storage import ResultStore
+from tracetune.tuner.objectives import constraint_values, objective_value, parse_objectives, reference_feasible
+from tracetune.tuner.study import config_diff
 
 
 def est(v):
@@ -183,7 +183,7 @@ def test_objective_and_constraint_values_from_stored_dicts_match_the_objects():
 
 
 def test_config_key_ignores_the_workers_own_environment_and_model_location():
-    from tuner.coordination import config_key
+    from tracetune.tuner.coordination import config_key
 
     a = {"model": "/home/a/.cache/tracetune/models/ckpt-W8A8-1234", "max_num_seqs": 8,
          "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}, "extra_args": []}
@@ -194,7 +194,7 @@ def test_config_key_ignores_the_workers_own_environment_and_model_location():
 
 
 def test_secret_values_and_redaction():
-    from tuner.storage import Redactor, display_url, normalize_url, secret_values
+    from tracetune.tuner.storage import Redactor, display_url, normalize_url, secret_values
 
     found = secret_values(env={"HF_TOKEN": "hf_abcdef123", "VLLM_CPU_OMP_THREADS_BIND": "0-1"},
                           process_env={"OPENAI_API_KEY": "sk-proc-secret", "SSH_AUTH_SOCK": "/tmp/x", "HOME": "/root",
@@ -224,7 +224,7 @@ def test_request_records_are_stored_compressed_and_read_back(tmp_path):
 
 
 def test_levels_round_trip_as_columns(tmp_path):
-    from replay.runner import RequestRecord
+    from tracetune.replay.runner import RequestRecord
 
     def rec(i, ok=True):
         return RequestRecord(index=i, id=None, scheduled_s=i * 0.5, send_s=i * 0.5, lag_s=0.001, success=ok,
@@ -247,10 +247,10 @@ def test_levels_round_trip_as_columns(tmp_path):
 def test_stored_levels_are_judged_again_under_another_slo(tmp_path):
     """A level read back as request records gets the verdict its records give under any SLO: the
     same attainment as the live judge for the SLO it was searched at, a lower one for a tighter SLO."""
-    from replay.capacity import level_verdict
-    from replay.metrics import parse_slos
-    from replay.runner import RequestRecord
-    from tuner.storage import records_of_level
+    from tracetune.replay.capacity import level_verdict
+    from tracetune.replay.metrics import parse_slos
+    from tracetune.replay.runner import RequestRecord
+    from tracetune.tuner.storage import records_of_level
 
     def rec(i, ttft, gap):  # 5 output tokens: TPOT = the gap between them
         return RequestRecord(index=i, id=None, scheduled_s=i * 0.1, send_s=i * 0.1 + 0.002, lag_s=0.002, success=i != 9,
@@ -270,7 +270,7 @@ def test_stored_levels_are_judged_again_under_another_slo(tmp_path):
 
 
 def test_failures_group_by_cause_when_only_their_numbers_differ():
-    from tuner.front import group_failures
+    from tracetune.tuner.front import group_failures
 
     causes = group_failures([
         (1, "rejected", "max_num_batched_tokens (512) is below max_model_len (2048) without chunked prefill"),
@@ -282,7 +282,7 @@ def test_failures_group_by_cause_when_only_their_numbers_differ():
 
 
 def test_hypervolume_is_exact_on_known_fronts():
-    from tuner.front import hypervolume
+    from tracetune.tuner.front import hypervolume
 
     assert hypervolume([[0.0, 0.0]], [1.0, 1.0]) == 1.0
     assert hypervolume([[0.0, 0.5], [0.5, 0.0]], [1.0, 1.0]) == pytest.approx(0.75)
