@@ -15,10 +15,12 @@ A space's `quantized_checkpoints` overrides the made checkpoint for a bit width.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tracetune.errors import Rejected
+from tracetune.engine_adapter.kind import CheckpointMaker, SpaceView, Unrunnable
 from tracetune.engine_adapter.platform import Platform, cpu_flags
+from tracetune.engine_adapter.vllm.knobs import WEIGHT_BITS
 from tracetune.engine_adapter.vllm.server import VLLMConfig, platform_problems
 
 # (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
@@ -28,8 +30,6 @@ BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {
     (Platform.CPU, 8): ("checkpoint", "W8A8"),
     (Platform.CPU, 4): ("checkpoint", "W4A16"),
 }
-
-CheckpointMaker = Callable[[str], Path]
 
 
 def cpu_scheme_problem(scheme: str, flags: frozenset[str]) -> str | None:
@@ -72,7 +72,7 @@ def to_engine_config(
     quantization = settings.pop("quantization", None)
 
     bits = settings.pop("weight_bits", 16)
-    if bits not in (16, 8, 4):
+    if bits not in WEIGHT_BITS:
         reasons.append(f"weight_bits={bits} is not supported (use 16, 8 or 4)")
     elif bits != 16:
         if quantized_checkpoints and bits in quantized_checkpoints:
@@ -137,11 +137,11 @@ def reference_config(*, fixed: dict[str, Any], model_dir: Path, base: dict[str, 
     return VLLMConfig(model=model_dir, **settings)
 
 
-def unrunnable_choices(space: Any, *, platform: Platform, model_dir: Path, flags: frozenset[str] | None = None,
-                       base: dict[str, Any] | None = None) -> dict[str, dict[Any, str]]:
+def unrunnable_choices(space: SpaceView, *, platform: Platform, model_dir: Path, flags: frozenset[str] | None = None,
+                       base: dict[str, Any] | None = None) -> Unrunnable:
     """Categorical choices this platform can never run, whatever the other parameters are:
     {parameter: {choice: reason}}. Each choice is checked alone on top of the fixed settings."""
-    out: dict[str, dict[Any, str]] = {}
+    out: Unrunnable = {}
     for name, p in space.parameters.items():
         if p.choices is None or p.when:
             continue
