@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def records(rng: np.random.Generator, n: int, scale: float) -> list:
-    from tracetune.replay.runner import RequestRecord
+    from tracetune.replay.types import RequestRecord
 
     out = []
     for i in range(n):
@@ -56,7 +56,7 @@ def generate(url: str, args: argparse.Namespace) -> None:
     import optuna
 
     from tracetune.replay.metrics import summarize
-    from tracetune.replay.runner import ReplayOptions, ReplayResult
+    from tracetune.replay.types import ReplayOptions, ReplayResult
     from tracetune.tuner.storage import ResultStore
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)

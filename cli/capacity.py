@@ -89,7 +89,7 @@ def capacity_command(args: argparse.Namespace, console) -> int:
     from tracetune.replay.levels import LevelRunner, settle
     from tracetune.cli.replay import prepare_run, prepared_requests
     from tracetune.replay.metrics import parse_slos
-    from tracetune.replay.runner import ReplayOptions
+    from tracetune.replay.types import ReplayOptions
 
     options = capacity_options(args, parse_slos(args.slo), start_scale=args.start_scale, max_scale=args.max_scale,
                                min_scale=args.min_scale, confirm=not args.no_repeat, abandon=not args.no_abandon)

@@ -318,7 +318,8 @@ def replay_command(args: argparse.Namespace, console) -> int:
 
     from tracetune.errors import InputError
     from tracetune.replay.metrics import parse_slos, summarize
-    from tracetune.replay.runner import ReplayOptions, replay
+    from tracetune.replay.runner import replay
+    from tracetune.replay.types import ReplayOptions
 
     slos = parse_slos(args.slo)
     if args.time_scale is not None and args.rate_scale is not None:

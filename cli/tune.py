@@ -4,11 +4,12 @@ Pareto front and writes best.json / pareto.json."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 from pathlib import Path
 from typing import Any
+
+from tracetune.cli.job import TuneRequest, make_tuner
 
 TUNE_EPILOG = """\
 the main job:
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace, console) -> int:
         from tracetune.cli.workers import run_study_on_gpus
 
         return run_study_on_gpus(args, request, console)
-    tuner, progress = _tuner(request, console)
+    tuner, progress = make_tuner(request, console)
     study = _run_study(tuner, progress, request, console)
     if study is None:
         return 130
@@ -120,21 +121,6 @@ def run(args: argparse.Namespace, console) -> int:
 
     report_results(tuner, study, args, console, request.run_dir)
     return 0
-
-
-@dataclasses.dataclass
-class TuneRequest:
-    """What the main job was asked, checked and resolved: what the tuner is built from."""
-
-    settings: Any  # tuner.study.StudySettings
-    trace: Any  # replay.trace.Trace
-    space: Any  # search_spaces.space.SearchSpace, with what this machine cannot run removed
-    model_dir: Path
-    platform: Any  # engine_adapter.platform.Platform
-    run_dir: Path
-    base: dict[str, Any]  # engine settings from the command line, held for every trial
-    storage_shown: str
-    engine: Any  # engine_adapter.registry.EngineKind: which engine the trials start
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -236,7 +222,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
 
 def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list,
               gate: Any, enqueue: list, secrets: list[str], api_key: str | None) -> Any:
-    from tracetune.replay.runner import ReplayOptions
+    from tracetune.replay.types import ReplayOptions
     from tracetune.tuner.study import StudySettings
 
     replay_options = ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests,
@@ -292,36 +278,6 @@ def _check_tries(enqueue: list[dict], space: Any, never: dict, platform: Any) ->
                 why = never.get(name, {}).get(value)
                 raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}"
                                  + (f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"))
-
-
-def _tuner(request: TuneRequest, console) -> tuple[Any, Any]:
-    """The study's tuner, reporting to the console, and the progress display it updates (the run
-    directory is made only now: every input has been checked)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from tracetune.cli.reporter import ConsoleReporter
-    from tracetune.tuner.study import Tuner
-
-    synthesizer = None
-    if any(r.input_length is not None for r in request.trace.records):
-        from transformers import AutoTokenizer
-
-        from tracetune.replay.synth import PromptSynthesizer
-        synthesizer = PromptSynthesizer(AutoTokenizer.from_pretrained(str(request.model_dir)))
-
-    def make_checkpoint(scheme: str) -> Path:
-        from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
-        return quantized_checkpoint(request.model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}"))
-
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
-    reporter = ConsoleReporter(console, progress, storage=request.storage_shown, platform=request.platform.value)
-    request.run_dir.mkdir(parents=True, exist_ok=True)
-    tuner = Tuner(request.settings, trace=request.trace, space=request.space, model_dir=request.model_dir,
-                  platform=request.platform, run_dir=request.run_dir, base=request.base,
-                  make_checkpoint=make_checkpoint, synthesizer=synthesizer, report=reporter,
-                  on_replay_progress=reporter.replay_progress, engine=request.engine)
-    return tuner, progress
 
 
 def _run_study(tuner: Any, progress: Any, request: TuneRequest, console) -> Any:

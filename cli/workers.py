@@ -138,9 +138,9 @@ def run_study_on_gpus(args, request, console) -> int:
         console.print(f"[red]a worker failed (exit code {code})[/]: see {', '.join(map(str, logs))}")
         return code
     from tracetune.cli.results import report_results
-    from tracetune.cli.tune import _tuner
+    from tracetune.cli.job import make_tuner
 
-    tuner, _ = _tuner(request, console)
+    tuner, _ = make_tuner(request, console)
     import optuna
 
     study = optuna.load_study(study_name=request.settings.study_name, storage=request.settings.storage_url)

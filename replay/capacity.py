@@ -45,7 +45,7 @@ import numpy as np
 from tracetune.errors import InputError
 from tracetune.replay import sustain
 from tracetune.replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value, threshold
-from tracetune.replay.runner import InFlight, PreparedRequest, ReplayResult, RequestRecord
+from tracetune.replay.types import InFlight, PreparedRequest, ReplayResult, RequestRecord
 
 # A level's window by default (`replay.sustain` says why): seconds, request lifetimes, requests.
 LEVEL_SECONDS = 30.0

@@ -15,7 +15,8 @@ from tracetune.errors import InputError
 from tracetune.replay import sustain
 from tracetune.replay.capacity import (CapacityOptions, CapacityResult, MissCounter, Step, allowed_misses, at_scale, judge,
                              offered_rates, search_capacity)
-from tracetune.replay.runner import PreparedRequest, ReplayOptions, ReplayResult, replay
+from tracetune.replay.runner import replay
+from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult
 
 
 def settle(engine: Any, *, reset_prefix_cache: bool, timeout_s: float = 30.0) -> None:

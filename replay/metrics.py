@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tracetune.errors import InputError
-from tracetune.replay.runner import ReplayResult, RequestRecord
+from tracetune.replay.types import ReplayResult, RequestRecord
 
 # Schedule lag beyond which a replay measures the client, not the engine: 10 ms, or 5% of the
 # tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the

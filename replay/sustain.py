@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tracetune.replay.metrics import SLO, meets_slos, threshold
-from tracetune.replay.runner import PreparedRequest, RequestRecord
+from tracetune.replay.types import PreparedRequest, RequestRecord
 
 LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the target on its own
 TREND_PART = 0.5  # the share of the window (its end) where the trends are measured

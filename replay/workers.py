@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tracetune.replay.runner import (InFlight, PreparedRequest, ReplayOptions, Replayer, RequestRecord, StopWhen, loop_runner,
-                           quiet_gc)
+from tracetune.replay.replayer import Replayer, loop_runner, quiet_gc
+from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, RequestRecord, StopWhen
 
 # Requests per second one client process offers on one core with its schedule lag p99 well under the
 # bound (measured with benchmarks/harness_ceiling.py, 32 output tokens a request; see README): the

@@ -12,7 +12,8 @@ from tracetune.errors import EngineError, TuneError
 from tracetune.replay import workers
 from tracetune.replay.levels import LevelRunner, settle
 from tracetune.replay.metrics import Summary, summarize
-from tracetune.replay.runner import ReplayResult, replay
+from tracetune.replay.runner import replay
+from tracetune.replay.types import ReplayResult
 from tracetune.tuner.quality import (QualityResult, lossless_by_construction, measure_candidate, measure_reference,
                            probe_prompts, quality_key)
 

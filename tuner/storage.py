@@ -178,7 +178,7 @@ def records_of_level(columns: dict[str, Any]) -> list[Any]:
     another SLO. What `encode_levels` did not keep (ids, texts, finish reasons) is left empty."""
     import numpy as np
 
-    from tracetune.replay.runner import RequestRecord
+    from tracetune.replay.types import RequestRecord
 
     def value(name: str, i: int) -> float | None:
         v = float(columns[name][i])

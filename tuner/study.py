@@ -33,7 +33,8 @@ from tracetune.engine_adapter.platform import Platform, installed_vllm_version
 from tracetune.engine_adapter.registry import EngineKind, engine_kind
 from tracetune.replay.capacity import CapacityOptions
 from tracetune.replay.metrics import SLO, Summary
-from tracetune.replay.runner import ReplayOptions, prepare
+from tracetune.replay.runner import prepare
+from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import Trace
 from tracetune.search_spaces.space import SearchSpace
 from tracetune.tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counted, make_storage, running, skipped,

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 from tracetune.replay.metrics import parse_slos, summarize  # noqa: E402
-from tracetune.replay.runner import ReplayOptions, ReplayResult, RequestRecord  # noqa: E402
+from tracetune.replay.types import ReplayOptions, ReplayResult, RequestRecord  # noqa: E402
 from tracetune.tuner.storage import ResultStore  # noqa: E402
 from tracetune.tuner.study import config_diff  # noqa: E402
 

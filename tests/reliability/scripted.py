@@ -10,7 +10,7 @@ from typing import Any, Callable
 from tracetune.errors import EngineError
 from tracetune.engine_adapter.platform import Platform
 from tracetune.replay.metrics import Estimate, Summary
-from tracetune.replay.runner import ReplayOptions
+from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import load_trace
 from tracetune.search_spaces.space import load_space
 from tracetune.tuner.quality import ProbeItem, QualityResult, Reference

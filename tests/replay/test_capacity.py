@@ -16,7 +16,7 @@ from tracetune.errors import InputError
 from tracetune.replay.capacity import CapacityOptions, Step, allowed_misses, at_scale, certain_misses, offered_rates, percentile_targets_met, search_capacity
 from tracetune.replay.levels import LevelRunner
 from tracetune.replay.metrics import parse_slos
-from tracetune.replay.runner import InFlight, PreparedRequest, ReplayOptions, RequestRecord
+from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, RequestRecord
 
 SLOS = tuple(parse_slos("ttft:p99<1s"))
 

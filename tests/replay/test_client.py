@@ -18,7 +18,9 @@ import pytest
 
 from tracetune.engine_adapter.process import free_port
 from tracetune.replay.metrics import summarize
-from tracetune.replay.runner import ReplayOptions, Replayer, prepare, replay
+from tracetune.replay.replayer import Replayer
+from tracetune.replay.runner import prepare, replay
+from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.workers import ClientPool, auto_client_procs, peak_rate
 from tests.conftest import wait_for_http
@@ -105,7 +107,7 @@ def test_client_failures_are_counted_apart_from_engine_failures(monkeypatch):
             await server.stop()
 
     records, duration, _ = asyncio.run(go())
-    from tracetune.replay.runner import ReplayResult
+    from tracetune.replay.types import ReplayResult
     summary = summarize(ReplayResult(records=records, duration_s=duration, options=options))
     client = [r for r in records if r.client_error]
     engine = [r for r in records if not r.success and not r.client_error]

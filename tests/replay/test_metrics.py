@@ -10,7 +10,7 @@ import pytest
 from tracetune.errors import InputError
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.replay.metrics import SLO, bootstrap_ci, parse_slos, summarize
-from tracetune.replay.runner import ReplayOptions, ReplayResult, RequestRecord
+from tracetune.replay.types import ReplayOptions, ReplayResult, RequestRecord
 
 
 def rec(i, ttft, e2e, out, itl=None, ok=True, lag=0.0):

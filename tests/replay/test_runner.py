@@ -7,7 +7,9 @@ import asyncio
 import pytest
 
 from tracetune.errors import InputError
-from tracetune.replay.runner import ReplayOptions, Replayer, prepare
+from tracetune.replay.replayer import Replayer
+from tracetune.replay.runner import prepare
+from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import Trace, TraceRecord
 from tests.replay.sse_server import SSEServer
 

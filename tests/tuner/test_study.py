@@ -224,7 +224,7 @@ def test_request_records_are_stored_compressed_and_read_back(tmp_path):
 
 
 def test_levels_round_trip_as_columns(tmp_path):
-    from tracetune.replay.runner import RequestRecord
+    from tracetune.replay.types import RequestRecord
 
     def rec(i, ok=True):
         return RequestRecord(index=i, id=None, scheduled_s=i * 0.5, send_s=i * 0.5, lag_s=0.001, success=ok,
@@ -249,7 +249,7 @@ def test_stored_levels_are_judged_again_under_another_slo(tmp_path):
     same attainment as the live judge for the SLO it was searched at, a lower one for a tighter SLO."""
     from tracetune.replay.capacity import level_verdict
     from tracetune.replay.metrics import parse_slos
-    from tracetune.replay.runner import RequestRecord
+    from tracetune.replay.types import RequestRecord
     from tracetune.tuner.storage import records_of_level
 
     def rec(i, ttft, gap):  # 5 output tokens: TPOT = the gap between them

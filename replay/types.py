@@ -1,0 +1,127 @@
+"""The replay's data: its options, a request ready to send, what one request did, a whole replay's
+result, and a request still in flight (what a `stop_when` sees while a replay runs). The runner,
+its client processes (`replay.workers`), the metrics and the capacity search all read them here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+from tracetune.errors import InputError
+from tracetune.engine_adapter.metrics import EngineMetrics
+
+
+@dataclasses.dataclass
+class ReplayOptions:
+    time_scale: float = 1.0
+    max_requests: int | None = None
+    max_duration_s: float | None = None
+    warmup_requests: int = 0
+    mode: Literal["open", "closed"] = "open"
+    concurrency: int = 1
+    ignore_eos: bool = True
+    max_output_tokens: int | None = None
+    request_timeout_s: float = 600.0
+    keep_text: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise InputError(f"--time-scale must be > 0, got {self.time_scale}")
+        if self.mode not in ("open", "closed"):
+            raise InputError(f"--mode must be open or closed, got {self.mode!r}")
+        if self.concurrency < 1:
+            raise InputError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.warmup_requests < 0:
+            raise InputError(f"--warmup must be >= 0, got {self.warmup_requests}")
+
+
+@dataclasses.dataclass
+class PreparedRequest:
+    """One request ready to send: what to send and when (seconds after the replay starts)."""
+
+    index: int
+    id: str | None
+    scheduled_s: float
+    max_tokens: int
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    extra_body: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    """What one measured request did. Times in seconds; `send_s` is relative to replay start."""
+
+    index: int
+    id: str | None
+    scheduled_s: float
+    send_s: float
+    lag_s: float
+    success: bool
+    error: str
+    ttft_s: float | None
+    e2e_s: float
+    itl_s: list[float]
+    prompt_tokens: int | None
+    output_tokens: int | None
+    requested_tokens: int
+    finish_reason: str | None
+    text: str | None = None
+    client_error: bool = False  # failed by the client's machine (file descriptors, ports), not the engine
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: (E2E - TTFT) / (output tokens - 1)."""
+        if not self.success or self.ttft_s is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def to_json(self) -> str:
+        """One JSON line; times rounded to the microsecond (far below what a clock over HTTP resolves)."""
+        data = dataclasses.asdict(self)
+        data["tpot_s"] = self.tpot_s
+        for key in ("scheduled_s", "send_s", "lag_s", "ttft_s", "e2e_s", "tpot_s"):
+            if data[key] is not None:
+                data[key] = round(data[key], 6)
+        data["itl_s"] = [round(gap, 6) for gap in data["itl_s"]]
+        if data["text"] is None:
+            del data["text"]
+        return json.dumps(data)
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    records: list[RequestRecord]
+    duration_s: float
+    options: ReplayOptions
+    engine_delta: EngineMetrics | None = None
+    warmup_errors: int = 0
+    # A replay stopped early by its `stop_when` (its outcome was already certain): `records` then
+    # holds only the requests that finished; `planned` how many the full replay would have sent.
+    abandoned: bool = False
+    sent: int = 0
+    planned: int = 0
+    # Requests that waited for a connection: the client's open-file limit capped its connections.
+    connection_waits: int = 0
+    connection_limit: int = 0
+
+    def write_records(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            for record in self.records:
+                f.write(record.to_json() + "\n")
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A request sent and not finished: clock readings of its send and of its first output event."""
+
+    send: float
+    first_output: float | None = None
+    scheduled_s: float = 0.0  # its place in the schedule, as in its record
+
+
+# Called while a replay runs with (finished records, requests in flight, clock now); True stops it.
+StopWhen = Callable[[Sequence[RequestRecord], Sequence[InFlight], float], bool]
