@@ -11,19 +11,25 @@
 
 A parameter is categorical (`choices`) or numeric (`low`/`high`, optional `log`/`step`; integers
 unless `float: true`). `when` makes it exist only if earlier parameters took one of the listed
-values; conditions may only refer to parameters defined above them. Parameter names are engine
-knobs (see KNOBS); errors name the file, the line and the field.
+values; conditions may only refer to parameters defined above them. Parameter and fixed names are
+knobs of the engine the space is for: its `EngineKind` gives the knob table (`kind.knobs`) and its
+reference config checks the fixed settings (`kind.reference`); tracetune's default engine when none
+is given. Errors name the file, the line and the field.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      model_validator)
 
 from tracetune.errors import InputError, opened_input
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.kind import EngineKind, Knobs
 
 
 def _scalar(value: Any) -> Any:
@@ -45,26 +51,11 @@ def _number(value: Any) -> Any:
 Scalar = Annotated[Union[bool, int, float, str], BeforeValidator(_scalar)]
 Number = Annotated[float, BeforeValidator(_number)]
 
-# Search-space parameter -> what it sets. `weight_bits` is translated per platform by
-# engine_adapter.vllm.translate; the rest are VLLMConfig fields (speculative.* nested).
-KNOBS = {
-    "weight_bits": "weight quantization bits (16 = unquantized)",
-    "max_num_seqs": "max sequences per batch",
-    "max_num_batched_tokens": "max tokens per scheduler step",
-    "kv_cache_dtype": "KV-cache precision (auto, fp8, ...)",
-    "speculative": "speculative decoding method (none, ngram, draft_model)",
-    "num_speculative_tokens": "draft length",
-    "prompt_lookup_max": "ngram: longest n-gram matched",
-    "enable_prefix_caching": "prefix caching on/off",
-    "enable_chunked_prefill": "chunked prefill on/off",
-    "enforce_eager": "eager (no compilation/graphs) vs compiled",
-    "dtype": "activation/weight dtype",
-    "gpu_memory_utilization": "fraction of device memory",
-    "kv_cache_space_gib": "explicit KV-cache size",
-    "max_model_len": "context length",
-    "attention_backend": "GPU attention backend",
-    "tensor_parallel_size": "GPUs one replica spans (capacity is compared per GPU)",
-}
+def default_engine() -> EngineKind:
+    """The engine a space is for when the caller names none: tracetune's default engine."""
+    from tracetune.engine_adapter.registry import engine_kind
+
+    return engine_kind()
 
 
 class SpaceError(InputError):
@@ -121,12 +112,17 @@ class SearchSpace(BaseModel):
     quantized_checkpoints: dict[int, Path] = Field(
         default_factory=dict, description="Your own quantized checkpoint per weight_bits value.")
 
+    # The knob table the space was checked against (validation context "knobs"; else the default engine's).
+    _knobs: Knobs = PrivateAttr(default_factory=dict)
+
     @model_validator(mode="after")
-    def _names_and_conditions(self) -> SearchSpace:
+    def _names_and_conditions(self, info: ValidationInfo) -> SearchSpace:
+        knobs = (info.context or {}).get("knobs")
+        self._knobs = default_engine().knobs if knobs is None else knobs
         seen: dict[str, Param] = {}
         for name, param in self.parameters.items():
-            if name not in KNOBS:
-                raise ValueError(f"parameter {name!r} is not a tunable knob; known: {sorted(KNOBS)}")
+            if name not in self._knobs:
+                raise ValueError(f"parameter {name!r} is not a tunable knob; known: {sorted(self._knobs)}")
             if name in self.fixed:
                 raise ValueError(f"{name!r} is both fixed and searched")
             for other, values in (param.when or {}).items():
@@ -139,9 +135,14 @@ class SearchSpace(BaseModel):
                         raise ValueError(f"{name}.when: {other} never takes {missing}; its choices are {target.choices}")
             seen[name] = param
         for name in self.fixed:
-            if name not in KNOBS:
-                raise ValueError(f"fixed setting {name!r} is not an engine knob; known: {sorted(KNOBS)}")
+            if name not in self._knobs:
+                raise ValueError(f"fixed setting {name!r} is not an engine knob; known: {sorted(self._knobs)}")
         return self
+
+    @classmethod
+    def for_knobs(cls, data: dict[str, Any], knobs: Knobs | None = None) -> SearchSpace:
+        """`data` validated as a space over `knobs` (None: the default engine's knob table)."""
+        return cls.model_validate(data, context={"knobs": knobs})
 
     def active(self, name: str, values: dict[str, Any]) -> bool:
         """Whether parameter `name` exists given the values chosen so far."""
@@ -166,7 +167,7 @@ class SearchSpace(BaseModel):
         if emptied:
             raise SpaceError(f"search space {self.name!r}: no choice of {emptied[0]!r} is left once "
                              f"{drop[emptied[0]]} are removed; give it a choice this machine can run")
-        return SearchSpace.model_validate({**self.model_dump(exclude={"parameters"}), "parameters": params})
+        return SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": params}, self._knobs)
 
     def pinned(self, settings: dict[str, Any]) -> tuple[SearchSpace, list[str]]:
         """This space without the parameters that `settings` (engine flags the user gave) already
@@ -193,7 +194,7 @@ class SearchSpace(BaseModel):
         if not params:
             raise SpaceError(f"search space {self.name!r}: the engine flags given ({', '.join(names)}) set every "
                              f"parameter, so there is nothing left to search; drop a flag or widen the space")
-        space = SearchSpace.model_validate({**self.model_dump(exclude={"parameters"}), "parameters": params})
+        space = SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": params}, self._knobs)
         return space, names
 
     def sample(self, trial: Any) -> dict[str, Any]:
@@ -304,15 +305,21 @@ def _duplicate_key(node: Any) -> str | None:
     return None
 
 
-def _fixed_problem(space: SearchSpace) -> tuple[str, str] | None:
-    """(field, message) for the first fixed setting no engine config accepts, or None."""
-    from tracetune.engine_adapter.vllm.translate import reference_config
+def _one_of(values: tuple[Any, ...]) -> str:
+    """'16, 8 or 4'."""
+    *head, last = map(str, values)
+    return f"{', '.join(head)} or {last}" if head else last
 
-    bits = space.fixed.get("weight_bits", 16)
-    if bits not in (16, 8, 4):
-        return "weight_bits", f"must be 16, 8 or 4, got {bits!r}"
+
+def _fixed_problem(space: SearchSpace, kind: EngineKind) -> tuple[str, str] | None:
+    """(field, message) for the first fixed setting the engine refuses, or None: a value outside a
+    knob's own values, else what the engine's settings model says of its reference config."""
+    for name, value in space.fixed.items():
+        allowed = kind.knobs[name].values
+        if allowed is not None and value not in allowed:
+            return name, f"must be {_one_of(allowed)}, got {value!r}"
     try:
-        reference_config(fixed=space.fixed, model_dir=Path("model"))
+        kind.reference(fixed=space.fixed, model_dir=Path("model"))
     except ValidationError as exc:
         err = exc.errors()[0]
         return ".".join(str(p) for p in err["loc"]), err["msg"]
@@ -324,11 +331,13 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def load_space(path: str | Path) -> SearchSpace:
-    """Load and validate a search-space YAML file; errors name file, line and field."""
+def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
+    """Load and validate a search-space YAML file for engine `kind` (None: the default engine);
+    errors name file, line and field."""
     import yaml
 
     path = Path(path)
+    kind = kind or default_engine()
     with opened_input(path, "search-space file", SpaceError) as f:
         raw = f.read()
     try:
@@ -357,7 +366,7 @@ def load_space(path: str | Path) -> SearchSpace:
     if duplicate:
         raise SpaceError(_safe(f"{path}:{duplicate}"))
     try:
-        space = SearchSpace.model_validate(data)
+        space = SearchSpace.for_knobs(data, kind.knobs)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -369,7 +378,7 @@ def load_space(path: str | Path) -> SearchSpace:
         field = ".".join(str(p) for p in loc) or "(space)"
         raise SpaceError(_safe(f"{path}:{line}: field '{field}': {err['msg']}")) from None
     # Fixed settings are checked now, not when the first trial builds its engine config.
-    problem = _fixed_problem(space)
+    problem = _fixed_problem(space, kind)
     if problem:
         field, message = problem
         line = (field and _line_of(root, ("fixed", field.split(".")[0]))) or _line_of(root, ("fixed",)) or 1

@@ -257,3 +257,31 @@ def test_fewer_random_start_up_trials_on_a_small_space():
     assert make_sampler("tpe", 0, n_startup=3)._n_startup_trials == 3
     assert make_sampler("nsga2", 0, n_startup=3)._population_size == 4
     assert isinstance(make_sampler("gp", 0, n_startup=3), optuna.samplers.GPSampler)
+
+
+def test_a_space_is_checked_against_the_knobs_of_the_engine_it_is_for(tmp_path):
+    """search_spaces names no engine: the EngineKind given hands it the knob table and the
+    reference config that checks fixed settings; spaces derived from it keep that table."""
+    import pydantic
+
+    from tracetune.engine_adapter.kind import EngineKind, Knob
+
+    class Settings(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        model: Path
+        batch: int = pydantic.Field(1, gt=0)
+
+    def reference(*, fixed, model_dir, base=None):
+        return Settings(model=model_dir, **{k: v for k, v in fixed.items() if k != "mode"})
+
+    kind = EngineKind("toy", Settings, make=None, translate=lambda values, **_: None, reference=reference,
+                      knobs={"batch": Knob("batch size"), "mode": Knob("how", values=("a", "b"))})
+    space = load_space(write(tmp_path, "parameters:\n  batch: {choices: [1, 2]}\n  mode: {choices: [a, b]}\n"), kind)
+    assert list(space.parameters) == ["batch", "mode"]
+    assert list(space.without({"mode": ["b"]}).pinned({"batch": 2})[0].parameters) == ["mode"]
+    with pytest.raises(SpaceError, match=r":2: field 'parameters.max_num_seqs': .* known: \['batch', 'mode'\]"):
+        load_space(write(tmp_path, "parameters:\n  max_num_seqs: {choices: [1]}\n"), kind)
+    with pytest.raises(SpaceError, match=r":2: field 'fixed.mode': must be a or b, got 'c'"):
+        load_space(write(tmp_path, "fixed:\n  mode: c\nparameters:\n  batch: {choices: [1]}\n"), kind)
+    with pytest.raises(SpaceError, match=r":2: field 'fixed.batch': Input should be greater than 0"):
+        load_space(write(tmp_path, "fixed:\n  batch: 0\nparameters:\n  mode: {choices: [a]}\n"), kind)
