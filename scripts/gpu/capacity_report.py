@@ -209,23 +209,16 @@ def sustained() -> dict:
     return {"runs": runs, "configs_per_gpu_hour": per_hour}
 
 
-def main() -> None:
-    store = open_store("study_cap")
-    ref = store.trials(STUDY, REFERENCE_RUN)[0]
-    rows = [r for r in store.trials(STUDY) if r["status"] == "measured"]
-    pruned = [r for r in store.trials(STUDY) if r["status"] == "pruned"]
-    ref_cap = ref["summary"]["capacity"]
-    ref_low, ref_high = bracket_rps(ref_cap)
-    # The best: the highest capacity (its bracket's low end), the lower TTFT p99 among equals.
-    best = max(rows, key=lambda r: (bracket_rps(r["summary"]["capacity"])[0],
-                                    -r["summary"]["latency_s"]["ttft"]["p99"]["value"]))
-    capacity_table(ref, rows)
+def print_levels(ref: dict, rows: list[dict], pruned: list[dict], gated: dict) -> None:
+    """Attainment per load level of every search, in the order measured."""
     print("\nAttainment (share of requests within the SLO) per load level, in the order measured (r: a repeat):\n")
     for label, r in [("reference", ref)] + [(f"trial {r['trial_number']}", r) for r in rows + pruned]:
         print(level_line(label + (" (pruned)" if r["status"] == "pruned" else ""), r["summary"]["capacity"]["steps"]))
-    gated = json.loads((RESULTS / "capacity_bf16_2048_512.json").read_text())
     print(level_line("16-bit, 2048-token chunks, 512 sequences (standalone search)", gated["steps"]))
 
+
+def print_tight(store, ref: dict, rows: list[dict], ref_cap: dict) -> dict:
+    """The chat searches' levels judged again at the tight SLO: one row per configuration."""
     print(f"\nTight SLO ({TIGHT_SLO}, {ref_cap['attainment_target']:.0%}) on the chat searches' levels:\n")
     print("| config | capacity req/s [bracket] | x defaults | attainment per level (req/s: share) |")
     print("|---|---|---|---|")
@@ -237,7 +230,11 @@ def main() -> None:
         ratio = t["capacity_rps"] / tight["reference"]["capacity_rps"] if tight["reference"]["capacity_rps"] else math.nan
         cells = " · ".join(f"{lv['rps']:.1f}: {lv['attainment']:.0%}{'' if lv['passed'] else ' fail'}" for lv in t["levels"])
         print(f"| {label} | {t['capacity_rps']:.1f} [{t['capacity_rps']:.1f}, {high}] | {ratio:.2f} | {cells} |")
+    return tight
 
+
+def print_quality() -> list[dict]:
+    """The knobs' quality loss on real weights, against the gate."""
     quality = knob_quality()
     print("\nQuality loss on real weights of the knobs the best configurations use (gate: perplexity +1% at the "
           "interval's upper end):\n")
@@ -246,16 +243,23 @@ def main() -> None:
     for q in quality:
         print(f"| {q['knob']} | {q['nll_delta_nats_per_token']:+.4f} [{q['interval'][0]:+.4f}, {q['interval'][1]:+.4f}] | "
               f"{q['perplexity_change']:+.2%} | {'yes' if q['within_gate'] else 'no'} | {q['source']} |")
+    return quality
 
+
+def print_mooncake() -> tuple[dict, dict]:
+    """The Mooncake search's levels and the trace's arrival bursts: (its reference run, the bursts)."""
     moon_store = open_store("study_moon")
     moon_ref = moon_store.trials(MOON, REFERENCE_RUN)[0]
-    moon_steps = moon_ref["summary"]["capacity"]["steps"]
     bursts = trace_bursts(ROOT / "scripts" / "gpu" / "data" / "mooncake_conv_308.jsonl.xz")
     print("\nMooncake conversation trace, vLLM's defaults, chat SLO:\n")
-    print(level_line("reference", moon_steps))
+    print(level_line("reference", moon_ref["summary"]["capacity"]["steps"]))
     print(f"\nArrivals: {bursts['requests']} requests at {bursts['instants']} instants (3 s apart), "
           f"{bursts['mean']:.1f} per instant on average, up to {bursts['largest']}.")
+    return moon_ref, bursts
 
+
+def print_start() -> dict:
+    """Engine start phases of vLLM's defaults, run by run."""
     start = json.loads((RESULTS / "start_cost.json").read_text())["runs"]
     print("\nEngine start, vLLM's defaults (8B shape), in the order run on a fresh machine:\n")
     print("| start | until healthy s | torch.compile s | CUDA graphs s | engine init s | compile cache |")
@@ -264,23 +268,69 @@ def main() -> None:
         ph = run["start_phases"]
         print(f"| {name} | {run['startup_s']:.0f} | {ph.get('compile_s', math.nan):.1f} | "
               f"{ph.get('cuda_graphs_s', math.nan):.0f} | {ph.get('init_engine_s', math.nan):.1f} | {ph['compile_cache']} |")
+    return start
 
+
+def print_trials_per_hour(store) -> float:
+    """Trials per GPU-hour of the stored trials, over their own wall time."""
     trials = [r for r in store.trials(STUDY) if r["status"] in ("measured", "pruned") and r.get("wall_s")]
     per_hour = 3600 * len(trials) / sum(r["wall_s"] for r in trials)
     print(f"\nTrials per GPU-hour (stored trials, their own wall time): {per_hour:.1f} ({len(trials)} trials)")
+    return per_hour
 
+
+def draw_figure(ref: dict, rows: list[dict], gated: dict, moon_ref: dict) -> None:
+    """The attainment-vs-load figure of every chat search and the Mooncake one."""
+    ref_cap = ref["summary"]["capacity"]
     series = [("vLLM's defaults", ref_cap["steps"])] + [
         (f"trial {r['trial_number']}: " + ", ".join(f"{k}={v}" for k, v in config_diff(r["config"], ref["config"]).items()
                                                       if k in ("quantization", "kv_cache_dtype", "max_num_batched_tokens")),
          r["summary"]["capacity"]["steps"]) for r in rows] + [("16-bit, 2048-token chunks, 512 seqs", gated["steps"])]
-    figure(series, [("vLLM's defaults", moon_steps)], ref_cap["attainment_target"])
+    figure(series, [("vLLM's defaults", moon_ref["summary"]["capacity"]["steps"])], ref_cap["attainment_target"])
     print(f"\nwrote {FIGURE.relative_to(ROOT)}")
 
+
+def short_window(ref_cap: dict, best: dict, gated: dict, per_hour: float) -> dict:
+    """The first runs' one-pass levels (transients, not capacities), kept as the cautionary example."""
+    ref_low, ref_high = bracket_rps(ref_cap)
     gated_low, gated_high = bracket_rps(gated)
     best_cap = bracket_rps(best["summary"]["capacity"])
+    return {
+        "note": "300 requests a level (5-11 s): transients, not capacities; kept as the cautionary example",
+        "default_capacity_rps": ref_low, "default_capacity_bracket_rps": [ref_low, ref_high],
+        "best_capacity_rps": best_cap[0], "best_capacity_bracket_rps": list(best_cap), "best_trial": best["trial_number"],
+        "capacity_ratio": best_cap[0] / ref_low, "capacity_ratio_bracket": [best_cap[0] / ref_high, best_cap[1] / ref_low],
+        "gated_capacity_rps": gated_low, "gated_bracket_rps": [gated_low, gated_high],
+        "trials_per_gpu_hour": per_hour}
+
+
+def quality_gate(quality: list[dict], gated: dict, ref: dict, runs: dict) -> dict:
+    """The gate, the knobs' verdicts, and the best configuration within it."""
+    return {"max_perplexity_increase": QUALITY_GATE, "knobs": quality,
+            "best_within_gate": {"config": config_diff(gated["config"], ref["config"] | {"load_format": "dummy"}),
+                                 "capacity_rps": runs["gated"]["capacity_rps"],
+                                 "bracket_rps": runs["gated"]["bracket_rps"],
+                                 "capacity_ratio": runs["gated"]["ratio"],
+                                 "capacity_ratio_bracket": runs["gated"]["ratio_bracket"],
+                                 "precision": runs["gated"]["precision"],
+                                 "source": "docs/results/h200/sustained/sustained_gated.json"}}
+
+
+def mooncake_summary(moon_ref: dict, bursts: dict) -> dict:
+    return {"trace": "scripts/gpu/data/mooncake_conv_308.jsonl.xz (first 308 requests, lengths x0.25, x4 its rate)",
+            "default_capacity_rps": bracket_rps(moon_ref["summary"]["capacity"])[0],
+            "default_capacity_bracket_rps": list(bracket_rps(moon_ref["summary"]["capacity"])),
+            "arrival_bursts": bursts, "best_capacity_rps": None,
+            "not_measured": "the fp8 configuration's trial was stopped by the call's time limit"}
+
+
+def summary_of(ref: dict, best: dict, gated: dict, quality: list[dict], tight: dict, moon: dict, start: dict,
+               per_hour: float) -> dict:
+    """summary.json: the sustained runs' capacities and everything the page cites beside them."""
+    ref_cap = ref["summary"]["capacity"]
     held = sustained()
     runs = held["runs"]
-    summary = {
+    return {
         "slo": ref_cap["slo"], "attainment_target": ref_cap["attainment_target"],
         "trace": "scripts/gpu/data/azure_conv_600.jsonl (Azure 2023 conversation, 300 measured requests, looped "
                  "end to end to fill each level)",
@@ -294,40 +344,43 @@ def main() -> None:
         "capacity_ratio": runs["best"]["ratio"], "capacity_ratio_bracket": runs["best"]["ratio_bracket"],
         "best_config": config_diff(best["config"], ref["config"]),
         "best_quality_loss": quality[0], "best_within_quality_gate": quality[0]["within_gate"],
-        "quality_gate": {"max_perplexity_increase": QUALITY_GATE, "knobs": quality,
-                         "best_within_gate": {"config": config_diff(gated["config"], ref["config"] | {"load_format": "dummy"}),
-                                              "capacity_rps": runs["gated"]["capacity_rps"],
-                                              "bracket_rps": runs["gated"]["bracket_rps"],
-                                              "capacity_ratio": runs["gated"]["ratio"],
-                                              "capacity_ratio_bracket": runs["gated"]["ratio_bracket"],
-                                              "precision": runs["gated"]["precision"],
-                                              "source": "docs/results/h200/sustained/sustained_gated.json"}},
+        "quality_gate": quality_gate(quality, gated, ref, runs),
         "sustained": held,
-        "short_window": {
-            "note": "300 requests a level (5-11 s): transients, not capacities; kept as the cautionary example",
-            "default_capacity_rps": ref_low, "default_capacity_bracket_rps": [ref_low, ref_high],
-            "best_capacity_rps": best_cap[0], "best_capacity_bracket_rps": list(best_cap), "best_trial": best["trial_number"],
-            "capacity_ratio": best_cap[0] / ref_low, "capacity_ratio_bracket": [best_cap[0] / ref_high, best_cap[1] / ref_low],
-            "gated_capacity_rps": gated_low, "gated_bracket_rps": [gated_low, gated_high],
-            "trials_per_gpu_hour": per_hour},
+        "short_window": short_window(ref_cap, best, gated, per_hour),
         "tight_slo": {"slo": TIGHT_SLO, "attainment_target": ref_cap["attainment_target"],
                       "capacity_rps": {k: v["capacity_rps"] for k, v in tight.items()},
                       "bracket_rps": {k: v["bracket_rps"] for k, v in tight.items()}},
-        "mooncake": {"trace": "scripts/gpu/data/mooncake_conv_308.jsonl.xz (first 308 requests, lengths x0.25, x4 its rate)",
-                     "default_capacity_rps": bracket_rps(moon_ref["summary"]["capacity"])[0],
-                     "default_capacity_bracket_rps": list(bracket_rps(moon_ref["summary"]["capacity"])),
-                     "arrival_bursts": bursts, "best_capacity_rps": None,
-                     "not_measured": "the fp8 configuration's trial was stopped by the call's time limit"},
+        "mooncake": moon,
         "gpus_per_replica": best["summary"]["capacity"]["gpus"], "gpu_hour_usd": GPU_HOUR_USD,
         "engine_start_s": {name: run["startup_s"] for name, run in start.items()},
         "trials_per_gpu_hour": {"1": held["configs_per_gpu_hour"], "2": None,
                                 "short_window_1": per_hour},
         "gpu_minutes_used": GPU_MINUTES,
     }
+
+
+def main() -> None:
+    store = open_store("study_cap")
+    ref = store.trials(STUDY, REFERENCE_RUN)[0]
+    rows = [r for r in store.trials(STUDY) if r["status"] == "measured"]
+    pruned = [r for r in store.trials(STUDY) if r["status"] == "pruned"]
+    ref_cap = ref["summary"]["capacity"]
+    # The best: the highest capacity (its bracket's low end), the lower TTFT p99 among equals.
+    best = max(rows, key=lambda r: (bracket_rps(r["summary"]["capacity"])[0],
+                                    -r["summary"]["latency_s"]["ttft"]["p99"]["value"]))
+    capacity_table(ref, rows)
+    gated = json.loads((RESULTS / "capacity_bf16_2048_512.json").read_text())
+    print_levels(ref, rows, pruned, gated)
+    tight = print_tight(store, ref, rows, ref_cap)
+    quality = print_quality()
+    moon_ref, bursts = print_mooncake()
+    start = print_start()
+    per_hour = print_trials_per_hour(store)
+    draw_figure(ref, rows, gated, moon_ref)
+    summary = summary_of(ref, best, gated, quality, tight, mooncake_summary(moon_ref, bursts), start, per_hour)
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\nwrote {RESULTS / 'summary.json'}: the best sustains {summary['capacity_ratio']:.2f}x the defaults' "
           f"capacity")
-
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,10 @@
-"""`tune record`: the recording proxy in-process, in front of the fake SSE server."""
+"""`tune record`: the recording proxy in-process, in front of the fake SSE server (its records:
+tests/replay/test_recorded.py; its command line: tests/cli/test_record.py)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -18,13 +15,10 @@ from aiohttp import web
 from tracetune.errors import InputError
 from tracetune.engine_adapter.http_stream import Session
 from tracetune.engine_adapter.openai_client import new_session, stream_completion
-from tracetune.cli.record import add_parser as add_record_parser
-from tracetune.replay.record import RecordingProxy, parse_listen, parse_upstream
-from tracetune.replay.recorded import ResponseSummary, build_record, percentile, summarize_response
+from tracetune.replay.record import RecordingProxy
 from tracetune.replay.trace import load_trace
 from tests.replay.sse_server import SSEServer
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-test-secret-0123456789"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 
@@ -366,136 +360,3 @@ def test_a_port_in_use_names_listen(tmp_path):
 
     with pytest.raises(InputError, match="--listen 127.0.0.1:"):
         asyncio.run(go())
-
-
-# --- building records ---
-
-
-def test_summarize_stream_and_json():
-    stream = (b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
-              b'data: {"choices":[{"index":1,"text":"X"}]}\n\n'
-              b'data: {"choices":[{"index":0,"text":"b"}]}\r\n\r\n'
-              b'data: {"choices":[],"usage":{"completion_tokens":7}}\n\ndata: [DONE]\n\n')
-    s = summarize_response(stream, chat=False, sse=True)
-    assert (s.completion_tokens, s.text, s.text_events) == (7, "ab", 2)
-    chat = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\ndata: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
-    s = summarize_response(chat, chat=True, sse=True)
-    assert (s.completion_tokens, s.text, s.text_events) == (None, "hi", 1)
-    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "yo"}}],
-                       "usage": {"completion_tokens": 2}}).encode()
-    s = summarize_response(body, chat=True, sse=False)
-    assert (s.completion_tokens, s.text, s.error) == (2, "yo", False)
-    # vLLM reports some failures as an error event inside a 200 stream.
-    s = summarize_response(b'data: {"error": {"message": "boom", "code": 500}}\n\ndata: [DONE]\n\n', chat=False, sse=True)
-    assert s.error
-
-
-def body(**fields) -> bytes:
-    return json.dumps(fields).encode()
-
-
-def test_output_length_prefers_usage_then_max_tokens_then_events():
-    usage = ResponseSummary(completion_tokens=9, text="x", text_events=3)
-    no_usage = ResponseSummary(text="x", text_events=3)
-    assert build_record("completion", body(prompt="p", max_tokens=20), usage).output_length == 9
-    assert build_record("completion", body(prompt="p", max_tokens=20, n=2), usage).output_length == 5
-    assert build_record("completion", body(prompt="p", max_tokens=20), no_usage).output_length == 20
-    assert build_record("chat", body(messages=CHAT, max_completion_tokens=11), no_usage).output_length == 11
-    assert build_record("completion", body(prompt="p"), no_usage).output_length == 3
-    assert build_record("completion", body(prompt="p"), ResponseSummary()) is None
-
-
-def test_what_the_trace_cannot_hold_is_not_recorded():
-    ok = ResponseSummary(completion_tokens=1)
-    assert build_record("completion", body(prompt=[1, 2, 3]), ok) is None  # token ids
-    assert build_record("completion", body(prompt=["a", "b"]), ok) is None  # several prompts
-    assert build_record("completion", body(prompt=["a"]), ok).prompt == "a"
-    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
-    assert build_record("chat", body(messages=image), ok) is None
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert build_record("chat", body(messages=parts), ok).messages[0].content == "ab"
-    assert build_record("chat", b"not json", ok) is None
-    # A sampling value the trace cannot hold drops only that field.
-    record = build_record("completion", body(prompt="p", top_p=0, temperature=0.5), ok)
-    assert record.sampling.model_dump(exclude_none=True) == {"temperature": 0.5}
-
-
-def test_percentile():
-    assert percentile([3, 1, 2], 50) == 2
-    assert percentile([0, 10], 99) == pytest.approx(9.9)
-    assert percentile([], 50) != percentile([], 50)  # NaN
-
-
-# --- command line ---
-
-
-def parser():
-    p = argparse.ArgumentParser(prog="tune")
-    add_record_parser(p.add_subparsers(dest="command"))
-    return p
-
-
-def test_parser_defaults_and_help():
-    args = parser().parse_args(["record", "--upstream", "http://h:8000", "--out", "t.jsonl"])
-    assert args.listen == "127.0.0.1:8100" and args.out == Path("t.jsonl") and not args.record_response
-    assert parse_listen(args.listen) == ("127.0.0.1", 8100)
-    assert parse_listen("9000") == ("127.0.0.1", 9000)
-    assert parse_listen(":9000") == ("127.0.0.1", 9000)
-    assert parse_listen("0.0.0.0:9000") == ("0.0.0.0", 9000)
-    assert parse_listen("[::1]:9000") == ("::1", 9000)
-    sub = parser()._subparsers._group_actions[0].choices["record"]
-    assert "examples:" in sub.format_help() and "tune record --upstream" in sub.format_help()
-
-
-@pytest.mark.parametrize("value", ["host:port", "127.0.0.1:70000", "", "127.0.0.1:-1"])
-def test_bad_listen_names_the_flag(value):
-    with pytest.raises(InputError, match="--listen"):
-        parse_listen(value)
-
-
-def test_upstream_urls():
-    assert parse_upstream("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
-    assert parse_upstream("https://h/v1") == "https://h"
-    assert parse_upstream("http://h:8000/gateway/v1/") == "http://h:8000/gateway"
-    for bad in ["127.0.0.1:8000", "ftp://h", "http://", "http://h:x", "http://u:p@h", "http://h?a=1"]:
-        with pytest.raises(InputError, match="--upstream"):
-            parse_upstream(bad)
-
-
-def test_record_command_runs_until_sigint_and_prints_a_summary(tmp_path):
-    """The command end to end in a child process: record one request, Ctrl-C, summary, exit 0."""
-    out = tmp_path / "t.jsonl"
-    driver = (
-        "import argparse, sys\n"
-        "from rich.console import Console\n"
-        "from tracetune.cli.record import add_parser as add_record_parser, record_command\n"
-        "p = argparse.ArgumentParser(); add_record_parser(p.add_subparsers(dest='command'))\n"
-        "sys.exit(record_command(p.parse_args(sys.argv[1:]), Console(width=300)))\n"
-    )
-
-    async def go():
-        upstream = Upstream()
-        await upstream.start()
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", driver, "record", "--upstream", upstream.base_url, "--listen", "127.0.0.1:0",
-            "--out", str(out), cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        try:
-            first = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
-            assert first.startswith("recording http://127.0.0.1:"), first
-            base_url = first.split()[1]
-            async with new_session(timeout_s=30) as session:
-                result = await stream_completion(session, base_url, model="m", prompt="p", max_tokens=2)
-            child.send_signal(signal.SIGINT)
-            rest = (await asyncio.wait_for(child.stdout.read(), 60)).decode()
-            code = await child.wait()
-        finally:
-            if child.returncode is None:
-                child.kill()
-            await upstream.stop()
-        return result, rest, code
-
-    result, rest, code = asyncio.run(go())
-    assert result.success
-    assert code == 0, rest
-    assert "recorded 1 requests" in rest and "errors 0" in rest and "added latency p50" in rest
-    assert [r.prompt for r in load_trace(out).records] == ["p"]

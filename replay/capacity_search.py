@@ -1,0 +1,195 @@
+"""The capacity search: the highest passing load level, found with a `measure(scale, is_repeat)`
+that replays one level and judges it (`replay.capacity.judge`); the definitions it searches for
+are `replay.capacity`'s.
+
+The search runs on one running engine: exponential bracketing from a start level (k = 1, or an
+earlier trial's capacity), then bisection (geometric midpoints) until the bracket is within the
+precision. Then both ends of the bracket are measured again: a repeat that agrees confirms the
+end; one that disagrees marks the result *unstable* and a third measurement decides by majority
+(never an average); an end whose outcome changed resumes the search from there. A level is abandoned as soon as
+its outcome is certain (more requests certainly missed than the target allows, over the whole window or
+over its last third), so only passing levels pay their whole window. A failed level
+whose client could not keep the schedule (`client_overloaded`) says nothing about the engine: it
+is measured once more, and if the client falls behind again the search stops there and says so
+(the capacity is then a lower bound).
+
+Early stop (`prune_at`): where a tuner already knows a configuration at least as good on every other
+objective that passes level L, a new configuration that fails L (confirmed by a repeat) cannot be on
+the front; its search ends there with verdict *pruned* and the bracket it has, [highest pass, L].
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Sequence
+
+from tracetune.replay.capacity import CapacityOptions, CapacityResult, Step
+
+Measure = Callable[[float, bool], Step]  # (scale, is_repeat) -> Step
+
+
+class _Search:
+    """The state of one search: every level's outcome (a confirmed level's majority vote), and
+    the levels that measured the client instead of the engine."""
+
+    def __init__(self, measure: Measure, options: CapacityOptions) -> None:
+        self.measure, self.options = measure, options
+        self.steps: list[Step] = []
+        self.outcome: dict[float, bool] = {}
+        self.overloaded: list[Step] = []
+        self.unstable = False
+        self.verdict = "ok"
+
+    @property
+    def hi(self) -> float | None:
+        """The lowest failing level."""
+        return min((k for k, ok in self.outcome.items() if not ok), default=None)
+
+    @property
+    def lo(self) -> float | None:
+        """The highest passing level below the lowest failing one."""
+        hi = self.hi
+        return max((k for k, ok in self.outcome.items() if ok and (hi is None or k < hi)), default=None)
+
+    def add(self, step: Step) -> None:
+        if step.client_overloaded and not step.passed:
+            self.overloaded.append(step)
+        else:
+            self.outcome[step.scale] = step.passed
+
+    def run(self, scale: float, repeat: bool = False, retry: bool = True) -> Step:
+        step = self.measure(scale, repeat)
+        self.steps.append(step)
+        if retry and step.client_overloaded and not step.passed and not repeat:
+            # A failure the client may have caused says nothing yet: measure the level once more.
+            step = self.measure(scale, False)
+            self.steps.append(step)
+        return step
+
+    def budget_left(self) -> bool:
+        if len(self.steps) >= self.options.max_steps:
+            self.verdict = "max_steps"
+            return False
+        return True
+
+    def bracket(self, scale: float) -> None:
+        """Double (or halve) until one level passes and a higher one fails. Halving stops early
+        when two halvings in a row did not raise the attainment: the misses do not come from the
+        load (e.g. bursts of the trace the config cannot serve within the SLO at any rate)."""
+        flat = 0
+        while not self.overloaded and (self.lo is None or self.hi is None) and self.budget_left():
+            lo, hi = self.lo, self.hi
+            if lo is not None and scale <= lo:
+                scale = lo * 2
+            if hi is not None and scale >= hi:
+                scale = hi / 2
+            if scale > self.options.max_scale or scale < self.options.min_scale:
+                self.verdict = "above_max" if scale > self.options.max_scale else "below_min"
+                return
+            before = self._attainment_at(scale * 2)
+            step = self.run(scale)
+            self.add(step)
+            if not step.passed and before is not None and step.attainment <= before + 1.0 / max(step.planned, 1):
+                flat += 1
+                if flat >= 2:
+                    self.verdict = "load_independent"
+                    return
+            else:
+                flat = 0
+            scale = scale * 2 if step.passed else scale / 2
+
+    def _attainment_at(self, scale: float) -> float | None:
+        """The last measured attainment of a failed level at `scale` (None if there is none)."""
+        failed = [s.attainment for s in self.steps if math.isclose(s.scale, scale) and not s.passed]
+        return failed[-1] if failed else None
+
+    def bisect(self) -> None:
+        """Geometric midpoints until the bracket is within the precision."""
+        while (not self.overloaded and self.lo is not None and self.hi is not None
+               and self.hi / self.lo - 1 > self.options.precision and self.budget_left()):
+            self.add(self.run(math.sqrt(self.lo * self.hi)))
+
+    def prune(self, level: float) -> bool:
+        """True when the configuration fails `level` (or a lower level already failed), confirmed
+        by a repeat: it is below a configuration that passes there, and the search stops."""
+        failed = [k for k, ok in self.outcome.items() if not ok and k <= level]
+        if any(ok and k >= level for k, ok in self.outcome.items()):
+            return False
+        if failed:
+            scale = max(failed)
+        else:
+            step = self.run(level)
+            self.add(step)
+            if step.passed or self.overloaded:
+                return False
+            scale = level
+        if self.options.confirm and self.confirm(scale):
+            return False  # the failure did not hold up: search as usual
+        self.verdict = "pruned"
+        return True
+
+    def confirm(self, scale: float) -> bool:
+        """Measure a boundary level again; on disagreement a third time, the majority decides and
+        the result is flagged unstable. True when the level's outcome changed."""
+        first = self.outcome[scale]
+        votes = [first, self.run(scale, repeat=True).passed]
+        if votes[1] != first:
+            self.unstable = True
+            votes.append(self.run(scale, repeat=True).passed)
+        self.outcome[scale] = votes.count(True) >= 2
+        return self.outcome[scale] != first
+
+
+def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: Sequence[Step] = (),
+                    gpus: int = 1, base_rates: tuple[float, float] = (0.0, 0.0), prune_at: float | None = None,
+                    clock: Callable[[], float] = time.perf_counter) -> CapacityResult:
+    """Find the highest passing level with `measure`; `seed_steps` are levels already measured on
+    this engine (e.g. the trace's own rate), reused instead of measured again. Both ends of the
+    final bracket are measured again (see `_Search.confirm`); a changed outcome resumes the search.
+    `prune_at`: stop early, verdict "pruned", when the configuration fails that level (`_Search.prune`)."""
+    t0 = clock()
+    search = _Search(measure, options)
+    search.steps.extend(seed_steps)
+    for step in seed_steps:
+        if step.client_overloaded and not step.passed:  # the client may have failed it: measured once more
+            search.add(search.run(step.scale, retry=False))
+        else:
+            search.add(step)
+    if prune_at is None or not search.prune(prune_at):
+        _search(search, options)
+    return _result(search, options, gpus, base_rates, clock() - t0)
+
+
+def _search(search: _Search, options: CapacityOptions) -> None:
+    """Bracket, bisect, confirm both ends; again from where an end's outcome changed."""
+    confirmed: set[float] = set()
+    scale = options.start_scale
+    while True:
+        search.bracket(scale)
+        search.bisect()
+        if search.overloaded or not options.confirm or search.verdict in ("below_min", "max_steps", "load_independent"):
+            break
+        ends = [k for k in (search.lo, search.hi) if k is not None and k not in confirmed]
+        changed = False
+        for end in ends:
+            confirmed.add(end)
+            changed = search.confirm(end) or changed
+        if not changed:
+            break
+        search.verdict = "ok"
+        scale = (search.lo or options.start_scale) * 2 if search.hi is None else search.hi / 2
+
+
+def _result(search: _Search, options: CapacityOptions, gpus: int, base_rates: tuple[float, float],
+            search_s: float) -> CapacityResult:
+    hi = search.hi
+    if search.overloaded:
+        search.verdict = "client_overloaded"
+        hi = min([s.scale for s in search.overloaded] + ([hi] if hi is not None else []))
+    lo = max((k for k, ok in search.outcome.items() if ok and k < hi), default=None) if hi is not None else search.lo
+    return CapacityResult(
+        attainment_target=options.attainment, precision=options.precision, slos=[str(s) for s in options.slos],
+        steps=search.steps, capacity_scale=lo, bracket_high=hi, base_rps=base_rates[0],
+        base_output_tps=base_rates[1], gpus=gpus, unstable=search.unstable, verdict=search.verdict,
+        search_s=search_s)
