@@ -1,27 +1,23 @@
-"""What the main job prints while a study runs: one method per event the tuner reports
-(`Tuner.report(event, **fields)`), and the live progress line of the engine being measured."""
+"""What the main job prints while a study runs: the tuner's `Reporter` (one method per event, in
+`tuner.reporter`) on the console, and the live progress line of the engine being measured."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tracetune.cli.results import fmt_objective
+from tracetune.tuner.reporter import NullReporter
 
 
-class ConsoleReporter:
-    """`reporter(event, **fields)` prints the event; an event without a method is ignored (the
-    tuner may report more than the console shows)."""
+class ConsoleReporter(NullReporter):
+    """A `tuner.reporter.Reporter` that prints the events the console shows (the others are
+    `NullReporter`'s: ignored)."""
 
     def __init__(self, console: Any, progress: Any, *, storage: str, platform: str) -> None:
         self.console, self.progress = console, progress
         self.storage, self.platform = storage, platform
         self.task = None  # the progress line of the engine being measured
         self.window_said = False
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        handler = getattr(self, f"on_{event}", None)
-        if handler is not None:
-            handler(**fields)
 
     def print(self, text: str) -> None:
         self.console.print(text, highlight=False)

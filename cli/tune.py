@@ -190,7 +190,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     from tracetune.replay.trace import load_trace
     from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
     from tracetune.tuner.quality_gate import parse_gate
-    from tracetune.tuner.storage import display_url, secret_values
+    from tracetune.tuner.secrets import display_url, secret_values
     from tracetune.tuner.objectives import parse_objectives
 
     slos = parse_slos(args.slo)

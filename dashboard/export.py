@@ -3,8 +3,9 @@
 Formats: `vllm-cmd` (one shell command), `compose` (a docker compose service), `k8s` (Deployment +
 Service), `helm-values` (values for a generic deployment chart), `json` (everything, for tools).
 
-The vLLM flags come from `engine_adapter.vllm.server.build_command` for the CUDA platform (the
-flag mapping lives there only). Deployment formats run the `vllm/vllm-openai` image as
+The vLLM flags come from the engine's command builder (`EngineKind.command`, through
+`engine_adapter.registry`) for the CUDA platform (the flag mapping lives in the engine adapter
+only). Deployment formats run the `vllm/vllm-openai` image as
 `vllm serve MODEL ARGS...` on GPUs (`nvidia.com/gpu`), with the model directory mounted read-only
 under `/models/<directory name>`.
 
@@ -30,6 +31,7 @@ from tracetune.dashboard import capacity
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.metrics import display_value
 from tracetune.errors import InputError
+from tracetune.tuner.secrets import is_secret, strip_secret_args
 
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
 DEFAULT_PORT = 8000
@@ -37,10 +39,6 @@ CONTAINER_MODELS_DIR = "/models"
 # tracetune's own measurement settings that a deployment must not inherit: the dev-mode endpoints
 # (POST /reset_prefix_cache, ...) and workarounds for the measuring machine's installation.
 _MEASUREMENT_ONLY_ENV = {"VLLM_SERVER_DEV_MODE", "VLLM_USE_FLASHINFER_SAMPLER", "LD_PRELOAD"}
-_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pass", "pwd", "credential",
-                 "credentials", "auth", "authorization", "cookie", "bearer"}
-_SECRET_VALUE = re.compile(r"(?i)^(bearer\s|sk-[a-z0-9_-]{8,}|hf_[a-z0-9]{8,}|gh[pousr]_[a-z0-9]{8,}|"
-                           r"xox[abpr]-[a-z0-9-]{8,}|eyJ[a-z0-9_-]{10,}\.)")
 
 
 def gpu_vllm_version(study: StudyView, options: ExportOptions) -> str:
@@ -108,6 +106,10 @@ def comment_safe(text: Any) -> str:
 
 
 # -- the server command --------------------------------------------------------------------------
+# The registered engine every format runs (`vllm serve`, the vllm/vllm-openai image).
+EXPORTED_ENGINE = "vllm"
+
+
 @dataclasses.dataclass
 class ServeSpec:
     """`vllm serve` for one trial: argv after `vllm serve`, environment, and host paths to mount."""
@@ -118,32 +120,6 @@ class ServeSpec:
     dropped: list[str]                # names of secret-looking settings left out
 
 
-def _is_secret(name: str, value: str | None) -> bool:
-    # By words of the name: HF_TOKEN and --api-key are secrets, --max-num-batched-tokens is not.
-    words = set(re.split(r"[^a-z0-9]+", name.lower()))
-    return bool(words & _SECRET_WORDS) or (value is not None and bool(_SECRET_VALUE.match(value.strip())))
-
-
-def _clean_extra_args(args: list[str], dropped: list[str]) -> list[str]:
-    out, i = [], 0
-    while i < len(args):
-        arg = args[i]
-        flag, eq, inline = arg.partition("=")
-        takes_next = flag.startswith("-") and not eq and i + 1 < len(args) and not args[i + 1].startswith("-")
-        value = inline if eq else (args[i + 1] if takes_next else None)
-        if flag.startswith("-") and _is_secret(flag.lstrip("-"), value):
-            dropped.append(flag)
-            i += 2 if takes_next else 1
-            continue
-        if _SECRET_VALUE.match(arg.strip()):
-            dropped.append("(a token-shaped argument)")
-            i += 1
-            continue
-        out.append(arg)
-        i += 1
-    return out
-
-
 def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: bool) -> ServeSpec:
     """The vLLM server for `config` on CUDA, as `vllm serve` arguments.
 
@@ -151,14 +127,15 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
     served model name stays the directory name measured, so clients need no change.
     """
     from tracetune.engine_adapter.platform import Platform
-    from tracetune.engine_adapter.vllm.server import VLLMConfig, build_command
+    from tracetune.engine_adapter.registry import engine_kind
 
+    kind = engine_kind(EXPORTED_ENGINE)
     dropped: list[str] = []
     data = json.loads(json.dumps(config))
-    data["extra_args"] = _clean_extra_args(list(data.get("extra_args") or []), dropped)
+    data["extra_args"] = strip_secret_args(list(data.get("extra_args") or []), dropped)
     env_in = dict(data.get("env") or {})
     data["env"] = {}
-    cfg = VLLMConfig.model_validate(data)
+    cfg = kind.config_model.model_validate(data)
     mounts: dict[str, str] = {}
     if container:
         served = cfg.name()
@@ -174,8 +151,8 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
             update["speculative"] = cfg.speculative.model_copy(update={"draft_model": mount(cfg.speculative.draft_model)})
         cfg = cfg.model_copy(update=update)
     host = options.host or ("0.0.0.0" if container else "127.0.0.1")
-    argv, env = build_command(cfg, Platform.CUDA, host=host, port=options.port, python="python")
-    # build_command gives `python -m MODULE --model M ...`; `vllm serve` takes the model positionally.
+    argv, env = kind.command(cfg, Platform.CUDA, host=host, port=options.port, python="python")
+    # The command is `python -m MODULE --model M ...`; `vllm serve` takes the model positionally.
     rest = argv[3:]
     i = rest.index("--model")
     model = rest[i + 1]
@@ -184,7 +161,7 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
     args = [model, *rest[:i], *rest[i + 2:]]
     out_env = {k: v for k, v in env.items() if k not in _MEASUREMENT_ONLY_ENV}
     for key, value in env_in.items():
-        if _is_secret(key, value):
+        if is_secret(key, value):
             dropped.append(key)
         elif key not in _MEASUREMENT_ONLY_ENV:
             out_env[key] = value
@@ -419,8 +396,8 @@ def to_helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -
 def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     spec = serve_spec(trial.config, options, container=False)
     config = json.loads(json.dumps(trial.config))
-    config["extra_args"] = _clean_extra_args(list(config.get("extra_args") or []), [])
-    config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not _is_secret(k, v)}
+    config["extra_args"] = strip_secret_args(list(config.get("extra_args") or []), [])
+    config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not is_secret(k, v)}
     doc = {
         "tracetune_export": 1,
         "study": study.name, "trial": "reference" if trial.is_reference else trial.number,

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tracetune.errors import InputError
-from tracetune.tuner.storage import display_url, normalize_url
+from tracetune.tuner.secrets import display_url
+from tracetune.tuner.storage import normalize_url
 
 
 # -- loading -------------------------------------------------------------------------------------

@@ -1,17 +1,54 @@
-"""Several workers on one study: the Optuna storage with its heartbeat, claims on the reference and
-on each configuration (`ResultStore.claim`) kept alive while measured, what counts toward --trials,
-and recovering the trials of workers that are gone."""
+"""Several workers on one study: the Optuna storage with its heartbeat, which workers are alive,
+claims on the reference and on each configuration (`Claims`) kept alive while measured, what counts
+toward --trials, and recovering the trials of workers that are gone (`Coordinator`, the Tuner's part)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from tracetune.tuner.storage import COUNTED, SKIPPED, ResultStore, normalize_url, owner_is_dead
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from tracetune.errors import InputError
+from tracetune.tuner.reporter import Reporter
+from tracetune.tuner.storage import COUNTED, SKIPPED, ResultStore, claims, normalize_url, utc_now
+
+
+def worker_id() -> str:
+    """This process as a claim owner: host, pid and a random part (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True when `owner` ran on this host and its process is gone (zombies count as gone)."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().decode(errors="replace").rsplit(")", 1)[-1].split()[0]
+        return state in ("Z", "X")
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 def make_storage(url: str, heartbeat_s: int):
     """Optuna's RDBStorage with the heartbeat on: a RUNNING trial whose worker stops beating for
@@ -52,17 +89,82 @@ def config_key(config_json: dict[str, Any]) -> str:
     return "config:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
 
 
+class Claims:
+    """The claims table (`storage.claims`) of a study's database: one worker measures a configuration,
+    the others reuse its result; a claim whose owner stopped refreshing it, or whose process on this
+    host is gone, is taken over."""
+
+    def __init__(self, store: ResultStore) -> None:
+        self.engine = store.engine
+
+    def claim(self, study_name: str, key: str, *, owner: str, trial_number: int,
+              stale_after_s: float) -> dict[str, Any] | None:
+        """Take `key` for `owner`; None when it is now ours, else the current claim row (done, or
+        held by a live worker). A claim whose heartbeat is older than `stale_after_s`, or whose
+        owner process on this host is gone, is taken over (compare-and-set on owner + heartbeat,
+        so two workers cannot both take it)."""
+        now = utc_now()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(claims.insert().values(study_name=study_name, key=key, owner=owner,
+                                                    trial_number=trial_number, state="running", heartbeat_at=now))
+            return None
+        except IntegrityError:
+            pass
+        with self.engine.connect() as conn:
+            row = conn.execute(select(claims).where(claims.c.study_name == study_name, claims.c.key == key)) \
+                .mappings().first()
+        if row is None:  # released between our insert and this read: try again
+            return self.claim(study_name, key, owner=owner, trial_number=trial_number, stale_after_s=stale_after_s)
+        row = dict(row)
+        if row["state"] == "done" or row["owner"] == owner:
+            return row if row["state"] == "done" else None
+        stale = (now - row["heartbeat_at"]).total_seconds() > stale_after_s or owner_is_dead(row["owner"])
+        if not stale:
+            return row
+        if self._take_over(row, owner, trial_number, now):
+            return None
+        return self.claim(study_name, key, owner=owner, trial_number=trial_number, stale_after_s=stale_after_s)
+
+    def _take_over(self, row: dict[str, Any], owner: str, trial_number: int, now: Any) -> bool:
+        with self.engine.begin() as conn:
+            return conn.execute(claims.update().where(
+                claims.c.id == row["id"], claims.c.owner == row["owner"], claims.c.state == "running",
+                claims.c.heartbeat_at == row["heartbeat_at"]).values(
+                owner=owner, trial_number=trial_number, heartbeat_at=now)).rowcount == 1
+
+    def touch(self, study_name: str, key: str, owner: str) -> None:
+        """Refresh a claim's heartbeat (the owner is alive and still measuring)."""
+        with self.engine.begin() as conn:
+            conn.execute(claims.update().where(claims.c.study_name == study_name, claims.c.key == key,
+                                               claims.c.owner == owner).values(heartbeat_at=utc_now()))
+
+    def finish(self, study_name: str, key: str, owner: str, trial_number: int) -> None:
+        """Mark a claim done: trial `trial_number`'s stored result answers it from now on."""
+        with self.engine.begin() as conn:
+            conn.execute(claims.update().where(claims.c.study_name == study_name, claims.c.key == key,
+                                               claims.c.owner == owner)
+                         .values(state="done", trial_number=trial_number, heartbeat_at=utc_now()))
+
+    def release(self, study_name: str, key: str, owner: str) -> None:
+        """Give a claim up unfinished (interrupted): the next worker measures the configuration."""
+        with self.engine.begin() as conn:
+            conn.execute(claims.delete().where(claims.c.study_name == study_name, claims.c.key == key,
+                                               claims.c.owner == owner, claims.c.state == "running"))
+
+
 class ClaimHeartbeat:
     """Refreshes a claim's heartbeat from a thread while the owner measures."""
 
-    def __init__(self, store: ResultStore, study_name: str, key: str, owner: str, every_s: float) -> None:
+    def __init__(self, claims_: Claims, study_name: str, key: str, owner: str, every_s: float) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(store, study_name, key, owner, every_s), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(claims_, study_name, key, owner, every_s),
+                                        daemon=True)
 
-    def _run(self, store, study_name, key, owner, every_s) -> None:
+    def _run(self, claims_: Claims, study_name: str, key: str, owner: str, every_s: float) -> None:
         while not self._stop.wait(every_s):
             try:
-                store.touch_claim(study_name, key, owner)
+                claims_.touch(study_name, key, owner)
             except Exception:  # a database blip: the next beat tries again
                 pass
 
@@ -73,8 +175,6 @@ class ClaimHeartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
 
 
 def counted(study: Any) -> int:
@@ -106,23 +206,59 @@ def stored_choices(study: Any) -> dict[str, tuple]:
     return out
 
 
-class Coordination:
-    """The Tuner's part in sharing a study (a mixin: `self.store`, `self.s`, `self.worker`,
-    `self.report` are the Tuner's)."""
+def check_same_choices(study: Any, space: Any, study_name: str) -> None:
+    """Optuna cannot resume a study whose categorical choices changed (e.g. another --space, or
+    choices this platform cannot run removed on another kind of machine): say so up front."""
+    for name, before in stored_choices(study).items():
+        param = space.parameters.get(name)
+        if param is None or param.choices is None:
+            continue
+        if tuple(param.choices) != before:
+            raise InputError(
+                f"study {study_name!r} was created with {name} choices {list(before)}, this search space "
+                f"has {list(param.choices)} (another --space, or choices this machine cannot run were removed). "
+                f"Resume it with the same space on the same kind of machine, or start a new --study")
 
-    def _claim_or_wait(self, key: str, trial_number: int, what: str) -> dict[str, Any] | None:
+
+class Coordinator:
+    """This worker's part in sharing a study: claims what it measures (waiting while another live
+    worker measures the same), recovers dead workers' trials, re-queues its own interrupted ones."""
+
+    def __init__(self, store: ResultStore, *, study_name: str, heartbeat_s: int, reporter: Reporter,
+                 worker: str | None = None) -> None:
+        self.claims = Claims(store)
+        self.study_name = study_name
+        self.heartbeat_s = heartbeat_s
+        self.reporter = reporter
+        self.worker = worker or worker_id()
+
+    def claim_or_wait(self, key: str, trial_number: int, what: str) -> dict[str, Any] | None:
         """None once this worker owns `key`; the finished claim row when another worker (or an
-        earlier trial) has measured it. Waits while a live worker is still measuring it."""
+        earlier trial) has measured it. Waits while a live worker is still measuring it; one silent
+        for 2 x heartbeat_s is considered dead and its claim taken over."""
         announced = False
         while True:
-            holder = self.store.claim(self.s.study_name, key, owner=self.worker, trial_number=trial_number,
-                                      stale_after_s=self.s.grace_s)
+            holder = self.claims.claim(self.study_name, key, owner=self.worker, trial_number=trial_number,
+                                       stale_after_s=2 * self.heartbeat_s)
             if holder is None or holder["state"] == "done":
                 return holder
             if not announced:
-                self.report("waiting", what=what, owner=holder["owner"], trial=holder["trial_number"])
+                self.reporter.on_waiting(what=what, owner=holder["owner"], trial=holder["trial_number"])
                 announced = True
-            time.sleep(min(2.0, self.s.heartbeat_s / 2))
+            time.sleep(min(2.0, self.heartbeat_s / 2))
+
+    @contextlib.contextmanager
+    def measuring(self, key: str, trial_number: int) -> Iterator[None]:
+        """Hold this worker's claim on `key` alive while the block measures it; done (answered by
+        `trial_number`) when the block ends, given up when it raises (Ctrl-C, SIGTERM, a bug): the
+        configuration is free for the next worker."""
+        try:
+            with ClaimHeartbeat(self.claims, self.study_name, key, self.worker, self.heartbeat_s):
+                yield
+        except BaseException:
+            self.claims.release(self.study_name, key, self.worker)
+            raise
+        self.claims.finish(self.study_name, key, self.worker, trial_number)
 
     def recover(self, study: Any, storage: Any) -> list[int]:
         """Fail the RUNNING trials of dead workers and re-queue them (same parameters): workers on
@@ -151,10 +287,10 @@ class Coordination:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
         if failed:
-            self.report("recovered", trials=failed)
+            self.reporter.on_recovered(trials=failed)
         return failed
 
-    def _requeue_interrupted(self, study: Any) -> None:
+    def requeue_interrupted(self, study: Any) -> None:
         """A Ctrl-C'd (or SIGTERMed) trial is FAIL in Optuna: queue it again, with the same
         parameters, so the next run measures it. Interruptions are not the configuration's
         fault, so unlike dead workers' trials these are re-queued every time."""

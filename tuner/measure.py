@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from tracetune.engine_adapter.base import Engine
+from tracetune.engine_adapter.platform import Platform
+from tracetune.engine_adapter.registry import EngineKind
 from tracetune.errors import EngineError, TuneError
 from tracetune.replay import workers
 from tracetune.replay.levels import LevelRunner, settle
 from tracetune.replay.metrics import Summary, summarize
-from tracetune.replay.runner import replay
+from tracetune.replay.runner import prepare, replay
+from tracetune.replay.trace import Trace
 from tracetune.replay.types import ReplayResult
-from tracetune.tuner.quality import (QualityResult, lossless_by_construction, measure_candidate, measure_reference,
-                           probe_prompts, quality_key)
+from tracetune.tuner.quality import (QualityResult, Reference, lossless_by_construction, measure_candidate,
+                                     measure_reference, probe_prompts, quality_key)
+from tracetune.tuner.reporter import NullReporter, Reporter
+from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
+from tracetune.tuner.settings import StudySettings
+
 
 def client_overload_reason(summary: Summary) -> str:
     """Why a trial is unmeasurable when its replay measured the client, not the engine."""
@@ -26,85 +34,126 @@ def client_overload_reason(summary: Summary) -> str:
             f"free cores (--client-procs N) or replay a slower part of the trace")
 
 
-class EngineRuns:
-    """The Tuner's engine runs (a mixin: settings, platform, run directory, reference and reporter
-    are the Tuner's)."""
+@dataclasses.dataclass
+class _Run:
+    """What one engine run has measured so far (`EngineRunner.measure` builds its `Measurement` from it)."""
 
-    # -- one engine run: start, replay, probe, stop ------------------------------------------
-    def _measure(self, config: Any, label: str, *, with_quality: bool, start: float = 1.0,
-                 prune: Any = None) -> dict[str, Any]:
-        """`prune(summary, quality, gpus, base_rps)`: the level at which the capacity search may stop
-        early (`replay.capacity.search_capacity`'s `prune_at`), from what the trial measured so far."""
+    label: str
+    probe: QualityProbe | None
+    phase: str = "start"  # what the engine was doing: named when it fails
+    startup_s: float = 0.0
+    result: ReplayResult | None = None  # the trace-rate replay
+    summary: Summary | None = None
+    quality: QualityResult | None = None
+    reference: Reference | None = None
+    levels: tuple = ()
+    log_tail: str = ""
+
+    def measurement(self) -> Measurement:
+        return Measurement(summary=self.summary, quality=self.quality, startup_s=self.startup_s,
+                           requests_jsonl="".join(r.to_json() + "\n" for r in self.result.records),
+                           log_tail=self.log_tail, levels=self.levels, reference=self.reference)
+
+
+class EngineRunner:
+    """The `TrialRunner` that measures on a real engine: start it (the study's engine kind, in the
+    run directory), replay the trace at its rate or search its capacity, probe its quality, stop it."""
+
+    def __init__(self, settings: StudySettings, *, trace: Trace, engine: EngineKind, platform: Platform,
+                 run_dir: Path, reporter: Reporter | None = None, synthesizer: Any = None,
+                 on_replay_progress: Callable[[int, int, int], None] | None = None) -> None:
+        self.s = settings
+        self.trace = trace
+        self.engine = engine
+        self.platform = platform
+        self.run_dir = run_dir
+        self.reporter = reporter if reporter is not None else NullReporter()
+        self.on_replay_progress = on_replay_progress or self.reporter.replay_progress
+        self.requests = prepare(trace, settings.replay, synthesizer)
+        self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+
+    def measure(self, config: Any, label: str, *, probe: QualityProbe | None, start: float = 1.0,
+                prune: PruneAt | None = None) -> Measurement:
+        """One engine run of `config` (`TrialRunner.measure`); an `EngineError` names the phase it failed in."""
         server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
-        out: dict[str, Any] = {}
-        phase = "start"
+        run = _Run(label=label, probe=probe)
         try:
-            self.report("engine_starting", label=label)
-            out["startup_s"] = server.launch(config, self.s.start_timeout_s)
-            if self.headers:
-                server.endpoint = dataclasses.replace(server.endpoint, headers=self.headers)
-            self.report("engine_ready", label=label, startup_s=out["startup_s"])
-            phase = "replay"
-            server.reset_prefix_cache()
-            if self.s.capacity is None:
-                result, out["summary"] = self._trace_rate_replay(server, label, self._engine_cores(config))
-            else:
-                runner = self._level_runner(server, label, start, self._engine_cores(config))
-                result = self._trace_rate_level(runner, server, out)
-                if with_quality:  # before the search: an early stop weighs the trial's other objectives
-                    phase = "quality probe"
-                    out["quality"] = self._quality(server, config, label)
-                phase = "capacity search"
-                prune_at = prune(out["summary"], out.get("quality"), config.gpus(),
-                                 runner.base_rates[0]) if prune else None
-                capacity = runner.search(seed_steps=out.pop("seed_steps"), gpus=config.gpus(), prune_at=prune_at)
-                if runner.results[1.0] is not result:  # the trace's rate was measured again (client lag)
-                    result = runner.results[1.0]
-                    out["summary"] = summarize(result, self.s.slos)
-                out["summary"].capacity = capacity.as_dict()
-                out["levels"] = [(step.scale, step.repeat, res.records) for step, res in runner.measured]
-                self.report("capacity_done", label=label, capacity=capacity)
-            out["requests_jsonl"] = "".join(r.to_json() + "\n" for r in result.records)
-            self._require_served(server, phase, out["summary"])
-            if with_quality and "quality" not in out:
-                phase = "quality probe"
-                out["quality"] = self._quality(server, config, label)
+            self._start(server, config, run)
+            self._replay_and_probe(server, config, run, start, prune)
         except EngineError as exc:
-            if phase != "start":
-                self._check_alive(server, phase, cause=exc)
+            if run.phase != "start":
+                self._check_alive(server, run.phase, cause=exc)
             raise
         finally:
-            out["log_tail"] = server.log_tail()
+            run.log_tail = server.log_tail()
             server.stop()
-        return out
+        return run.measurement()
 
-    def _quality(self, server: Engine, config: Any, label: str) -> QualityResult:
-        """The probe on this server, or the stored result of a configuration with the same quality
-        key (weights, precisions, kernels, decoding path: `tuner.quality.quality_key`)."""
+    def _start(self, server: Engine, config: Any, run: _Run) -> None:
+        self.reporter.on_engine_starting(label=run.label)
+        run.startup_s = server.launch(config, self.s.start_timeout_s)
+        if self.headers:
+            server.endpoint = dataclasses.replace(server.endpoint, headers=self.headers)
+        self.reporter.on_engine_ready(label=run.label, startup_s=run.startup_s)
+
+    def _replay_and_probe(self, server: Engine, config: Any, run: _Run, start: float, prune: PruneAt | None) -> None:
+        run.phase = "replay"
+        server.reset_prefix_cache()
+        if self.s.capacity is None:
+            run.result, run.summary = self._trace_rate_replay(server, run.label, self._engine_cores(config))
+        else:
+            self._capacity_search(server, config, run, start, prune)
+        self._require_served(server, run.phase, run.summary)
+        if run.probe is not None and run.quality is None:
+            self._probe(server, config, run)
+
+    def _capacity_search(self, server: Engine, config: Any, run: _Run, start: float, prune: PruneAt | None) -> None:
+        """The trace's rate, the quality probe (before the search: an early stop weighs the trial's
+        other objectives), then the capacity search from `start`."""
+        runner = self._level_runner(server, run.label, start, self._engine_cores(config))
+        seed = self._trace_rate_level(runner, server, run)
+        if run.probe is not None:
+            self._probe(server, config, run)
+        run.phase = "capacity search"
+        prune_at = prune(run.summary, run.quality, config.gpus(), runner.base_rates[0]) if prune else None
+        capacity = runner.search(seed_steps=[seed], gpus=config.gpus(), prune_at=prune_at)
+        if runner.results[1.0] is not run.result:  # the trace's rate was measured again (client lag)
+            run.result = runner.results[1.0]
+            run.summary = summarize(run.result, self.s.slos)
+        run.summary.capacity = capacity.as_dict()
+        run.levels = tuple((step.scale, step.repeat, res.records) for step, res in runner.measured)
+        self.reporter.on_capacity_done(label=run.label, capacity=capacity)
+
+    def _probe(self, server: Engine, config: Any, run: _Run) -> None:
+        run.phase = "quality probe"
+        run.quality, measured_reference = self._quality(server, config, run.label, run.probe)
+        run.reference = run.reference or measured_reference
+
+    def _quality(self, server: Engine, config: Any, label: str,
+                 probe: QualityProbe) -> tuple[QualityResult, Reference | None]:
+        """The probe on this server against `probe.reference` (measured here first when there is none:
+        returned as well), or the stored result of a configuration with the same quality key
+        (weights, precisions, kernels, decoding path: `tuner.quality.quality_key`)."""
         config_json = json.loads(config.model_dump_json())
         key = quality_key(config_json)
-        lossless = self.reference_config is not None and lossless_by_construction(
-            config_json, json.loads(self.reference_config.model_dump_json()))
-        if self.reference is not None and label != "reference":
-            known = self._quality_known.get(key) or next(
-                ((n, q) for n, c, q in self.store.measured_qualities(self.s.study_name) if quality_key(c) == key), None)
-            if known is not None:
-                number, stored = known
-                self.report("quality_reused", label=label, trial=number)
-                return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number, lossless=lossless)
+        lossless = probe.reference_config is not None and lossless_by_construction(config_json, probe.reference_config)
+        known = probe.known(key) if probe.reference is not None and label != "reference" else None
+        if known is not None:
+            number, stored = known
+            self.reporter.on_quality_reused(label=label, trial=number)
+            return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number, lossless=lossless), None
         if not server.quality_probe:
             raise TuneError(f"the {server.name} engine serves no prompt log-probabilities, which the quality probe "
                             f"needs; measure it with `tune replay` or `tune capacity`")
-        self.report("quality", label=label)
-        if self.reference is None:
+        self.reporter.on_quality(label=label)
+        reference = probe.reference
+        if reference is None:
             prompts = probe_prompts(self.trace, self.s.probe_prompts)
-            self.reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
-        quality = dataclasses.replace(measure_candidate(server.endpoint, self.reference), key=key, lossless=lossless)
+            reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
+        quality = dataclasses.replace(measure_candidate(server.endpoint, reference), key=key, lossless=lossless)
         if quality.probe_noisy:
-            self.report("probe_noisy", label=label, kld=quality.kld, beyond=quality.beyond_floor)
-        if label.startswith("trial-"):
-            self._quality_known[key] = (int(label.split("-")[1]), quality.as_dict())
-        return quality
+            self.reporter.on_probe_noisy(label=label, kld=quality.kld, beyond=quality.beyond_floor)
+        return quality, None if probe.reference is not None else reference
 
     def _engine_cores(self, config: Any) -> int:
         return workers.engine_cores(self.platform.value, config.gpus())
@@ -124,7 +173,7 @@ class EngineRuns:
             more = workers.more_client_procs(procs, engine_cores)
             if not summary.client_overloaded or more <= procs:
                 return result, summary
-            self.report("client_overloaded", label=label, procs=more, lag_p99_s=summary.schedule_lag.get("p99", 0.0))
+            self.reporter.on_client_overloaded(label=label, procs=more, lag_p99_s=summary.schedule_lag.get("p99", 0.0))
             settle(server, reset_prefix_cache=True)
             procs = more
 
@@ -137,19 +186,18 @@ class EngineRuns:
                              before_level=lambda: settle(server, reset_prefix_cache=True),
                              on_progress=self.on_replay_progress, client_procs=self.s.client_procs,
                              engine_cores=engine_cores,
-                             on_level=lambda step: self.report("capacity_step", label=label, step=step))
-        self.report("capacity_window", text=runner.describe())
+                             on_level=lambda step: self.reporter.on_capacity_step(label=label, step=step))
+        self.reporter.on_capacity_window(text=runner.describe())
         return runner
 
-    def _trace_rate_level(self, runner: LevelRunner, server: Engine, out: dict[str, Any]) -> ReplayResult:
+    def _trace_rate_level(self, runner: LevelRunner, server: Engine, run: _Run) -> Any:
         """The trace at its own rate, replayed in full (never abandoned): the latency objectives
-        come from it, and it is the capacity search's first level."""
+        come from it, and it is the capacity search's first level (its step is returned)."""
         step = runner.level(1.0, abandon=False)
-        result = runner.results[1.0]
-        out["summary"] = summarize(result, self.s.slos)
-        out["seed_steps"] = [step]
-        self._require_served(server, "replay", out["summary"])
-        return result
+        run.result = runner.results[1.0]
+        run.summary = summarize(run.result, self.s.slos)
+        self._require_served(server, "replay", run.summary)
+        return step
 
     def _require_served(self, server: Engine, phase: str, summary: Summary) -> None:
         """The engine is alive and answered at least one request of the replay."""
@@ -157,14 +205,6 @@ class EngineRuns:
         if summary.succeeded == 0:
             raise EngineError(f"every request failed, e.g. {summary.error_examples[:1]}",
                               log_tail=server.log_tail())
-
-    @property
-    def capacity_start(self) -> float:
-        """Where a trial's capacity search starts: the reference's capacity (most configurations
-        land near it, so the bracket closes in a few levels), else the trace's own rate."""
-        if self.s.capacity is None or not self.reference_capacity:
-            return 1.0
-        return min(max(self.reference_capacity, self.s.capacity.min_scale), self.s.capacity.max_scale)
 
     @staticmethod
     def _check_alive(server: Engine, phase: str, cause: Exception | None = None) -> None:

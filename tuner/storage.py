@@ -5,12 +5,11 @@ second worker on another host needs lives here: the engine config, the replay su
 request record, engine counters, quality details, and for failures the reason and log tail.
 
 Several workers share one study through this database, so it also holds *claims*: a row per
-configuration (and one for the reference) that one worker owns while it measures it. A second
-worker that wants the same configuration waits for that row to be done and reuses the result; a
-claim whose owner stopped refreshing it (a killed worker) is taken over.
+configuration (and one for the reference) that one worker owns while it measures it (the table is
+here; taking, refreshing and releasing claims is `tuner.coordination.Claims`).
 
 Secrets (API keys, tokens, passwords) given to the tuner are never written: every text that goes
-into a table passes through a `Redactor` first.
+into a table passes through a `tuner.secrets.Redactor` first.
 """
 
 from __future__ import annotations
@@ -19,16 +18,15 @@ import datetime as dt
 import enum
 import importlib.util
 import json
-import os
 import random
-import re
-import socket
 import time
 from typing import Any, Iterable
 
 from sqlalchemy import (Boolean, Column, DateTime, Float, Integer, LargeBinary, MetaData, String, Table, Text,
                         UniqueConstraint, create_engine, select)
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
+
+from tracetune.tuner.secrets import Redactor
 
 metadata = MetaData()
 
@@ -207,108 +205,8 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def display_url(url: str) -> str:
-    """The URL with its password replaced by ***, for printing."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy understands: show nothing that could be a secret
-        return re.sub(r"//[^@/]*@", "//***@", url)
-
-
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL)", re.IGNORECASE)
-# In the environment tracetune itself runs in, only names that end like a credential (HF_TOKEN,
-# OPENAI_API_KEY, PGPASSWORD, ...), and never paths: a broader match would mask ordinary text.
-_SECRET_ENV = re.compile(r"(^|_)(API_?KEY|KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$|^PGPASSWORD$", re.IGNORECASE)
-
-
-def secret_values(*, env: dict[str, str] | None = None, process_env: dict[str, str] | None = None,
-                  args: Iterable[str] = (), urls: Iterable[str] = (), extra: Iterable[str] = ()) -> list[str]:
-    """Values that must never be stored: engine environment variables whose name says key/token/
-    secret/password, credentials in the tuner's own environment, the value of such a
-    `--flag value` / `--flag=value`, URL passwords, and `extra`."""
-    found = [v for v in extra if v]
-    for name, value in (env or {}).items():
-        if _SECRET_NAME.search(name):
-            found.append(value)
-    for name, value in (process_env or {}).items():
-        if _SECRET_ENV.search(name) and not value.startswith("/"):
-            found.append(value)
-    args = list(args)
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag.startswith("-") and _SECRET_NAME.search(flag):
-            if eq:
-                found.append(value)
-            elif i + 1 < len(args):
-                found.append(args[i + 1])
-    for url in urls:
-        from sqlalchemy.engine import make_url
-
-        try:
-            password = make_url(url).password
-        except Exception:
-            password = None
-        if password:
-            found.append(str(password))
-    # Short values ("1", "true") are flags, not secrets, and scrubbing them would mangle every text.
-    return sorted({v for v in found if len(v) >= 6}, key=len, reverse=True)
-
-
-class Redactor:
-    """Replaces every known secret value with *** in strings, lists and dicts."""
-
-    MASK = "***"
-
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def __call__(self, value: Any) -> Any:
-        if not self.secrets or value is None:
-            return value
-        if isinstance(value, str):
-            for secret in self.secrets:
-                if secret in value:
-                    value = value.replace(secret, self.MASK)
-            return value
-        if isinstance(value, dict):
-            return {self(k): self(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(self(v) for v in value)
-        return value
-
-
-def worker_id() -> str:
-    """This process as a claim owner: host, pid and a random part (pids are reused)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """True when `owner` ran on this host and its process is gone (zombies count as gone)."""
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().decode(errors="replace").rsplit(")", 1)[-1].split()[0]
-        return state in ("Z", "X")
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def _now() -> dt.datetime:
+def utc_now() -> dt.datetime:
+    """Now, as the tables store time: naive UTC."""
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
@@ -345,7 +243,7 @@ class ResultStore:
             "quality_json": _dump(quality), "engine_json": _dump(engine),
             "requests_jsonl": pack_records(r(requests_jsonl)),
             "failure_reason": r(failure_reason), "log_tail": r(log_tail), "startup_s": startup_s, "wall_s": wall_s,
-            "created_at": _now(),
+            "created_at": utc_now(),
         }
         with self.engine.begin() as conn:
             conn.execute(trial_results.delete().where(trial_results.c.study_name == study_name,
@@ -406,7 +304,7 @@ class ResultStore:
             conn.execute(references.delete().where(references.c.study_name == study_name))
             conn.execute(references.insert().values(
                 study_name=study_name, config_json=self.redact(_dump(config)), probe_json=_dump(probe),
-                summary_json=self.redact(_dump(summary)), created_at=_now()))
+                summary_json=self.redact(_dump(summary)), created_at=utc_now()))
 
     def reference(self, study_name: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
@@ -415,59 +313,3 @@ class ResultStore:
             return None
         return {"config": json.loads(row["config_json"]), "probe": json.loads(row["probe_json"]),
                 "summary": json.loads(row["summary_json"]) if row["summary_json"] else None}
-
-    # -- claims: one worker measures a configuration, the others reuse its result -----------------
-    def claim(self, study_name: str, key: str, *, owner: str, trial_number: int,
-              stale_after_s: float) -> dict[str, Any] | None:
-        """Take `key` for `owner`; None when it is now ours, else the current claim row (done, or
-        held by a live worker). A claim whose heartbeat is older than `stale_after_s`, or whose
-        owner process on this host is gone, is taken over (compare-and-set on owner + heartbeat,
-        so two workers cannot both take it)."""
-        now = _now()
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(claims.insert().values(study_name=study_name, key=key, owner=owner,
-                                                    trial_number=trial_number, state="running", heartbeat_at=now))
-            return None
-        except IntegrityError:
-            pass
-        with self.engine.connect() as conn:
-            row = conn.execute(select(claims).where(claims.c.study_name == study_name, claims.c.key == key)) \
-                .mappings().first()
-        if row is None:  # released between our insert and this read: try again
-            return self.claim(study_name, key, owner=owner, trial_number=trial_number, stale_after_s=stale_after_s)
-        row = dict(row)
-        if row["state"] == "done":
-            return row
-        if row["owner"] == owner:
-            return None
-        stale = (now - row["heartbeat_at"]).total_seconds() > stale_after_s or owner_is_dead(row["owner"])
-        if not stale:
-            return row
-        with self.engine.begin() as conn:
-            taken = conn.execute(claims.update().where(
-                claims.c.id == row["id"], claims.c.owner == row["owner"], claims.c.state == "running",
-                claims.c.heartbeat_at == row["heartbeat_at"]).values(
-                owner=owner, trial_number=trial_number, heartbeat_at=now)).rowcount
-        if taken == 1:
-            return None
-        return self.claim(study_name, key, owner=owner, trial_number=trial_number, stale_after_s=stale_after_s)
-
-    def touch_claim(self, study_name: str, key: str, owner: str) -> None:
-        """Refresh a claim's heartbeat (the owner is alive and still measuring)."""
-        with self.engine.begin() as conn:
-            conn.execute(claims.update().where(claims.c.study_name == study_name, claims.c.key == key,
-                                               claims.c.owner == owner).values(heartbeat_at=_now()))
-
-    def finish_claim(self, study_name: str, key: str, owner: str, trial_number: int) -> None:
-        """Mark a claim done: trial `trial_number`'s stored result answers it from now on."""
-        with self.engine.begin() as conn:
-            conn.execute(claims.update().where(claims.c.study_name == study_name, claims.c.key == key,
-                                               claims.c.owner == owner)
-                         .values(state="done", trial_number=trial_number, heartbeat_at=_now()))
-
-    def release_claim(self, study_name: str, key: str, owner: str) -> None:
-        """Give a claim up unfinished (interrupted): the next worker measures the configuration."""
-        with self.engine.begin() as conn:
-            conn.execute(claims.delete().where(claims.c.study_name == study_name, claims.c.key == key,
-                                               claims.c.owner == owner, claims.c.state == "running"))

@@ -13,15 +13,16 @@ was killed (SIGKILL included) is failed and retried with the same parameters
 every configuration are claimed through a database row (`ResultStore.claim`), so nothing is
 measured twice; a worker that draws a configuration already measured reuses that result.
 
-Parts: `tuner/objectives.py` (objectives, constraints, samplers), `tuner/measure.py` (one engine run:
-start, replay or capacity search, quality probe, stop), `tuner/coordination.py` (storage with its
-heartbeat, claims, what counts, recovery), `tuner/quality.py`, `tuner/front.py` (the front with
-vLLM's defaults competing), `tuner/storage.py` (tracetune's tables).
+Parts: `tuner/settings.py` (StudySettings), `tuner/runner.py` (the `TrialRunner` seam and its
+`Measurement`), `tuner/measure.py` (`EngineRunner`: one engine run: start, replay or capacity search,
+quality probe, stop), `tuner/reporter.py` (the `Reporter` of events), `tuner/coordination.py` (storage
+with its heartbeat, claims, what counts, recovery), `tuner/objectives.py` (objectives, constraints,
+samplers), `tuner/quality.py`, `tuner/front.py` (the front with vLLM's defaults competing),
+`tuner/storage.py` (tracetune's tables), `tuner/secrets.py` (what is never stored).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -31,101 +32,63 @@ from typing import Any, Callable
 from tracetune.errors import EngineError, InputError, Rejected, TuneError
 from tracetune.engine_adapter.platform import Platform, installed_vllm_version
 from tracetune.engine_adapter.registry import EngineKind, engine_kind
-from tracetune.replay.capacity import CapacityOptions
-from tracetune.replay.metrics import SLO, Summary
-from tracetune.replay.runner import prepare
-from tracetune.replay.types import ReplayOptions
+from tracetune.replay.metrics import Summary
 from tracetune.replay.trace import Trace
 from tracetune.search_spaces.space import SearchSpace
-from tracetune.tuner.coordination import (ClaimHeartbeat, Coordination, config_key, counted, make_storage, running, skipped,
-                                stored_choices)
-from tracetune.tuner.measure import EngineRuns, client_overload_reason
-from tracetune.tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_names, constraint_values, feasible,
-                              make_sampler, objective_value, set_constraints, startup_trials)
+from tracetune.tuner.coordination import (Coordinator, check_same_choices, config_key, counted, make_storage, running,
+                                          skipped)
+from tracetune.tuner.measure import EngineRunner, client_overload_reason
+from tracetune.tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_values, feasible, make_sampler,
+                                        objective_value, set_constraints, startup_trials)
 from tracetune.tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
 from tracetune.tuner.presets import presets
-from tracetune.tuner.quality import QualityResult, Reference
+from tracetune.tuner.quality import QualityResult, Reference, quality_key
 from tracetune.tuner.quality_gate import QualityGate
-from tracetune.tuner.storage import REFERENCE_RUN, Redactor, ResultStore, Status, worker_id
+from tracetune.tuner.reporter import NullReporter, Reporter
+from tracetune.tuner.runner import Measurement, QualityProbe, TrialRunner
+from tracetune.tuner.secrets import Redactor
+from tracetune.tuner.settings import StudySettings
+from tracetune.tuner.storage import REFERENCE_RUN, ResultStore, Status
+
+__all__ = ["Measurement", "NullReporter", "Reporter", "StudySettings", "TrialRunner", "Tuner", "config_diff"]
 
 
-@dataclasses.dataclass
-class StudySettings:
-    study_name: str
-    storage_url: str
-    trials: int
-    objectives: list[str]
-    slos: list[SLO]
-    max_quality_loss: QualityGate | float | None  # a float: nats (the plain-number form)
-    sampler: str
-    seed: int | None
-    replay: ReplayOptions
-    capacity: CapacityOptions | None = None  # search each config's capacity at the SLO
-    client_procs: int | None = None  # replay client processes; None: enough for the rate, within free cores
-    # --gpu-hour-cost / --target-rate, kept with the study so the dashboard and exports show them
-    economics: dict[str, float] = dataclasses.field(default_factory=dict)
-    probe_prompts: int = 16  # why 16 x 32: README, "Quality"
-    probe_tokens: int = 32
-    start_timeout_s: float = 900.0
-    timeout_s: float | None = None
-    patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row
-    prune: bool = True  # stop a capacity search early where the trial cannot be on the front (`Tuner.prune_level`)
-    presets: bool = True  # informed first trials (tuner.presets) before the sampler's
-    warm_start: tuple[str, str] | None = None  # (storage URL, study): an earlier study's configs tried first
-    enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # A worker refreshes its running trial's (and claim's) heartbeat every `heartbeat_s`; one silent
-    # for 2 x heartbeat_s is considered dead: its trial is failed and retried, its claim taken over.
-    heartbeat_s: int = 30
-    engine_port: int | None = None  # fixed port for this worker's engines (default: a free one)
-    secrets: list[str] = dataclasses.field(default_factory=list, repr=False)  # never stored
-    api_key: str | None = dataclasses.field(default=None, repr=False)  # sent to our own engines
+class Tuner:
+    """Runs one study: samples configurations, has its `runner` measure them (a `TrialRunner`, as Optuna
+    hands a sampler to a study), stores what was measured and tells its `report`er (a `Reporter`).
 
-    @property
-    def grace_s(self) -> int:
-        return 2 * self.heartbeat_s
-
-    @property
-    def n_user_constraints(self) -> int:
-        return len(self.slos) + (self.max_quality_loss is not None)
-
-    @property
-    def constraint_names(self) -> list[str]:
-        return constraint_names(self.slos, self.max_quality_loss)
-
-
-Reporter = Callable[..., None]
-
-
-class Tuner(EngineRuns, Coordination):
-    """Runs one study; `report(event, **fields)` receives progress for display."""
+    `runner` None: an `EngineRunner` starting `engine` in `run_dir` (with `synthesizer` and
+    `on_replay_progress`, which only it uses)."""
 
     def __init__(self, settings: StudySettings, *, trace: Trace, space: SearchSpace, model_dir: Path,
-                 platform: Platform, run_dir: Path, base: dict[str, Any] | None = None,
-                 make_checkpoint: Callable[[str], Path] | None = None, synthesizer: Any = None,
-                 report: Reporter = lambda event, **fields: None, on_replay_progress=None,
-                 engine: EngineKind | None = None) -> None:
+                 platform: Platform, runner: TrialRunner | None = None, report: Reporter | None = None,
+                 base: dict[str, Any] | None = None, make_checkpoint: Callable[[str], Path] | None = None,
+                 engine: EngineKind | None = None, run_dir: Path | None = None, synthesizer: Any = None,
+                 on_replay_progress: Callable[[int, int, int], None] | None = None) -> None:
         self.s = settings
         self.engine = engine or engine_kind("vllm")  # which engine the study starts (engine_adapter.registry)
+        self.reporter = report if report is not None else NullReporter()
+        self.runner = runner or EngineRunner(settings, trace=trace, engine=self.engine, platform=platform,
+                                             run_dir=run_dir or Path("runs") / settings.study_name,
+                                             reporter=self.reporter, synthesizer=synthesizer,
+                                             on_replay_progress=on_replay_progress)
         self.trace = trace
         self.space = space
         self.model_dir = model_dir
         self.platform = platform
-        self.run_dir = run_dir
         self.base = base or {}
         self.make_checkpoint = make_checkpoint
-        self.report = report
-        self.on_replay_progress = on_replay_progress
         self.redact = Redactor(settings.secrets + ([settings.api_key] if settings.api_key else []))
         self.store = ResultStore(settings.storage_url, redact=self.redact)
-        self.requests = prepare(trace, settings.replay, synthesizer)
+        self.coord = Coordinator(self.store, study_name=settings.study_name, heartbeat_s=settings.heartbeat_s,
+                                 reporter=self.reporter)
+        self.worker = self.coord.worker
         self.reference: Reference | None = None
         self.reference_config: Any = None  # the engine's settings model (engine.config_model)
         self.reference_values: list[float] | None = None
         self.reference_capacity: float | None = None  # the reference's capacity level k
-        self.worker = worker_id()
         self._quality_known: dict[str, tuple[int, dict[str, Any]]] = {}  # quality key -> (trial, quality)
         self._rival: Candidate | None = None  # what the running trial's capacity search may stop at (prune_level)
-        self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
     def ensure_reference(self) -> None:
         """Measure the unquantized reference once per study (reused on resume, and by every other
@@ -133,35 +96,50 @@ class Tuner(EngineRuns, Coordination):
         self.reference_config = self.engine.reference(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
         stored = self.store.reference(self.s.study_name)
         if stored is None:
-            holder = self._claim_or_wait("reference", REFERENCE_RUN, "the reference")
+            holder = self.coord.claim_or_wait("reference", REFERENCE_RUN, "the reference")
             stored = self.store.reference(self.s.study_name)
             if stored is None and holder is not None:
                 raise TuneError("the reference claim is marked done but no reference is stored; "
                                 "delete the study's tracetune_claims row 'reference' and run again")
-        if stored is not None:
-            self.reference = Reference.from_json(stored["probe"])
-            if stored.get("summary"):
-                self._set_reference_values(stored["summary"])
-            self.report("reference_reused")
+        if stored is None:
+            self._measure_reference()
             return
-        self.report("reference_start", config=self.reference_config)
-        try:
-            with ClaimHeartbeat(self.store, self.s.study_name, "reference", self.worker, self.s.heartbeat_s):
-                measured = self._measure(self.reference_config, "reference", with_quality=True)
-        except BaseException:
-            self.store.release_claim(self.s.study_name, "reference", self.worker)
-            raise
-        self.store.save_reference(self.s.study_name, config=json.loads(self.reference_config.model_dump_json()),
-                                  probe=self.reference.to_json(), summary=measured["summary"].as_dict())
-        summary = measured["summary"]
-        self.store.save_trial(self.s.study_name, REFERENCE_RUN, Status.MEASURED, config=json.loads(
-            self.reference_config.model_dump_json()), summary=summary.as_dict(), quality=measured["quality"].as_dict(),
-            engine=summary.engine, requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
-            startup_s=measured["startup_s"])
-        self.store.save_levels(self.s.study_name, REFERENCE_RUN, measured.get("levels", []))
-        self.store.finish_claim(self.s.study_name, "reference", self.worker, REFERENCE_RUN)
-        self._set_reference_values(measured["summary"].as_dict())
-        self.report("reference_done", summary=measured["summary"], quality=measured["quality"])
+        self.reference = Reference.from_json(stored["probe"])
+        if stored.get("summary"):
+            self._set_reference_values(stored["summary"])
+        self.reporter.on_reference_reused()
+
+    def _measure_reference(self) -> None:
+        self.reporter.on_reference_start(config=self.reference_config)
+        config = json.loads(self.reference_config.model_dump_json())
+        with self.coord.measuring("reference", REFERENCE_RUN):
+            measured = self.runner.measure(self.reference_config, "reference", probe=self._probe())
+            self.reference = measured.reference
+            self.store.save_reference(self.s.study_name, config=config, probe=self.reference.to_json(),
+                                      summary=measured.summary.as_dict())
+            self.store.save_trial(self.s.study_name, REFERENCE_RUN, Status.MEASURED, config=config, **measured.stored())
+            self.store.save_levels(self.s.study_name, REFERENCE_RUN, measured.levels)
+        self._set_reference_values(measured.summary.as_dict())
+        self.reporter.on_reference_done(summary=measured.summary, quality=measured.quality)
+
+    def _probe(self) -> QualityProbe:
+        """What this study's quality probes compare against, and the qualities it already knows."""
+        config = None if self.reference_config is None else json.loads(self.reference_config.model_dump_json())
+        return QualityProbe(reference=self.reference, reference_config=config, known=self._known_quality)
+
+    def _known_quality(self, key: str) -> tuple[int, dict[str, Any]] | None:
+        """(trial, quality) of a configuration with this quality key probed by this worker, or stored
+        by any (another worker's, or before a resume)."""
+        return self._quality_known.get(key) or next(
+            ((n, q) for n, c, q in self.store.measured_qualities(self.s.study_name) if quality_key(c) == key), None)
+
+    @property
+    def capacity_start(self) -> float:
+        """Where a trial's capacity search starts: the reference's capacity (most configurations
+        land near it, so the bracket closes in a few levels), else the trace's own rate."""
+        if self.s.capacity is None or not self.reference_capacity:
+            return 1.0
+        return min(max(self.reference_capacity, self.s.capacity.min_scale), self.s.capacity.max_scale)
 
     def _set_reference_values(self, summary: dict[str, Any]) -> None:
         """The reference as a candidate: its objective values (quality loss 0 by definition) and
@@ -187,30 +165,25 @@ class Tuner(EngineRuns, Coordination):
         config_json = self.redact(json.loads(config.model_dump_json()))
         trial.set_user_attr("config", config_json)
         key = config_key(config_json)
-        holder = self._claim_or_wait(key, trial.number, f"trial {trial.number}'s configuration")
+        holder = self.coord.claim_or_wait(key, trial.number, f"trial {trial.number}'s configuration")
         if holder is not None:
             return self._reuse(trial, holder["trial_number"], values=values, config=config_json, t0=t0)
-        try:
-            with ClaimHeartbeat(self.store, self.s.study_name, key, self.worker, self.s.heartbeat_s):
-                result = self._measured(trial, config, config_json, values, t0)
-        except BaseException:
-            # Interrupted (Ctrl-C, SIGTERM) or a bug: the configuration is free for the next worker.
-            self.store.release_claim(self.s.study_name, key, self.worker)
-            raise
-        self.store.finish_claim(self.s.study_name, key, self.worker, trial.number)
-        return result
+        with self.coord.measuring(key, trial.number):
+            return self._measured(trial, config, config_json, values, t0)
 
     def _measured(self, trial: Any, config: Any, config_json: dict, values: dict, t0: float) -> list[float]:
-        self.report("trial_start", number=trial.number, values=values, config=config)
+        self.reporter.on_trial_start(number=trial.number, values=values, config=config)
         self._rival = None
         try:
-            measured = self._measure(config, f"trial-{trial.number:04d}", with_quality=True,
-                                     start=self.capacity_start, prune=lambda *args: self.prune_level(trial.study, *args))
+            measured = self.runner.measure(config, f"trial-{trial.number:04d}", probe=self._probe(),
+                                           start=self.capacity_start,
+                                           prune=lambda *args: self.prune_level(trial.study, *args))
         except EngineError as exc:
             return self._infeasible(trial, Status.ENGINE_FAILED, exc.reason, values=values, config=config_json,
                                     log_tail=exc.log_tail, t0=t0)
-        summary: Summary = measured["summary"]
-        quality: QualityResult = measured["quality"]
+        summary, quality = measured.summary, measured.quality
+        if quality is not None and quality.reused_from is None:
+            self._quality_known[quality.key] = (trial.number, quality.as_dict())
         objectives = [objective_value(name, summary, quality) for name in self.s.objectives]
         constraints = constraint_values(summary, quality, self.s.slos, self.s.max_quality_loss)
         wall = time.perf_counter() - t0
@@ -220,10 +193,8 @@ class Tuner(EngineRuns, Coordination):
         if status == Status.MEASURED and (summary.capacity or {}).get("verdict") == "pruned":
             status, reason = Status.PRUNED, self._pruned_reason(summary.capacity)
         self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config_json,
-                              summary=summary.as_dict(), quality=quality.as_dict(), engine=summary.engine,
-                              requests_jsonl=measured["requests_jsonl"], log_tail=measured["log_tail"],
-                              startup_s=measured["startup_s"], wall_s=wall, failure_reason=reason)
-        self.store.save_levels(self.s.study_name, trial.number, measured.get("levels", []))
+                              wall_s=wall, failure_reason=reason, **measured.stored())
+        self.store.save_levels(self.s.study_name, trial.number, measured.levels)
         if any(math.isnan(v) for v in objectives):
             return self._infeasible(trial, Status.FAILED, "an objective could not be measured (NaN)", values=values,
                                     config=config_json, t0=t0, saved=True)
@@ -235,11 +206,11 @@ class Tuner(EngineRuns, Coordination):
             trial.set_user_attr("status", Status.PRUNED.value)
             trial.set_user_attr("feasible", False)
             trial.set_user_attr("failure_reason", reason)
-            self.report("trial_pruned", number=trial.number, reason=reason, wall_s=wall)
+            self.reporter.on_trial_pruned(number=trial.number, reason=reason, wall_s=wall)
             return objectives
-        self.report("trial_done", number=trial.number, objectives=dict(zip(self.s.objectives, objectives)),
-                    constraints=constraints, summary=summary, quality=quality, wall_s=wall,
-                    startup_s=measured["startup_s"])
+        self.reporter.on_trial_done(number=trial.number, objectives=dict(zip(self.s.objectives, objectives)),
+                                    constraints=constraints, summary=summary, quality=quality, wall_s=wall,
+                                    startup_s=measured.startup_s)
         return objectives
 
     def _pruned_reason(self, capacity: dict[str, Any]) -> str:
@@ -290,7 +261,7 @@ class Tuner(EngineRuns, Coordination):
         trial.set_user_attr("feasible", False)  # the original is the one on the front
         self.store.save_trial(self.s.study_name, trial.number, Status.DUPLICATE, values=values, config=config,
                               failure_reason=note, wall_s=time.perf_counter() - t0)
-        self.report("duplicate", number=trial.number, original=original)
+        self.reporter.on_duplicate(number=trial.number, original=original)
         return objectives
 
     def penalty_values(self, study: Any) -> list[float]:
@@ -338,44 +309,32 @@ class Tuner(EngineRuns, Coordination):
             self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config,
                                   failure_reason=reason, log_tail=log_tail, wall_s=time.perf_counter() - t0)
         if status != Status.DUPLICATE:
-            self.report("trial_failed", number=trial.number, status=status, reason=reason)
+            self.reporter.on_trial_failed(number=trial.number, status=status, reason=reason)
         else:
-            self.report("duplicate", number=trial.number, original=trial.user_attrs.get("duplicate_of"),
-                        reason=reason)
+            self.reporter.on_duplicate(number=trial.number, original=trial.user_attrs.get("duplicate_of"),
+                                       reason=reason)
         return self.penalty_values(trial.study)
 
     # -- the study ---------------------------------------------------------------------------
-    def _check_space_matches(self, study: Any) -> None:
-        """Optuna cannot resume a study whose categorical choices changed (e.g. another --space, or
-        choices this platform cannot run removed on another kind of machine): say so up front."""
-        for name, before in stored_choices(study).items():
-            param = self.space.parameters.get(name)
-            if param is None or param.choices is None:
-                continue
-            if tuple(param.choices) != before:
-                raise InputError(
-                    f"study {self.s.study_name!r} was created with {name} choices {list(before)}, this search space "
-                    f"has {list(param.choices)} (another --space, or choices this machine cannot run were removed). "
-                    f"Resume it with the same space on the same kind of machine, or start a new --study")
-
     def run(self):
         import optuna
 
         # Failed trials are reported by tracetune itself; optuna would add a traceback per trial.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         study, storage = self._open_study()
-        self._check_space_matches(study)
+        check_same_choices(study, self.space, self.s.study_name)
         for key, value in self.s.economics.items():
             study.set_user_attr(key, value)
         # Configurations the user asked to try first (e.g. today's production config); ones the
         # study already has are skipped, so a resumed or second worker does not add them again.
         for params in self.s.enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
-        self._enqueue(study, self._warm_start(), "warm_start")
-        self._enqueue(study, presets(self.space, self.trace.records) if self.s.presets else [], "presets")
-        self.recover(study, storage)
-        self.report("study", name=self.s.study_name, done=counted(study),
-                    remaining=max(self.s.trials - counted(study), 0))
+        self._enqueue(study, self._warm_start(), self.reporter.on_warm_start)
+        chosen = presets(self.space, self.trace.records) if self.s.presets else []
+        self._enqueue(study, chosen, self.reporter.on_presets)
+        self.coord.recover(study, storage)
+        self.reporter.on_study(name=self.s.study_name, done=counted(study),
+                               remaining=max(self.s.trials - counted(study), 0))
         self._report_retries(study)
         if counted(study) < self.s.trials:
             self.ensure_reference()
@@ -391,9 +350,9 @@ class Tuner(EngineRuns, Coordination):
                    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
                    if "failed_trial" in t.system_attrs]
         if retries:
-            self.report("retries_first", trials=retries)
+            self.reporter.on_retries_first(trials=retries)
 
-    def _enqueue(self, study: Any, chosen: list[dict[str, Any]], event: str) -> None:
+    def _enqueue(self, study: Any, chosen: list[dict[str, Any]], announce: Callable[..., None]) -> None:
         """First trials for a new study (warm-start configurations, presets), within the trials it
         has room for after what is already queued (the user's --try values first)."""
         import optuna
@@ -405,7 +364,7 @@ class Tuner(EngineRuns, Coordination):
         for params in chosen:
             study.enqueue_trial(params, skip_if_exists=True)
         if chosen:
-            self.report(event, configs=chosen)
+            announce(configs=chosen)
 
     def _warm_start(self) -> list[dict[str, Any]]:
         """The configurations of an earlier study (--warm-start) on the same model and platform,
@@ -462,14 +421,14 @@ class Tuner(EngineRuns, Coordination):
         plateau = Plateau(self.s.patience) if self.s.patience else None
         while counted(study) < self.s.trials and skipped(study) < max_skipped:
             if deadline is not None and time.monotonic() > deadline:
-                self.report("timeout", limit_s=self.s.timeout_s, done=counted(study), trials=self.s.trials)
+                self.reporter.on_timeout(limit_s=self.s.timeout_s, done=counted(study), trials=self.s.trials)
                 break
-            self.recover(study, storage)
+            self.coord.recover(study, storage)
             if counted(study) + running(study) >= self.s.trials:
                 # Other workers are measuring the last trials: wait for them (or for their
                 # heartbeat to go stale, which re-queues their trial for us).
                 if not waiting_announced:
-                    self.report("waiting", what="the last trials of other workers", owner="", trial=None)
+                    self.reporter.on_waiting(what="the last trials of other workers", owner="", trial=None)
                     waiting_announced = True
                 time.sleep(min(2.0, self.s.heartbeat_s / 2))
                 continue
@@ -477,10 +436,10 @@ class Tuner(EngineRuns, Coordination):
             try:
                 study.optimize(self.objective, n_trials=1)
             except KeyboardInterrupt:
-                self._requeue_interrupted(study)
+                self.coord.requeue_interrupted(study)
                 raise
             if plateau and counted(study) > before and plateau.unchanged(self.front_labels(study)):
-                self.report("converged", patience=plateau.patience, done=counted(study), trials=self.s.trials)
+                self.reporter.on_converged(patience=plateau.patience, done=counted(study), trials=self.s.trials)
                 break
 
     def front_labels(self, study: Any) -> frozenset:

@@ -1,9 +1,11 @@
-"""A Tuner whose engine runs are scripted (no vLLM): the study logic, the database and the
-sampler are real. Used to test resume, failures-as-infeasible, claims and redaction quickly."""
+"""A Tuner whose engine runs are scripted (no vLLM): a `ScriptedRunner` is handed to it as its
+`TrialRunner`; the study logic, the database and the sampler are real. Used to test resume,
+failures-as-infeasible, claims and redaction quickly."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,8 +16,15 @@ from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import load_trace
 from tracetune.search_spaces.space import load_space
 from tracetune.tuner.quality import ProbeItem, QualityResult, Reference
+from tracetune.tuner.runner import Measurement, QualityProbe, TrialRunner
 from tracetune.tuner.study import StudySettings, Tuner
 
+SEQS = """\
+name: seqs
+fixed: {enforce_eager: true}
+parameters:
+  max_num_seqs: {choices: [1, 2, 4, 8]}
+"""
 TRACE = "\n".join(f'{{"timestamp": {i * 0.1}, "prompt": "hello number {i}", "output_length": 8}}'
                   for i in range(6)) + "\n"
 
@@ -39,42 +48,61 @@ def fake_quality(loss: float) -> QualityResult:
 
 # measure(config) -> (ttft_s, output_tps, quality_loss[, error_rate[, client_overloaded]]) or raises EngineError
 Script = Callable[[Any], tuple]
+REFERENCE = Reference(items=[ProbeItem(prompt_ids=[1], reference_ids=[2], reference_logprobs=[-0.5])])
+
+
+class ScriptedRunner:
+    """A `TrialRunner` whose measurements come from `script`; the reference is always TTFT 0.5 s,
+    50 tok/s, no loss. Every label it measures is appended to `calls`."""
+
+    def __init__(self, script: Script, *, calls: list, delay_s: float = 0.0) -> None:
+        self.script, self.calls, self.delay_s = script, calls, delay_s
+        self._lock = threading.Lock()
+
+    def measure(self, config: Any, label: str, *, probe: QualityProbe | None, start: float = 1.0,
+                prune: Any = None) -> Measurement:
+        with self._lock:
+            self.calls.append(label)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if label == "reference":
+            return Measurement(summary=fake_summary(0.5, 50.0), quality=fake_quality(0.0), startup_s=1.0,
+                               log_tail="reference log", reference=REFERENCE)
+        ttft, tps, loss, *rest = self.script(config)
+        summary = fake_summary(ttft, tps, rest[0] if rest else 0.0)
+        summary.client_overloaded = bool(rest[1]) if len(rest) > 1 else False
+        return Measurement(summary=summary, quality=fake_quality(loss), startup_s=1.0,
+                           requests_jsonl='{"index": 0}\n', log_tail=f"log of {label}")
+
+
+class Events(list):
+    """A `Reporter` that records every event as (name, fields)."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda **fields: self.append((name[3:], fields))
 
 
 def make_tuner(tmp_path: Path, script: Script, *, space_yaml: str, study: str = "s", trials: int = 4,
                url: str | None = None, sampler: str = "random", seed: int = 0, heartbeat_s: int = 2,
                secrets: list[str] | None = None, base: dict | None = None, calls: list | None = None,
-               delay_s: float = 0.0, enqueue: list | None = None, slos=None) -> Tuner:
+               delay_s: float = 0.0, enqueue: list | None = None, slos=None, runner: TrialRunner | None = None,
+               events: Events | None = None, **settings: Any) -> Tuner:
+    """A study of `space_yaml` on a six-request trace whose runner is `runner` (default: `script`'s);
+    `settings` are further `StudySettings` fields."""
     (tmp_path / "trace.jsonl").write_text(TRACE)
     (tmp_path / "space.yaml").write_text(space_yaml)
     url = url or f"sqlite:///{tmp_path / 'study.db'}"
     settings = StudySettings(study_name=study, storage_url=url, trials=trials,
-                             objectives=["ttft_p99", "output_tps", "quality_loss"], slos=slos or [],
-                             max_quality_loss=None, sampler=sampler, seed=seed, replay=ReplayOptions(),
-                             heartbeat_s=heartbeat_s, secrets=secrets or [], enqueue=enqueue or [])
-    tuner = Tuner(settings, trace=load_trace(tmp_path / "trace.jsonl"), space=load_space(tmp_path / "space.yaml"),
-                  model_dir=tmp_path / "model", platform=Platform.CPU, run_dir=tmp_path / "run", base=base)
+                             objectives=settings.pop("objectives", ["ttft_p99", "output_tps", "quality_loss"]),
+                             slos=slos or [], max_quality_loss=None, sampler=sampler, seed=seed,
+                             replay=ReplayOptions(), heartbeat_s=heartbeat_s, secrets=secrets or [],
+                             enqueue=enqueue or [], **settings)
     calls = calls if calls is not None else []
-    lock = threading.Lock()
-
-    def measure(config, label, *, with_quality, start=1.0, prune=None):
-        with lock:
-            calls.append(label)
-        if delay_s:
-            import time
-            time.sleep(delay_s)
-        if label == "reference":
-            tuner.reference = Reference(items=[ProbeItem(prompt_ids=[1], reference_ids=[2], reference_logprobs=[-0.5])])
-            return {"summary": fake_summary(0.5, 50.0), "quality": fake_quality(0.0), "startup_s": 1.0,
-                    "requests_jsonl": "", "log_tail": "reference log"}
-        out = script(config)
-        ttft, tps, loss, *rest = out
-        summary = fake_summary(ttft, tps, rest[0] if rest else 0.0)
-        summary.client_overloaded = bool(rest[1]) if len(rest) > 1 else False
-        return {"summary": summary, "quality": fake_quality(loss),
-                "startup_s": 1.0, "requests_jsonl": '{"index": 0}\n', "log_tail": f"log of {label}"}
-
-    tuner._measure = measure  # type: ignore[method-assign]
+    tuner = Tuner(settings, trace=load_trace(tmp_path / "trace.jsonl"), space=load_space(tmp_path / "space.yaml"),
+                  model_dir=tmp_path / "model", platform=Platform.CPU, base=base,
+                  runner=runner or ScriptedRunner(script, calls=calls, delay_s=delay_s), report=events)
     tuner.calls = calls  # type: ignore[attr-defined]
     return tuner
 

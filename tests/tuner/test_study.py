@@ -194,7 +194,8 @@ def test_config_key_ignores_the_workers_own_environment_and_model_location():
 
 
 def test_secret_values_and_redaction():
-    from tracetune.tuner.storage import Redactor, display_url, normalize_url, secret_values
+    from tracetune.tuner.secrets import Redactor, display_url, secret_values
+    from tracetune.tuner.storage import normalize_url
 
     found = secret_values(env={"HF_TOKEN": "hf_abcdef123", "VLLM_CPU_OMP_THREADS_BIND": "0-1"},
                           process_env={"OPENAI_API_KEY": "sk-proc-secret", "SSH_AUTH_SOCK": "/tmp/x", "HOME": "/root",

@@ -1,0 +1,243 @@
+"""The study's search on a scripted engine (no vLLM): --timeout and --patience stop it, presets and a
+warm start choose its first trials, a capacity search stops early where the trial cannot reach the
+front; and the engine runner's own decisions (more client processes for an overloaded replay, one
+quality probe per quality key)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.reliability.scripted import (REFERENCE, SEQS, TRACE, Events, fake_quality, fake_summary, make_tuner)
+from tests.reliability.test_study_logic import good_unless_one
+from tracetune.engine_adapter.platform import Platform
+from tracetune.engine_adapter.registry import engine_kind
+from tracetune.replay.trace import load_trace
+from tracetune.replay.types import ReplayOptions
+from tracetune.tuner.coordination import counted
+from tracetune.tuner.measure import EngineRunner
+from tracetune.tuner.runner import Measurement
+from tracetune.tuner.settings import StudySettings
+from tracetune.tuner.storage import ResultStore
+
+
+def engine_runner(tmp_path, **settings) -> EngineRunner:
+    """The engine-backed runner of a study on the scripted trace (no engine is started)."""
+    (tmp_path / "trace.jsonl").write_text(TRACE)
+    study = StudySettings(study_name="s", storage_url=f"sqlite:///{tmp_path / 'study.db'}", trials=1,
+                          objectives=["ttft_p99", "output_tps", "quality_loss"], slos=[], max_quality_loss=None,
+                          sampler="random", seed=0, replay=ReplayOptions(), **settings)
+    return EngineRunner(study, trace=load_trace(tmp_path / "trace.jsonl"), engine=engine_kind("vllm"),
+                        platform=Platform.CPU, run_dir=tmp_path / "run")
+
+
+def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(tmp_path, monkeypatch):
+    """Twice the processes each time, within the cores the engine leaves (8 cores, engine on 2)."""
+    import tracetune.tuner.measure as study_module
+
+    runner = engine_runner(tmp_path, client_procs=1)
+    sent_by = []
+
+    def scripted_replay(*args, client_procs=1, **kwargs):
+        sent_by.append(client_procs)
+        return client_procs
+
+    def scripted_summary(procs, slos):
+        summary = fake_summary(0.1, 10.0)
+        summary.client_overloaded = procs < 4
+        summary.schedule_lag = {"p50": 0.0, "p99": 0.5 if procs < 4 else 0.001, "max": 1.0}
+        return summary
+
+    monkeypatch.setattr(study_module, "replay", scripted_replay)
+    monkeypatch.setattr(study_module, "summarize", scripted_summary)
+    monkeypatch.setattr(study_module, "settle", lambda *a, **k: None)
+    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 8)
+
+    class Server:
+        endpoint = type("E", (), {"base_url": "http://x", "model": "m"})()
+
+    result, summary = runner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
+    assert sent_by == [1, 2, 4] and result == 4 and not summary.client_overloaded
+    sent_by.clear()
+    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 4)  # only two cores free: 1, 2, then no more
+    result, summary = runner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
+    assert sent_by == [1, 2] and summary.client_overloaded
+
+
+def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypatch):
+    """A config differing from a measured one only in batching knobs reuses its stored quality (from
+    the database: another worker's, or before a resume); a different KV-cache precision is measured."""
+    import tracetune.tuner.measure as study_module
+    from tracetune.engine_adapter.vllm.server import VLLMConfig
+
+    tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
+    tuner.reference = REFERENCE
+    runner = engine_runner(tmp_path)
+
+    def server(endpoint):  # an engine that serves prompt log-probabilities
+        return type("S", (), {"endpoint": endpoint, "quality_probe": True})()
+
+    def quality(endpoint, config, label):  # the runner's probe, with what the study knows now
+        return runner._quality(server(endpoint) if endpoint else None, config, label, tuner._probe())[0]
+
+    measured = []
+    monkeypatch.setattr(study_module, "measure_candidate", lambda endpoint, ref: measured.append(endpoint)
+                        or fake_quality(0.3))
+    first = VLLMConfig(model=tmp_path / "model", max_num_seqs=4)
+    tuner.store.save_trial("s", 0, "measured", config=json.loads(first.model_dump_json()),
+                           quality=quality("server-0", first, "trial-0000").as_dict())
+    again = quality(None, VLLMConfig(model=tmp_path / "model", max_num_seqs=64), "trial-0001")
+    assert again.reused_from == 0 and measured == ["server-0"]
+    fp8 = quality("server-2", VLLMConfig(model=tmp_path / "model", max_num_seqs=4, kv_cache_dtype="fp8"), "trial-0002")
+    assert fp8.reused_from is None and measured == ["server-0", "server-2"] and fp8.key != again.key
+
+
+def test_a_study_stopped_by_its_timeout_says_so(tmp_path):
+    """--timeout stops starting new trials; the reporter hears how many were done (it used to say nothing)."""
+    events = Events()
+    tuner = make_tuner(tmp_path, good_unless_one, space_yaml=SEQS, trials=4, timeout_s=0.0, events=events)
+    tuner.run()
+    assert ("timeout", {"limit_s": 0.0, "done": 0, "trials": 4}) in events
+    assert tuner.calls == ["reference"]  # the reference, and no trial after the deadline
+
+
+def test_patience_stops_the_study_once_the_front_stops_changing(tmp_path):
+    """--patience 2: the first trial (max_num_seqs 1) beats vLLM's defaults on every objective; the next
+    two are dominated by it, so the front is unchanged twice and the study stops at 3 of 8 trials."""
+    events = Events()
+    tuner = make_tuner(tmp_path, lambda c: (0.1 * c.max_num_seqs, 100.0 / c.max_num_seqs, 0.0), space_yaml=SEQS,
+                       trials=8, enqueue=[{"max_num_seqs": 1}, {"max_num_seqs": 2}, {"max_num_seqs": 4}], patience=2,
+                       events=events)
+    study = tuner.run()
+    assert ("converged", {"patience": 2, "done": 3, "trials": 8}) in events
+    assert counted(study) == 3 and tuner.calls == ["reference", "trial-0000", "trial-0001", "trial-0002"]
+    assert tuner.front_labels(study) == {0}
+
+
+BITS = """\
+name: bits
+fixed: {enforce_eager: true}
+parameters:
+  weight_bits: {choices: [16, 8]}
+  max_num_seqs: {choices: [2, 4, 8]}
+"""
+
+
+def test_presets_run_first_within_the_trials_left_after_the_users_tries(tmp_path):
+    """8-bit weights is tried first (the space offers it); a --try value comes before it; with no
+    room left after the --try values, no preset is queued (nothing would be left waiting)."""
+    events = Events()
+    tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=BITS,
+                       trials=3, enqueue=[{"weight_bits": 16, "max_num_seqs": 2}], events=events)
+    study = tuner.run()
+    assert ("presets", {"configs": [{"max_num_seqs": 8, "weight_bits": 8}]}) in events  # vLLM-like batch limit
+    values = [t.user_attrs["values"] for t in sorted(study.trials, key=lambda t: t.number)]
+    assert values[0] == {"weight_bits": 16, "max_num_seqs": 2} and values[1]["weight_bits"] == 8
+
+    (tmp_path / "full").mkdir()
+    events.clear()
+    full = make_tuner(tmp_path / "full", lambda c: (0.1, 10.0, 0.0), space_yaml=BITS, trials=1,
+                      enqueue=[{"weight_bits": 16, "max_num_seqs": 2}], events=events)
+    done = full.run()
+    assert not [e for e in events if e[0] == "presets"] and len(done.trials) == 1
+
+
+def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_path):
+    """Study "a" measures max_num_seqs 2, 4, 8 (8 is best on output tok/s, 2 on latency: both on its
+    front); study "b" on another trace starts with a's front, then the rest, all measured again."""
+    script = lambda c: (0.1 * c.max_num_seqs, 10.0 * c.max_num_seqs, 0.0)  # noqa: E731
+    first = make_tuner(tmp_path, script, space_yaml=SEQS, study="a", trials=3,
+                       enqueue=[{"max_num_seqs": 2}, {"max_num_seqs": 4}, {"max_num_seqs": 8}])
+    first.run()
+    calls = []
+    events = Events()
+    second = make_tuner(tmp_path, script, space_yaml=SEQS, study="b", trials=2, calls=calls, events=events)
+    second.s.warm_start = (second.s.storage_url, "a")
+    study = second.run()
+    warm = next(f["configs"] for e, f in events if e == "warm_start")
+    assert warm == [{"max_num_seqs": 2}, {"max_num_seqs": 4}]  # room for 2 of a's 3, front first
+    assert [t.user_attrs["values"] for t in study.trials] == warm
+    assert calls == ["reference", "trial-0000", "trial-0001"]  # measured again, not reused
+
+    from tracetune.errors import InputError
+
+    other = make_tuner(tmp_path, script, space_yaml=SEQS, study="c", trials=1)
+    other.s.warm_start = (other.s.storage_url, "nope")
+    with pytest.raises(InputError, match="--warm-start: no study 'nope'"):
+        other.run()
+
+
+def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True, events: Events | None = None):
+    """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
+    (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
+    early stop and everything the Tuner does with them are real."""
+    from tracetune.replay.capacity import CapacityOptions, Step
+    from tracetune.replay.capacity_search import search_capacity
+    from tracetune.replay.metrics import parse_slos
+    slos = parse_slos("ttft:p99<2s")
+    capacity = CapacityOptions(slos=tuple(slos), precision=0.1)
+    levels: dict[str, list[float]] = {}
+
+    def measure(config, label, *, probe, start=1.0, prune=None):
+        ttft, true_k = truth(None if label == "reference" else config)
+        summary, quality = fake_summary(ttft, 10.0), fake_quality(0.0)
+
+        def level(scale, repeat):
+            levels.setdefault(label, []).append(scale)
+            ok = scale <= true_k
+            return Step(scale=scale, rps=2.0 * scale, output_tps=64.0 * scale, attainment=1.0 if ok else 0.5,
+                        passed=ok, abandoned=not ok, requests=20, planned=20, good=20 if ok else 10, duration_s=1.0,
+                        repeat=repeat)
+
+        prune_at = prune(summary, quality, 1, 2.0) if prune else None
+        result = search_capacity(level, capacity, seed_steps=[level(1.0, False)], base_rates=(2.0, 64.0),
+                                 prune_at=prune_at)
+        summary.capacity = result.as_dict()
+        return Measurement(summary=summary, quality=quality, startup_s=1.0,
+                           reference=REFERENCE if label == "reference" else None)
+
+    runner = type("CapacityRunner", (), {"measure": staticmethod(measure)})()
+    tuner = make_tuner(tmp_path, lambda c: None, space_yaml=SEQS, trials=trials, enqueue=enqueue, slos=slos,
+                       objectives=["ttft_p99", "capacity", "quality_loss"], capacity=capacity, prune=prune,
+                       runner=runner, events=events)
+    tuner.levels = levels  # type: ignore[attr-defined]
+    return tuner
+
+
+def test_a_trial_that_cannot_reach_the_front_is_pruned_early_with_its_steps_kept(tmp_path):
+    """vLLM's defaults: TTFT 0.5 s, capacity 2x. max_num_seqs 1 is slower (0.6 s) and carries 1.2x: it
+    fails 2x (where the defaults pass) twice and is pruned. 4 is faster (0.4 s) and carries 3x: searched to
+    the end. 8 is slower than 4 (0.45 s) and carries 2.5x: it fails trial 1's capacity (where trial 1 passes),
+    pruned."""
+    truth = {None: (0.5, 2.0), 1: (0.6, 1.2), 4: (0.4, 3.0), 8: (0.45, 2.5)}
+    events = Events()
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=3,
+                           enqueue=[{"max_num_seqs": 1}, {"max_num_seqs": 4}, {"max_num_seqs": 8}], events=events)
+    study = tuner.run()
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert [t.user_attrs["status"] for t in trials] == ["pruned", "measured", "pruned"]
+    assert counted(study) == 3  # a pruned trial used the engine: it counts toward --trials
+    assert tuner.levels["trial-0000"] == [1.0, 2.0, 2.0]  # the trace's rate, the prune level and its repeat
+    assert len(tuner.levels["trial-0001"]) > 3  # searched to the end: capacity 2.83x (precision 10%)
+    rival = trials[1].values[1] / 2.0
+    assert 2.5 < rival <= 3.0 and tuner.levels["trial-0002"][1:] == [rival, rival]
+    assert "where vLLM's defaults pass and are at least as good on ttft_p99" in trials[0].user_attrs["failure_reason"]
+    assert "where trial 1 passes" in trials[2].user_attrs["failure_reason"]
+    assert [f["number"] for e, f in events if e == "trial_pruned"] == [0, 2]
+    # The sampler sees its values (capacity: what it is known to carry, the trace's rate of 2 req/s);
+    # the front never takes it.
+    assert trials[0].values[1] == trials[2].values[1] == pytest.approx(2.0)
+    assert tuner.front_labels(study) == {1}
+    stored = {r["trial_number"]: r for r in ResultStore(tuner.s.storage_url).trials("s")}
+    assert stored[0]["status"] == "pruned" and stored[0]["summary"]["capacity"]["verdict"] == "pruned"
+    assert [s["scale"] for s in stored[2]["summary"]["capacity"]["steps"]] == [1.0, rival, rival]
+
+
+def test_no_prune_searches_every_trial_to_the_end(tmp_path):
+    truth = {None: (0.5, 2.0), 1: (0.6, 1.2)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=1,
+                           enqueue=[{"max_num_seqs": 1}], prune=False)
+    study = tuner.run()
+    assert study.trials[0].user_attrs["status"] == "measured"
+    assert len(tuner.levels["trial-0000"]) > 3

@@ -1,0 +1,59 @@
+"""The seam between the study and whatever measures a configuration: a `TrialRunner` is handed to the
+`Tuner` (as Optuna hands a sampler to a study) and returns a `Measurement`. The engine-backed runner is
+`tuner.measure.EngineRunner`; tests hand in a scripted one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+from tracetune.replay.metrics import Summary
+from tracetune.tuner.quality import QualityResult, Reference
+
+# prune(summary, quality, gpus, base_rps) -> the load level at which a capacity search may stop early
+# (`replay.capacity_search.search_capacity`'s `prune_at`), from what the trial measured so far; None: never.
+PruneAt = Callable[[Summary, "QualityResult | None", int, float], "float | None"]
+# A level a capacity search measured: (scale, is it a repeat, its request records).
+Level = tuple[float, bool, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityProbe:
+    """What a run's quality probe compares against. `reference` None: this run measures the
+    reference's continuations (`Measurement.reference`). `known(quality_key)` -> (trial number,
+    stored quality) of a configuration already probed with the same quality key, or None."""
+
+    reference: Reference | None = None
+    reference_config: dict[str, Any] | None = None  # for `quality.lossless_by_construction`
+    known: Callable[[str], tuple[int, dict[str, Any]] | None] = lambda key: None
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """What measuring one configuration returned."""
+
+    summary: Summary
+    quality: QualityResult | None
+    startup_s: float
+    requests_jsonl: str = ""  # the trace-rate replay's request records, one JSON per line
+    log_tail: str = ""
+    levels: tuple[Level, ...] = ()  # every load level of a capacity search, in search order
+    reference: Reference | None = None  # the reference continuations, when this run measured them
+
+    def stored(self) -> dict[str, Any]:
+        """The trial row's measured columns (`ResultStore.save_trial` keywords), as JSON-ready values."""
+        return {"summary": self.summary.as_dict(), "quality": self.quality.as_dict() if self.quality else None,
+                "engine": self.summary.engine, "requests_jsonl": self.requests_jsonl, "log_tail": self.log_tail,
+                "startup_s": self.startup_s}
+
+
+class TrialRunner(Protocol):
+    """Measures one configuration (the reference under the label "reference", a trial under
+    "trial-NNNN"); raises `errors.EngineError` when the engine fails (a failed trial, not a
+    failed study)."""
+
+    def measure(self, config: Any, label: str, *, probe: QualityProbe | None, start: float = 1.0,
+                prune: PruneAt | None = None) -> Measurement:
+        """`probe` None: no quality probe. `start`: the load level (x the trace's rate) where a
+        capacity search starts."""
+        ...
