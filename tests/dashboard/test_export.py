@@ -105,6 +105,24 @@ def run_vllm_cmd(text: str, tmp_path: Path) -> dict:
     return json.loads(out.read_text())
 
 
+# -- the command comes from the engine -----------------------------------------------------------
+def test_the_command_comes_from_the_engines_kind(study, monkeypatch):
+    """export names no engine module: its flags are what the registered engine's command builder gives."""
+    import dataclasses
+
+    from tracetune.engine_adapter import registry
+
+    real = registry.engine_kind("vllm")
+
+    def command(config, platform, *, host="127.0.0.1", port=8000, python="py"):
+        argv, env = real.command(config, platform, host=host, port=port, python=python)
+        return [*argv, "--from-the-kind"], {**env, "FROM_THE_KIND": "1"}
+
+    monkeypatch.setitem(registry.ENGINES, "vllm", lambda: dataclasses.replace(real, command=command))
+    text = export(study, study.trial(1), "vllm-cmd")
+    assert "--from-the-kind" in text and "FROM_THE_KIND=1" in text
+
+
 # -- round trips ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("model", NASTY_PATHS)
 def test_vllm_cmd_round_trips_through_a_real_shell(study, tmp_path, model):
