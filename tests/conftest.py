@@ -24,6 +24,22 @@ parameters:
 """
 
 
+# The fast part of the suite (`pytest -m "not integration"`) runs with no model prepared and no
+# engine, in under 2 minutes on 2 cores; each of its tests gets FAST_TIMEOUT_S. A test is part of
+# the integration set when it is marked so, when it replays in real time (`slow`), or when it needs
+# the bundled model (the `default_model` fixture, directly or through another fixture).
+FAST_TIMEOUT_S = 60
+NEEDS_MODEL = "default_model"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if NEEDS_MODEL in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.integration)
+        if not item.get_closest_marker("integration") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(FAST_TIMEOUT_S))
+
+
 def run_tune(*args, timeout=1800, cwd=ROOT):
     """`tune ARGS...` as a user runs it (a subprocess of this Python)."""
     return subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True,

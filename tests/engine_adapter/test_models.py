@@ -89,9 +89,10 @@ def test_fetch_failure_is_a_clear_error(tmp_path, monkeypatch):
         models._fetch_gguf(tmp_path, lambda msg: None)
 
 
-def test_real_default_model_is_prepared_and_checked():
+def test_real_default_model_is_prepared_and_checked(default_model):
     """The suite's setup (scripts/test.sh) prepared the real model; it must validate and carry its sha."""
     d = models.default_model_dir()
+    assert d.resolve() == default_model.resolve()
     assert models.check_model_dir(d) == d.resolve()
     meta = json.loads((d / models.MARKER).read_text())
     assert meta["gguf_sha256"] == models.DEFAULT_GGUF_SHA256
