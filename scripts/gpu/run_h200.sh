@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (after device_setup.sh). One step per call, each inside the 10-minute
-# limit; studies resume across calls (same --study and storage). Results go to $OUT.
+# On the GPU host (after device_setup.sh). One step per run, each inside a 10-minute
+# limit; studies resume across runs (same --study and storage). Results go to $OUT.
 #   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity|mooncake|start-cost|sustained [seconds] [tune options...]
 # CONFIG=default|best|fp8|gated picks the configuration of the `sustained` step.
 # STOP_SIGNAL=INT|TERM|KILL (default TERM): how the time limit stops the tuner; after every step the
