@@ -13,20 +13,13 @@ from typing import Any
 
 # The bracket and its caveats are written one way, by the module that defines them.
 from tracetune.replay.capacity import bracket_rps, bracket_text  # noqa: F401  (bracket_rps: for the charts)
-from tracetune.replay.capacity import caveats as flags
+from tracetune.replay.capacity import caveats as flags, number
 
 
 def capacity_of(summary: dict[str, Any] | None) -> dict[str, Any] | None:
     """The stored capacity result of a run (None when the run has none)."""
     cap = (summary or {}).get("capacity")
     return cap if isinstance(cap, dict) and cap.get("steps") is not None else None
-
-
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def table_columns(summary: dict[str, Any] | None) -> dict[str, str]:
@@ -55,14 +48,14 @@ def steps(cap: dict[str, Any] | None) -> list[dict[str, Any]]:
         sent = step.get("requests", 0)
         planned = step.get("planned", 0)
         # An abandoned level stopped once it could no longer pass: its attainment is the most it could reach.
-        attained = (f"attainment <= {_number(step.get('attainment')):.0%} (abandoned after {sent} of {planned} sent: "
+        attained = (f"attainment <= {number(step.get('attainment')):.0%} (abandoned after {sent} of {planned} sent: "
                     f"more certain misses than the target allows)" if step.get("abandoned") else
-                    f"attainment {_number(step.get('attainment')):.0%} ({step.get('good', '?')}/{planned} good)")
-        hover = (f"step {i + 1}: load {_number(step.get('scale')):.3g}x = {_number(step.get('rps')):.3g} req/s"
+                    f"attainment {number(step.get('attainment')):.0%} ({step.get('good', '?')}/{planned} good)")
+        hover = (f"step {i + 1}: load {number(step.get('scale')):.3g}x = {number(step.get('rps')):.3g} req/s"
                  f"<br>{attained}<br>{kind}" + (" (repeat)" if step.get("repeat") else "")
-                 + f"<br>schedule lag p99 {_number(step.get('lag_p99_s')) * 1000:.0f} ms")
-        out.append({"index": i, "scale": _number(step.get("scale")), "rps": _number(step.get("rps")),
-                    "attainment": _number(step.get("attainment")), "kind": kind, "repeat": bool(step.get("repeat")),
+                 + f"<br>schedule lag p99 {number(step.get('lag_p99_s')) * 1000:.0f} ms")
+        out.append({"index": i, "scale": number(step.get("scale")), "rps": number(step.get("rps")),
+                    "attainment": number(step.get("attainment")), "kind": kind, "repeat": bool(step.get("repeat")),
                     "hover": hover})
     return out
 
@@ -71,10 +64,10 @@ def capacity_point(cap: dict[str, Any] | None) -> tuple[float, float] | None:
     """(offered req/s, attainment) of the capacity level (None when no level passed)."""
     if not cap or not cap.get("capacity_scale"):
         return None
-    scale = _number(cap["capacity_scale"])
+    scale = number(cap["capacity_scale"])
     passing = [s for s in steps(cap) if s["kind"] == "passed" and math.isclose(s["scale"], scale, rel_tol=1e-6)]
     if not passing:
-        return _number(cap.get("capacity_rps")), _number(cap.get("attainment_target"))
+        return number(cap.get("capacity_rps")), number(cap.get("attainment_target"))
     return passing[-1]["rps"], passing[-1]["attainment"]
 
 
@@ -84,10 +77,10 @@ def headline(cap: dict[str, Any] | None) -> str:
         return "capacity not measured"
     gpus = max(int(cap.get("gpus") or 1), 1)
     slo = ", ".join(cap.get("slo") or []) or "the SLO"
-    target = _number(cap.get("attainment_target"))
-    text = (f"capacity {_number(cap.get('capacity_rps_per_gpu')):.3g} req/s per GPU"
-            + (f" ({_number(cap.get('capacity_rps')):.3g} req/s on {gpus} GPUs)" if gpus > 1 else "")
-            + f", bracket {bracket_text(cap)}, {_number(cap.get('capacity_scale')):.3g}x the trace's rate, "
+    target = number(cap.get("attainment_target"))
+    text = (f"capacity {number(cap.get('capacity_rps_per_gpu')):.3g} req/s per GPU"
+            + (f" ({number(cap.get('capacity_rps')):.3g} req/s on {gpus} GPUs)" if gpus > 1 else "")
+            + f", bracket {bracket_text(cap)}, {number(cap.get('capacity_scale')):.3g}x the trace's rate, "
             f"with {target:.0%} of requests within {slo}")
     notes = flags(cap)
     return text + (" · " + "; ".join(notes) if notes else "")
@@ -99,10 +92,10 @@ def header_lines(cap: dict[str, Any] | None) -> list[str]:
         return []
     gpus = max(int(cap.get("gpus") or 1), 1)
     lines = [f"SLO: {', '.join(cap.get('slo') or []) or '-'}; attainment target "
-             f"{_number(cap.get('attainment_target')):.0%} of requests",
-             f"capacity at the SLO: {_number(cap.get('capacity_rps')):.3g} req/s on {gpus} GPU(s) "
-             f"= {_number(cap.get('capacity_rps_per_gpu')):.3g} req/s per GPU "
-             f"({_number(cap.get('capacity_scale')):.3g}x the trace's rate); bracket {bracket_text(cap)}"
+             f"{number(cap.get('attainment_target')):.0%} of requests",
+             f"capacity at the SLO: {number(cap.get('capacity_rps')):.3g} req/s on {gpus} GPU(s) "
+             f"= {number(cap.get('capacity_rps_per_gpu')):.3g} req/s per GPU "
+             f"({number(cap.get('capacity_scale')):.3g}x the trace's rate); bracket {bracket_text(cap)}"
              + (f" = {bracket_text(cap, per_gpu=True)}" if gpus > 1 else "")]
     notes = flags(cap)
     if notes:

@@ -239,7 +239,8 @@ VERDICT_NOTES = {
 }
 
 
-def _number(value: Any) -> float:
+def number(value: Any) -> float:
+    """A stored value as a float; NaN where it is missing or not a number (a result read back from JSON)."""
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -251,8 +252,8 @@ def bracket_rps(cap: dict[str, Any] | None) -> tuple[float, float | None]:
     if not cap:
         return math.nan, None
     low, high = (list(cap.get("bracket_rps") or []) + [None, None])[:2]
-    low = _number(cap.get("capacity_rps") if low is None else low)
-    return low, None if high is None else _number(high)
+    low = number(cap.get("capacity_rps") if low is None else low)
+    return low, None if high is None else number(high)
 
 
 def bracket_text(cap: dict[str, Any] | None, *, per_gpu: bool = False) -> str:
