@@ -56,13 +56,13 @@ def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from tracetune.cli.engine_options import add_engine_options
+    from tracetune.cli.options import add_slo_option, add_trace_option
     from tracetune.cli.replay import add_target_options
 
     cp = sub.add_parser("capacity", help="highest request rate a configuration serves within the SLO",
                         epilog=CAPACITY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cp.add_argument("--trace", required=True, type=Path, metavar="FILE", help="native JSONL trace")
-    cp.add_argument("--slo", required=True, metavar="SPEC",
-                    help="per-request thresholds and percentile targets, e.g. 'ttft:p99<2s,tpot:p99<100ms'")
+    add_trace_option(cp, required=True)
+    add_slo_option(cp, required=True)
     add_capacity_options(cp)
     cp.add_argument("--start-scale", type=float, default=1.0, metavar="K",
                     help="first load level, as a multiple of the trace's rate (default 1)")

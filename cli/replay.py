@@ -84,10 +84,11 @@ def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from tracetune.cli.engine_options import add_engine_options
+    from tracetune.cli.options import add_slo_option, add_trace_option
 
     rp = sub.add_parser("replay", help="replay a trace against an engine and measure latency/throughput/goodput",
                         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rp.add_argument("--trace", required=True, type=Path, metavar="FILE", help="native JSONL trace")
+    add_trace_option(rp, required=True)
     add_target_options(rp)
     rp.add_argument("--time-scale", type=float, default=None, metavar="F",
                     help="multiply inter-arrival times by F (0.5 = twice the recorded rate)")
@@ -101,7 +102,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--max-output-tokens", type=int, metavar="N", help="cap each request's output length")
     rp.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then differ from the trace)")
     rp.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
-    rp.add_argument("--slo", metavar="SPEC", help="e.g. 'ttft:p99<500ms,tpot:p50<50ms' (goodput counts requests meeting all)")
+    add_slo_option(rp, help="e.g. 'ttft:p99<500ms,tpot:p50<50ms' (goodput counts requests meeting all)")
     rp.add_argument("--out", type=Path, metavar="DIR", help="results directory (default runs/replay-TIMESTAMP)")
     rp.add_argument("--keep-text", action="store_true", help="store each response's text in requests.jsonl")
     add_engine_options(rp)

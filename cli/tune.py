@@ -29,10 +29,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
     """The main job's options, on the root parser (`tune --help` lists them)."""
     from tracetune.cli.capacity import add_capacity_options
     from tracetune.cli.engine_options import add_engine_options
+    from tracetune.cli.options import add_slo_option, add_trace_option
     from tracetune.cli.replay import add_client_options
     from tracetune.tuner.objectives import DEFAULT_SAMPLER, SAMPLERS
 
-    p.add_argument("--trace", type=Path, metavar="FILE", help="native JSONL trace: runs the main job")
+    add_trace_option(p, help="native JSONL trace: runs the main job")
     p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
     p.add_argument("--trials", type=int, default=6, metavar="N", help="total trials in the study (default 6)")
     p.add_argument("--timeout", type=float, metavar="S", help="stop starting new trials after S seconds")
@@ -55,7 +56,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study", metavar="NAME", help="study name (default: derived from the trace file name)")
     p.add_argument("--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite in the run directory)")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
-    p.add_argument("--slo", metavar="SPEC", help="constraints, e.g. 'ttft:p99<500ms,tpot:p50<50ms'")
+    add_slo_option(p, help="constraints, e.g. 'ttft:p99<500ms,tpot:p50<50ms'")
     p.add_argument("--max-quality-loss", metavar="GATE",
                    help="quality gate, beyond the reference's own noise floor: kld:0.01 (KL divergence, nats/token), "
                         "ppl:+1%% (perplexity), top1:0.99 (top-1 agreement), or a number of nats (NLL increase "
