@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 
 class Reporter(Protocol):
-    """Progress of a study, for display."""
+    """Progress of a study, for display (each method returns nothing)."""
 
     # -- the study ------------------------------------------------------------------------------
     def on_study(self, *, name: str, done: int, remaining: int) -> None: ...
@@ -44,33 +44,6 @@ class Reporter(Protocol):
     def replay_progress(self, done: int, total: int, in_flight: int) -> None: ...
 
 
-class NullReporter:
-    """A `Reporter` that ignores every event."""
-
-    def on_study(self, *, name: str, done: int, remaining: int) -> None: pass
-    def on_retries_first(self, *, trials: list[tuple[int, int, dict[str, Any]]]) -> None: pass
-    def on_warm_start(self, *, configs: list[dict[str, Any]]) -> None: pass
-    def on_presets(self, *, configs: list[dict[str, Any]]) -> None: pass
-    def on_reference_start(self, *, config: Any) -> None: pass
-    def on_reference_reused(self) -> None: pass
-    def on_reference_done(self, *, summary: Any, quality: Any) -> None: pass
-    def on_waiting(self, *, what: str, owner: str, trial: int | None) -> None: pass
-    def on_timeout(self, *, limit_s: float, done: int, trials: int) -> None: pass
-    def on_converged(self, *, patience: int, done: int, trials: int) -> None: pass
-    def on_recovered(self, *, trials: list[int]) -> None: pass
-    def on_trial_start(self, *, number: int, values: dict[str, Any], config: Any) -> None: pass
-    def on_trial_done(self, *, number: int, objectives: dict[str, float], constraints: list[float], summary: Any,
-                      quality: Any, wall_s: float, startup_s: float) -> None: pass
-    def on_trial_failed(self, *, number: int, status: str, reason: str) -> None: pass
-    def on_trial_pruned(self, *, number: int, reason: str, wall_s: float) -> None: pass
-    def on_duplicate(self, *, number: int, original: int | None, reason: str | None = None) -> None: pass
-    def on_engine_starting(self, *, label: str) -> None: pass
-    def on_engine_ready(self, *, label: str, startup_s: float) -> None: pass
-    def on_client_overloaded(self, *, label: str, procs: int, lag_p99_s: float) -> None: pass
-    def on_capacity_window(self, *, text: str) -> None: pass
-    def on_capacity_step(self, *, label: str, step: Any) -> None: pass
-    def on_capacity_done(self, *, label: str, capacity: Any) -> None: pass
-    def on_quality(self, *, label: str) -> None: pass
-    def on_quality_reused(self, *, label: str, trial: int) -> None: pass
-    def on_probe_noisy(self, *, label: str, kld: Any, beyond: Any) -> None: pass
-    def replay_progress(self, done: int, total: int, in_flight: int) -> None: pass
+class NullReporter(Reporter):
+    """A `Reporter` that ignores every event (the protocol's methods do nothing); a reporter that
+    shows only some events can start from it."""
