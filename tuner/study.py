@@ -10,7 +10,7 @@ Everything measured goes to the study's SQL database.
 Reliability: the study lives in an Optuna `RDBStorage` with a heartbeat, so a trial whose worker
 was killed (SIGKILL included) is failed and retried with the same parameters
 (`RetryHeartbeatStaleTrialCallback`). Several workers may share one study: the reference and
-every configuration are claimed through a database row (`ResultStore.claim`), so nothing is
+every configuration are claimed through a database row (`tuner.coordination.Claims`), so nothing is
 measured twice; a worker that draws a configuration already measured reuses that result.
 
 Parts: `tuner/settings.py` (StudySettings), `tuner/runner.py` (the `TrialRunner` seam and its

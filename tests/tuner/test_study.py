@@ -289,3 +289,17 @@ def test_hypervolume_is_exact_on_known_fronts():
     assert hypervolume([[0.0, 0.5], [0.5, 0.0]], [1.0, 1.0]) == pytest.approx(0.75)
     assert hypervolume([[0.5, 0.5, 0.5]], [1.0, 1.0, 1.0]) == pytest.approx(0.125)
     assert hypervolume([[2.0, 0.0]], [1.0, 1.0]) == 0.0  # outside the reference point: nothing
+
+
+def test_one_secret_policy_for_what_is_stored_and_what_is_exported():
+    """The tuner scrubs exactly the argument values an export leaves out: a flag named like a credential
+    (by words: --tokenizer is not one) and a token-shaped argument."""
+    from tracetune.tuner.secrets import is_secret, secret_values, strip_secret_args
+
+    args = ["--tokenizer", "/models/tok", "--api-key", "sk-arg-secret1", "hf_abcdefgh123", "--max-num-batched-tokens",
+            "204800"]
+    dropped: list[str] = []
+    assert strip_secret_args(args, dropped) == ["--tokenizer", "/models/tok", "--max-num-batched-tokens", "204800"]
+    assert dropped == ["--api-key", "(a token-shaped argument)"]
+    assert set(secret_values(args=args)) == {"sk-arg-secret1", "hf_abcdefgh123"}
+    assert is_secret("HF_TOKEN") and is_secret("INNOCENT", "sk-live-0123456789") and not is_secret("MONKEY", "banana")
