@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from tests.dashboard.test_cli import start_dashboard, stop
+from tests.cli.test_dashboard import start_dashboard, stop
 
 CHROMIUM = "/usr/bin/chromium"
 HAVE_CHROMIUM = Path(CHROMIUM).exists()

@@ -14,7 +14,7 @@ from tracetune.dashboard.export import export
 from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for, select_trial
 from tracetune.errors import InputError
 from tests.dashboard.synthetic import CAPACITY_SLO, CAPACITY_STUDIES, REFERENCE_CAPACITY
-from tests.dashboard.test_cli import tune
+from tests.cli.test_dashboard import tune
 
 
 @pytest.fixture(scope="module")
