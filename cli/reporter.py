@@ -123,7 +123,8 @@ class ConsoleReporter(NullReporter):
         self._end_task()
 
     def on_duplicate(self, number: int, original: int, **_: Any) -> None:
-        self.console.print(f"  trial {number}: same configuration as trial {original}: result reused, no engine started")
+        self.console.print(f"  trial {number}: same configuration as trial {original}: result reused, "
+                           f"no engine started")
 
     def _end_task(self) -> None:
         if self.task is not None:

@@ -11,8 +11,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError

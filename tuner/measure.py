@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tracetune.engine_adapter.base import Engine
 from tracetune.engine_adapter.platform import Platform
@@ -18,8 +19,15 @@ from tracetune.replay.metrics import Summary, summarize
 from tracetune.replay.runner import prepare, replay
 from tracetune.replay.trace import Trace
 from tracetune.replay.types import ReplayResult
-from tracetune.tuner.quality import (QualityResult, Reference, lossless_by_construction, measure_candidate,
-                                     measure_reference, probe_prompts, quality_key)
+from tracetune.tuner.quality import (
+    QualityResult,
+    Reference,
+    lossless_by_construction,
+    measure_candidate,
+    measure_reference,
+    probe_prompts,
+    quality_key,
+)
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
 from tracetune.tuner.settings import StudySettings

@@ -168,3 +168,25 @@ def make_sampler(name: str, seed: int | None, n_constraints: int = 1, *, n_start
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise InputError(f"--sampler must be one of {SAMPLERS}, got {name!r}")
+
+
+def penalty_values(study: Any, objectives: list[str], reference_values: list[float] | None) -> list[float]:
+    """Objective values reported for a trial that produced no measurement: the worst value
+    measured so far in the study (the reference's included) for each minimised objective, 0 for
+    maximised ones (an engine that does not serve delivers no throughput)."""
+    import optuna
+
+    from tracetune.tuner.storage import Status
+
+    measured = [t.values for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("status") == Status.MEASURED and t.values]
+    if reference_values:
+        measured.append(reference_values)
+    out = []
+    for i, name in enumerate(objectives):
+        if OBJECTIVES[name] == "maximize":
+            out.append(0.0)
+        else:
+            seen = [v[i] for v in measured if i < len(v) and math.isfinite(v[i])]
+            out.append(max(seen + [0.0]))
+    return out

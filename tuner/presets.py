@@ -18,7 +18,8 @@ Presets are ordinary trials: they count toward --trials and are measured like an
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # Share of a response's word 4-grams found in its prompt from which ngram speculation is tried first.
 COPY_RATE = 0.2

@@ -33,8 +33,9 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 import numpy as np
@@ -43,7 +44,6 @@ from tracetune.engine_adapter.base import Endpoint
 from tracetune.errors import EngineError
 from tracetune.replay.metrics import Estimate, bootstrap_ci
 from tracetune.replay.trace import Trace
-
 
 # Log-probabilities per position for the KL divergence: vLLM returns at most --max-logprobs (20 by
 # default) per position; 20 hold almost all of the mass of a small model's next-token distribution.
@@ -221,7 +221,8 @@ def _complete(client: httpx.Client, endpoint: Endpoint, body: dict[str, Any]) ->
     return response.json()["choices"][0]
 
 
-def _generate(client: httpx.Client, endpoint: Endpoint, prompt: str | list[int], max_tokens: int) -> tuple[list[int], list[int], str]:
+def _generate(client: httpx.Client, endpoint: Endpoint, prompt: str | list[int],
+              max_tokens: int) -> tuple[list[int], list[int], str]:
     choice = _complete(client, endpoint, {"prompt": prompt, "max_tokens": max_tokens, "return_token_ids": True})
     return choice.get("prompt_token_ids") or [], choice.get("token_ids") or [], choice.get("text", "")
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tracetune.errors import InputError
 from tracetune.replay.metrics import Estimate, bootstrap_ci
 from tracetune.tuner.quality import Reference
-
 
 # The gate's units: how each reads a stored quality dict, and which side of the limit passes.
 GATE_UNITS = {

@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.quality import QualityResult, Reference

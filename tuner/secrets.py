@@ -5,7 +5,8 @@ must never store (`secret_values`, scrubbed by a `Redactor`), the settings an ex
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 # Words of a setting's name that make it a credential: HF_TOKEN and --api-key are, --max-num-batched-tokens
 # and --tokenizer are not (a word, not a substring).

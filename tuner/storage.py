@@ -20,10 +20,24 @@ import importlib.util
 import json
 import random
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from sqlalchemy import (Boolean, Column, DateTime, Float, Integer, LargeBinary, MetaData, String, Table, Text,
-                        UniqueConstraint, create_engine, select)
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    select,
+)
 from sqlalchemy.exc import SQLAlchemyError
 
 from tracetune.tuner.secrets import Redactor
@@ -72,7 +86,8 @@ claims = Table(
     UniqueConstraint("study_name", "key", name="uq_tracetune_claim"),
 )
 
-class Status(str, enum.Enum):
+
+class Status(enum.StrEnum):
     """How a trial ended, as stored (a str: the database and Optuna's attributes hold the value)."""
 
     MEASURED = "measured"            # measured within the engine's means (it may still violate an SLO)
@@ -82,9 +97,6 @@ class Status(str, enum.Enum):
     REJECTED = "rejected"            # the platform cannot run it: known before any engine started
     DUPLICATE = "duplicate"          # the same configuration as an earlier trial: its result is reused
     PRUNED = "pruned"                # its capacity search stopped early: below a config at least as good otherwise
-
-    def __str__(self) -> str:
-        return self.value
 
 
 COUNTED = (Status.MEASURED, Status.PRUNED, Status.ENGINE_FAILED, Status.FAILED,  # count toward --trials
@@ -188,10 +200,12 @@ def records_of_level(columns: dict[str, Any]) -> list[Any]:
 
     ends = np.cumsum(columns["itl_count"])
     gaps = columns["itl_s"].astype(float)
-    return [RequestRecord(index=int(columns["index"][i]), id=None, scheduled_s=float(columns["scheduled_s"][i]),
-                          send_s=float(columns["scheduled_s"][i] + columns["lag_s"][i]), lag_s=float(columns["lag_s"][i]),
-                          success=bool(columns["success"][i]), error=str(columns["error"][i]), ttft_s=value("ttft_s", i),
-                          e2e_s=value("e2e_s", i) or 0.0, itl_s=gaps[ends[i] - columns["itl_count"][i]:ends[i]].tolist(),
+    scheduled, lag = columns["scheduled_s"], columns["lag_s"]
+    return [RequestRecord(index=int(columns["index"][i]), id=None, scheduled_s=float(scheduled[i]),
+                          send_s=float(scheduled[i] + lag[i]), lag_s=float(lag[i]),
+                          success=bool(columns["success"][i]), error=str(columns["error"][i]),
+                          ttft_s=value("ttft_s", i), e2e_s=value("e2e_s", i) or 0.0,
+                          itl_s=gaps[ends[i] - columns["itl_count"][i]:ends[i]].tolist(),
                           prompt_tokens=count("prompt_tokens", i), output_tokens=count("output_tokens", i),
                           requested_tokens=count("output_tokens", i) or 0, finish_reason=None)
             for i in range(len(columns["success"]))]
@@ -207,7 +221,7 @@ def normalize_url(url: str) -> str:
 
 def utc_now() -> dt.datetime:
     """Now, as the tables store time: naive UTC."""
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 def _dump(value: Any) -> str | None:

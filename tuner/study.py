@@ -26,21 +26,38 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tracetune.errors import EngineError, InputError, Rejected, TuneError
 from tracetune.engine_adapter.platform import Platform, installed_vllm_version
 from tracetune.engine_adapter.registry import EngineKind, engine_kind
+from tracetune.errors import EngineError, InputError, Rejected, TuneError
 from tracetune.replay.metrics import Summary
 from tracetune.replay.trace import Trace
 from tracetune.search_spaces.space import SearchSpace
-from tracetune.tuner.coordination import (Coordinator, check_same_choices, config_key, counted, make_storage, running,
-                                          skipped)
-from tracetune.tuner.measure import EngineRunner, client_overload_reason
-from tracetune.tuner.objectives import (FAILED_VIOLATION, OBJECTIVES, constraint_values, feasible, make_sampler,
-                                        objective_value, set_constraints, startup_trials)
+from tracetune.tuner.coordination import (
+    Coordinator,
+    check_same_choices,
+    config_key,
+    counted,
+    make_storage,
+    running,
+    skipped,
+)
 from tracetune.tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
+from tracetune.tuner.measure import EngineRunner, client_overload_reason
+from tracetune.tuner.objectives import (
+    FAILED_VIOLATION,
+    OBJECTIVES,
+    constraint_values,
+    feasible,
+    make_sampler,
+    objective_value,
+    penalty_values,
+    set_constraints,
+    startup_trials,
+)
 from tracetune.tuner.presets import presets
 from tracetune.tuner.quality import QualityResult, Reference, quality_key
 from tracetune.tuner.quality_gate import QualityGate
@@ -264,25 +281,6 @@ class Tuner:
         self.reporter.on_duplicate(number=trial.number, original=original)
         return objectives
 
-    def penalty_values(self, study: Any) -> list[float]:
-        """Objective values reported for a trial that produced no measurement: the worst value
-        measured so far in the study (reference included) for each minimised objective, 0 for
-        maximised ones (an engine that does not serve delivers no throughput)."""
-        import optuna
-
-        measured = [t.values for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                    if t.user_attrs.get("status") == Status.MEASURED and t.values]
-        if self.reference_values:
-            measured.append(self.reference_values)
-        out = []
-        for i, name in enumerate(self.s.objectives):
-            if OBJECTIVES[name] == "maximize":
-                out.append(0.0)
-            else:
-                seen = [v[i] for v in measured if i < len(v) and math.isfinite(v[i])]
-                out.append(max(seen + [0.0]))
-        return out
-
     def _infeasible(self, trial: Any, status: str, reason: str, *, values: dict, config: dict | None = None,
                     log_tail: str = "", t0: float, saved: bool = False) -> list[float]:
         """End a trial that produced no usable measurement (rejected config, engine failed to
@@ -313,7 +311,7 @@ class Tuner:
         else:
             self.reporter.on_duplicate(number=trial.number, original=trial.user_attrs.get("duplicate_of"),
                                        reason=reason)
-        return self.penalty_values(trial.study)
+        return penalty_values(trial.study, self.s.objectives, self.reference_values)
 
     # -- the study ---------------------------------------------------------------------------
     def run(self):

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "examples" / "traffic.jsonl"

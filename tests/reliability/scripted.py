@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tracetune.errors import EngineError
 from tracetune.engine_adapter.platform import Platform
+from tracetune.errors import EngineError
 from tracetune.replay.metrics import Estimate, Summary
-from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import load_trace
+from tracetune.replay.types import ReplayOptions
 from tracetune.search_spaces.space import load_space
 from tracetune.tuner.quality import ProbeItem, QualityResult, Reference
 from tracetune.tuner.runner import Measurement, QualityProbe, TrialRunner

@@ -5,7 +5,6 @@ database. The same claims on real vLLM are in this folder's integration tests.""
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import sqlite3
@@ -219,7 +218,8 @@ def test_claims(tmp_path):
     # A claim of a dead process on this host is taken over at once.
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    assert store.claim("s", "k2", owner=f"{socket.gethostname()}:{dead.pid}:x", trial_number=1, stale_after_s=60) is None
+    gone = f"{socket.gethostname()}:{dead.pid}:x"
+    assert store.claim("s", "k2", owner=gone, trial_number=1, stale_after_s=60) is None
     assert store.claim("s", "k2", owner=me, trial_number=2, stale_after_s=60) is None
     store.release("s", "k2", me)
     assert store.claim("s", "k2", owner=other, trial_number=6, stale_after_s=60) is None

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.reliability.scripted import (REFERENCE, SEQS, TRACE, Events, fake_quality, fake_summary, make_tuner)
+from tests.reliability.scripted import REFERENCE, SEQS, TRACE, Events, fake_quality, fake_summary, make_tuner
 from tests.reliability.test_study_logic import good_unless_one
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.registry import engine_kind

@@ -8,10 +8,10 @@ import pytest
 
 from tracetune.errors import InputError
 from tracetune.replay.metrics import Estimate, Summary, parse_slos
-from tracetune.tuner.quality import QualityResult, Reference, ProbeItem, _agreement
 from tracetune.tuner.front import REFERENCE, Candidate, decide, dominates, economics
-from tracetune.tuner.storage import ResultStore
 from tracetune.tuner.objectives import constraint_values, objective_value, parse_objectives, reference_feasible
+from tracetune.tuner.quality import ProbeItem, QualityResult, Reference, _agreement
+from tracetune.tuner.storage import ResultStore
 from tracetune.tuner.study import config_diff
 
 
@@ -38,7 +38,8 @@ def test_default_objectives_follow_slo_presence():
     assert parse_objectives("e2e_p50, output_tps", has_slo=False) == ["e2e_p50", "output_tps"]
 
 
-@pytest.mark.parametrize(("spec", "msg"), [("speed", "unknown"), ("goodput", "needs --slo"), ("capacity", "needs --slo"),
+@pytest.mark.parametrize(("spec", "msg"), [("speed", "unknown"), ("goodput", "needs --slo"),
+                                         ("capacity", "needs --slo"),
                                              ("ttft_p99,ttft_p99", "once")])
 def test_bad_objectives(spec, msg):
     with pytest.raises(InputError, match=msg):
@@ -72,7 +73,8 @@ def test_config_diff_flattens_speculation():
     assert config_diff(ref, ref) == {}
     # "auto" is vLLM's default: no difference from an unset reference, still shown against another value
     assert config_diff({**ref, "kv_cache_dtype": "auto"}, ref) == {}
-    assert config_diff({**ref, "kv_cache_dtype": "auto"}, {**ref, "kv_cache_dtype": "fp8"}) == {"kv_cache_dtype": "auto"}
+    fp8 = {**ref, "kv_cache_dtype": "fp8"}
+    assert config_diff({**ref, "kv_cache_dtype": "auto"}, fp8) == {"kv_cache_dtype": "auto"}
 
 
 DIRS = ["minimize", "maximize", "minimize"]  # ttft_p99, capacity, quality_loss
@@ -265,9 +267,11 @@ def test_stored_levels_are_judged_again_under_another_slo(tmp_path):
     assert [r.index for r in back] == list(range(10)) and back[3].itl_s == pytest.approx([0.016] * 4, abs=1e-4)
     assert back[2].tpot_s == pytest.approx(records[2].tpot_s, rel=1e-5) and not back[9].success
     chat, tight = parse_slos("ttft:p95<1s,tpot:p95<50ms"), parse_slos("ttft:p95<250ms,tpot:p95<20ms")
-    assert level_verdict(back, 10, chat, 0.9) == level_verdict(records, 10, chat, 0.9) == (9, False)  # p95 hits the error
+    # p95 hits the error
+    assert level_verdict(back, 10, chat, 0.9) == level_verdict(records, 10, chat, 0.9) == (9, False)
     assert level_verdict(back, 10, tight, 0.2) == (3, False)  # 3 requests under 250 ms and 20 ms
-    assert level_verdict(back[:4], 10, chat, 0.3) == (4, False)  # stopped early: 4 of 10 good, the missing 6 missed (p95 too)
+    # stopped early: 4 of 10 good, the missing 6 missed (p95 too)
+    assert level_verdict(back[:4], 10, chat, 0.3) == (4, False)
 
 
 def test_failures_group_by_cause_when_only_their_numbers_differ():

@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
+from tests.conftest import ROOT, run_tune
 from tracetune.cli.workers import last_line, parse_gpus, run_workers, worker_argv
 from tracetune.errors import InputError
-from tests.conftest import ROOT, run_tune
 
 
 def test_gpu_lists():
@@ -73,10 +73,10 @@ def test_gpus_on_a_machine_without_nvidia_gpus_is_a_clear_error(tmp_path):
 def test_tensor_parallel_is_a_knob_counted_per_gpu_and_checked_against_the_workers_gpus(monkeypatch):
     from pathlib import Path
 
-    from tracetune.errors import Rejected
     from tracetune.engine_adapter.platform import Platform
     from tracetune.engine_adapter.vllm.server import build_command
     from tracetune.engine_adapter.vllm.translate import to_engine_config
+    from tracetune.errors import Rejected
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     config = to_engine_config({"tensor_parallel_size": 2}, fixed={}, platform=Platform.CUDA, model_dir=Path("m"))
