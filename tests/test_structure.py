@@ -1,0 +1,204 @@
+"""The code's shape, checked on every run (no model, no engine): no import circles between tracetune's
+modules, no module over 500 lines and no function over 80, no `sys.path` manipulation, and no import
+of the old top-level names (`replay`, `cli`, ...) that pyproject now maps under `tracetune`.
+
+The import graph counts every absolute `import` / `from ... import`, at module level or inside a
+function: a circle closed by a lazy import is still a circle (the two modules cannot be understood,
+tested or moved apart).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import tomllib
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+SIZED_FOLDERS = ("scripts", "benchmarks", "tests")  # besides tracetune's own folders
+SKIPPED_DIRS = {"__pycache__", "build", "dist", "node_modules"}
+
+
+@functools.cache
+def package_dirs() -> dict[str, str]:
+    """Folder -> package, as pyproject's [tool.setuptools.package-dir] maps them."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return {folder: package for package, folder in pyproject["tool"]["setuptools"]["package-dir"].items()}
+
+
+def python_files(folder: Path) -> Iterator[Path]:
+    """The .py files under `folder`, without hidden (.venv, .git), cache or build folders."""
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not (d.startswith(".") or d in SKIPPED_DIRS or d.endswith(".egg-info")))
+        yield from (Path(here) / f for f in sorted(files) if f.endswith(".py"))
+
+
+@functools.cache
+def syntax(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+@functools.cache
+def modules() -> dict[str, Path]:
+    """Every tracetune module by its dotted name (a package by its own name, from its __init__.py)."""
+    out = {}
+    for folder, package in package_dirs().items():
+        for path in python_files(ROOT / folder):
+            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def imported_names(tree: ast.Module) -> Iterator[str]:
+    """Every absolutely imported name, anywhere in the module: `a.b` for `import a.b`, and `a.b.c`
+    and `a.b` for `from a.b import c` (c may be a submodule or a name in a.b)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the tracetune modules it imports."""
+    known = modules()
+    return {name: {target for target in imported_names(syntax(path)) if target in known and target != name}
+            for name, path in known.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            successor = next(successors, None)
+            if successor is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif successor not in index:
+                index[successor] = low[successor] = len(index)
+                stack.append(successor)
+                on_stack.add(successor)
+                work.append((successor, iter(sorted(graph[successor]))))
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+    return found
+
+
+def sized_files() -> Iterator[Path]:
+    for folder in [*package_dirs(), *SIZED_FOLDERS]:
+        yield from python_files(ROOT / folder)
+
+
+def repository_files() -> Iterator[Path]:
+    yield from python_files(ROOT)
+
+
+def relative(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_cycle_search_finds_a_circle_and_its_members():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_checks_see_what_they_look_for():
+    tree = ast.parse("import sys\nsys.path.insert(0, 'x')\nsys.path[0:0] = ['y']\nimport replay.trace\n"
+                     "def f():\n    from cli.main import main\nfrom tracetune.cli import main\n")
+    assert list(sys_path_changes(tree)) == [2, 3]
+    assert [name for _, name in old_imports(tree, {"replay", "cli"})] == ["replay.trace", "cli.main"]
+
+
+def test_the_package_map_covers_every_subpackage():
+    assert "tracetune.replay.runner" in modules() and "tracetune.cli.main" in modules()
+    assert "tracetune.engine_adapter.vllm" in modules()  # a nested package, by its folder
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import circles (each line: modules that import one another, directly or through the " \
+                      "others):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_module_over_500_lines():
+    over = [f"{relative(p)}: {n} lines" for p in sized_files()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
+    assert not over, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(over)
+
+
+def test_no_function_over_80_lines():
+    over = [f"{relative(p)}:{node.lineno}: {node.name}() {node.end_lineno - node.lineno + 1} lines"
+            for p in sized_files() for node in ast.walk(syntax(p))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines (def to end):\n" + "\n".join(over)
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def sys_path_changes(tree: ast.Module) -> Iterator[int]:
+    """Lines that change sys.path: sys.path.insert/append/extend(...), sys.path[...], sys.path = / +=."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_sys_path(node.value) and node.attr in ("insert", "append", "extend"):
+            yield node.lineno
+        elif isinstance(node, ast.Subscript) and _is_sys_path(node.value):
+            yield node.lineno
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_is_sys_path(t) for t in targets):
+                yield node.lineno
+
+
+def test_no_sys_path_manipulation():
+    found = [f"{relative(p)}:{line}" for p in repository_files() for line in sys_path_changes(syntax(p))]
+    assert not found, "sys.path changed (import through the installed `tracetune` package instead):\n" + \
+        "\n".join(found)
+
+
+def old_imports(tree: ast.Module, old: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, name) of every absolute import whose first part is one of the old top-level names."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if a.name.split(".")[0] in old)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in old:
+            yield node.lineno, node.module
+
+
+def test_no_import_of_the_old_top_level_names():
+    old = {folder for folder, package in package_dirs().items() if folder != package}
+    found = [f"{relative(p)}:{line}: {name} (now tracetune.{name})" for p in repository_files()
+             for line, name in old_imports(syntax(p), old)]
+    assert not found, "imports of the old top-level names:\n" + "\n".join(found)
