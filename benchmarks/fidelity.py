@@ -50,8 +50,8 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str, prompts: list[str]
 def run_tracetune(base_url: str, model: str, prompts: list[str], rate: float, tokens: int) -> dict:
     from tracetune.replay.metrics import summarize
     from tracetune.replay.runner import prepare, replay
-    from tracetune.replay.types import ReplayOptions
     from tracetune.replay.trace import Trace, TraceRecord
+    from tracetune.replay.types import ReplayOptions
 
     trace = Trace(source="fidelity", records=[TraceRecord(timestamp=i / rate, prompt=p, output_length=tokens)
                                               for i, p in enumerate(prompts)])

@@ -103,7 +103,7 @@ def load_table(path: Path, objectives_out: list) -> tuple[dict[str, Point], Poin
 class Replay:
     """One strategy, one seed: proposals through the real sampler, results from the table."""
 
-    def __init__(self, bench: "Bench", strategy: str, seed: int) -> None:
+    def __init__(self, bench: Bench, strategy: str, seed: int) -> None:
         import optuna
 
         from tracetune.tuner.objectives import make_sampler, startup_trials
@@ -183,11 +183,11 @@ class Replay:
 
 class Bench:
     def __init__(self, table: Path, space_path: Path, default_sampler: str, target: float) -> None:
+        from tracetune.replay.trace import load_trace
         from tracetune.search_spaces.space import load_space
         from tracetune.tuner.front import REFERENCE, Candidate
         from tracetune.tuner.objectives import OBJECTIVES
         from tracetune.tuner.presets import presets
-        from tracetune.replay.trace import load_trace
 
         objectives: list[str] = []
         self.points, self.reference, self.table = load_table(table, objectives)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 CAPACITY_EPILOG = """\
 examples:
@@ -85,9 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def capacity_command(args: argparse.Namespace, console) -> int:
+    from tracetune.cli.replay import prepare_run, prepared_requests
     from tracetune.errors import InputError
     from tracetune.replay.levels import LevelRunner, settle
-    from tracetune.cli.replay import prepare_run, prepared_requests
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.types import ReplayOptions
 

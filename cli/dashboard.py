@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tracetune.dashboard import APP, ENV_STORAGE, ENV_STUDY
+
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")  # = dashboard.export.FORMATS (not imported: fast --help)
 
 DASHBOARD_EPILOG = """\
@@ -160,9 +161,9 @@ def dashboard_command(args: argparse.Namespace, console) -> int:
 
 def export_command(args: argparse.Namespace, console) -> int:
     from tracetune.dashboard.data import load_study
-    from tracetune.dashboard.storage import storage_url
-    from tracetune.dashboard.export import ExportOptions, FILE_NAMES, export
+    from tracetune.dashboard.export import FILE_NAMES, ExportOptions, export
     from tracetune.dashboard.pick import select_trial
+    from tracetune.dashboard.storage import storage_url
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,

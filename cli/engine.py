@@ -70,9 +70,9 @@ def _ms(seconds: float | None) -> str:
 
 
 def engine_check(args: argparse.Namespace) -> int:
-    from tracetune.errors import EngineError
     from tracetune.engine_adapter.openai_client import new_session
     from tracetune.engine_adapter.registry import make_engine
+    from tracetune.errors import EngineError
 
     config = _config_from(args)
     prompt = args.prompt or _default_check_prompt()

@@ -29,9 +29,8 @@ examples:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from tracetune.cli.engine_options import add_engine_options
-
     from tracetune.cli import tune
+    from tracetune.cli.engine_options import add_engine_options
 
     parser = argparse.ArgumentParser(
         prog="tune",

@@ -8,8 +8,9 @@ import datetime as dt
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPLAY_EPILOG = """\
 examples:
@@ -146,8 +147,8 @@ def _context_length(model_dir: Path) -> int:
 
 
 def convert_command(args: argparse.Namespace, console) -> int:
-    from tracetune.errors import InputError
     from tracetune.engine_adapter.models import resolve_model
+    from tracetune.errors import InputError
     from tracetune.replay.importers import convert, read_requests
     from tracetune.replay.trace import write_trace
 

@@ -125,9 +125,8 @@ def run(args: argparse.Namespace, console) -> int:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    from tracetune.errors import InputError
-
     from tracetune.engine_adapter.registry import engine_kind
+    from tracetune.errors import InputError
 
     if not engine_kind(args.engine_type).tunable:
         raise InputError(f"--engine {args.engine_type} is an endpoint tracetune cannot reconfigure, so there is "
@@ -185,14 +184,14 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
 
     from tracetune.cli.engine_options import engine_config_from_args
     from tracetune.engine_adapter.models import resolve_model
-    from tracetune.engine_adapter.registry import engine_kind
     from tracetune.engine_adapter.platform import detect_platform
+    from tracetune.engine_adapter.registry import engine_kind
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.trace import load_trace
     from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
+    from tracetune.tuner.objectives import parse_objectives
     from tracetune.tuner.quality_gate import parse_gate
     from tracetune.tuner.secrets import display_url, secret_values
-    from tracetune.tuner.objectives import parse_objectives
 
     slos = parse_slos(args.slo)
     gate = parse_gate(args.max_quality_loss)

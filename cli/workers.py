@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from tracetune.errors import InputError
 
@@ -137,8 +137,8 @@ def run_study_on_gpus(args, request, console) -> int:
     if code:
         console.print(f"[red]a worker failed (exit code {code})[/]: see {', '.join(map(str, logs))}")
         return code
-    from tracetune.cli.results import report_results
     from tracetune.cli.job import make_tuner
+    from tracetune.cli.results import report_results
 
     tuner, _ = make_tuner(request, console)
     import optuna

@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 # The bracket and its caveats are written one way, by the module that defines them.
-from tracetune.replay.capacity import bracket_rps, bracket_text  # noqa: F401  (bracket_rps: for the charts)
-from tracetune.replay.capacity import caveats as flags, number
+from tracetune.replay.capacity import bracket_rps, bracket_text, number  # noqa: F401  (bracket_rps: for the charts)
+from tracetune.replay.capacity import caveats as flags
 
 
 def capacity_of(summary: dict[str, Any] | None) -> dict[str, Any] | None:

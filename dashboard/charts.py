@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tracetune.dashboard import capacity
 from tracetune.dashboard.data import StudyView, TrialView, diff_text, floor_band, front_line, thresholds

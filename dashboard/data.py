@@ -11,13 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from tracetune.dashboard import capacity
 from tracetune.dashboard.metrics import METRICS, metric_interval, metric_value
-from tracetune.dashboard.storage import read_results, silent_for, optuna_storage, resolve_study
+from tracetune.dashboard.storage import optuna_storage, read_results, resolve_study, silent_for
 from tracetune.errors import InputError
+
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
 from tracetune.tuner.front import REFERENCE, Candidate, decide, dominates, economics
 from tracetune.tuner.objectives import reference_feasible

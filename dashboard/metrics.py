@@ -11,7 +11,6 @@ from tracetune.dashboard import capacity
 from tracetune.errors import InputError
 from tracetune.tuner.objectives import OBJECTIVES, objective_estimate, objective_value
 
-
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
 # Every metric a trial can be plotted, filtered or picked by, and which way is better: the tuner's

@@ -4,8 +4,9 @@ opened (one clear line when it cannot), the study's names, tracetune's rows, Opt
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tracetune.errors import InputError
 from tracetune.tuner.secrets import display_url

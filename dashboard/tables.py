@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tracetune.dashboard import capacity
 from tracetune.dashboard.data import CATEGORIES, StudyView, TrialView, diff_text, has_capacity
 from tracetune.dashboard.metrics import LATENCY_METRICS, METRICS, display_interval, display_value
 from tracetune.errors import InputError
 from tracetune.tuner.front import economics
-
 
 # -- conditions (table filters and --pick) ------------------------------------------------------
 _COND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|==|!=|<|>)\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(ms|s|us)?\s*$")

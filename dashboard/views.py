@@ -9,8 +9,18 @@ import time
 
 import streamlit as st
 
-from tracetune.dashboard import capacity, charts, data, metrics, progress, records, storage, tables
-from tracetune.dashboard import ENV_STORAGE, ENV_STUDY
+from tracetune.dashboard import (
+    ENV_STORAGE,
+    ENV_STUDY,
+    capacity,
+    charts,
+    data,
+    metrics,
+    progress,
+    records,
+    storage,
+    tables,
+)
 from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
 from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
 from tracetune.errors import TuneError

@@ -12,10 +12,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from tracetune.errors import EngineError
-from tracetune.engine_adapter.metrics import EngineMetrics, parse_metrics
 from tracetune.engine_adapter.http_stream import Session
+from tracetune.engine_adapter.metrics import EngineMetrics, parse_metrics
 from tracetune.engine_adapter.openai_client import StreamedCompletion, stream_completion
+from tracetune.errors import EngineError
 
 
 @dataclasses.dataclass(frozen=True)

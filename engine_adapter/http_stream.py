@@ -23,7 +23,7 @@ import resource
 import ssl as ssl_module
 import urllib.parse
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 # Errors of this machine, not of the server: out of file descriptors, ports or buffers.
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})

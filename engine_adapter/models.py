@@ -20,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tracetune.errors import ModelDirError, ModelError
 

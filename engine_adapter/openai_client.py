@@ -18,7 +18,8 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tracetune.engine_adapter.http_stream import ClientSideError, ProtocolError, ServerClosed, Session
 

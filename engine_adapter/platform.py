@@ -17,7 +17,6 @@ import subprocess
 
 from tracetune.errors import TuneError
 
-
 # The vLLM release tracetune runs on NVIDIA GPUs (what scripts/gpu/device_setup.sh installs): a study
 # measured on another platform is exported for it.
 GPU_VLLM_VERSION = "0.24.0"

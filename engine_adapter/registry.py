@@ -7,8 +7,9 @@ this package and must start instantly, and `tune --help` must stay fast."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tracetune.engine_adapter.base import Engine
 from tracetune.engine_adapter.kind import EngineKind

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from tracetune.replay.capacity import CapacityOptions, CapacityResult, Step
 

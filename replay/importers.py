@@ -20,8 +20,9 @@ import io
 import json
 import math
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from tracetune.errors import InputError
 from tracetune.replay.synth import PromptSynthesizer, implied_reuse_ratio, prefix_reuse_ratio
@@ -243,7 +244,7 @@ def read_azure(path: Path) -> Iterator[RawRequest]:
         try:
             # 7 fractional digits ("18:15:46.6805900"): keep microseconds, drop the 7th digit.
             head, _, frac = stamp.partition(".")
-            when = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
+            when = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
             if frac and not frac.isdigit():
                 raise ValueError(frac)
             seconds = when.timestamp() + (float("0." + frac) if frac else 0.0)

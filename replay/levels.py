@@ -7,14 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from tracetune.errors import InputError
 from tracetune.replay import sustain
-from tracetune.replay.capacity import (CapacityOptions, CapacityResult, MissCounter, Step, allowed_misses, at_scale,
-                                       judge, offered_rates)
+from tracetune.replay.capacity import (
+    CapacityOptions,
+    CapacityResult,
+    MissCounter,
+    Step,
+    allowed_misses,
+    at_scale,
+    judge,
+    offered_rates,
+)
 from tracetune.replay.capacity_search import search_capacity
 from tracetune.replay.runner import replay
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

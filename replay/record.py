@@ -36,11 +36,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tracetune.errors import InputError
-from tracetune.replay.recorded import RECORDED_PATHS, ResponseSummary, build_record, decoded, percentile, summarize_response
+from tracetune.replay.recorded import (
+    RECORDED_PATHS,
+    ResponseSummary,
+    build_record,
+    decoded,
+    percentile,
+    summarize_response,
+)
 
 if TYPE_CHECKING:
     import asyncio

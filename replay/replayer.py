@@ -8,10 +8,11 @@ import asyncio
 import contextlib
 import gc
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from tracetune.errors import InputError
 from tracetune.engine_adapter.openai_client import StreamedCompletion, encoded_request, new_session, stream_completion
+from tracetune.errors import InputError
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, RequestRecord, StopWhen
 
 Clock = Callable[[], float]

@@ -10,12 +10,13 @@ sent before the clock starts) is never measured.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from tracetune.errors import InputError
-from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.engine_adapter.http_stream import connection_budget
+from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.engine_adapter.openai_client import new_session
+from tracetune.errors import InputError
 from tracetune.replay.replayer import Replayer, loop_runner, quiet_gc, split_warmup
 from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen

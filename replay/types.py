@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
-from tracetune.errors import InputError
 from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.errors import InputError
 
 
 @dataclasses.dataclass

@@ -22,7 +22,8 @@ import multiprocessing.connection
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

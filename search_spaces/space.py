@@ -21,10 +21,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from tracetune.errors import InputError, opened_input
 
@@ -48,7 +56,7 @@ def _number(value: Any) -> Any:
     return value
 
 
-Scalar = Annotated[Union[bool, int, float, str], BeforeValidator(_scalar)]
+Scalar = Annotated[bool | int | float | str, BeforeValidator(_scalar)]
 Number = Annotated[float, BeforeValidator(_number)]
 
 def default_engine() -> EngineKind:

@@ -13,8 +13,8 @@ import ast
 import functools
 import os
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_MODULE_LINES = 500

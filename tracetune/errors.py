@@ -7,8 +7,9 @@ message and `exit_code`, never a traceback.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 
 class TuneError(Exception):

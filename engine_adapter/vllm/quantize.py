@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from tracetune.errors import ModelError
 from tracetune.engine_adapter.models import build_model_dir, check_model_dir, tracetune_home
+from tracetune.errors import ModelError
 
 SCHEMES = ("W8A8", "W4A16")
 MARKER = "tracetune-quantized.json"

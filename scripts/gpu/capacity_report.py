@@ -15,15 +15,15 @@ import collections
 import json
 import lzma
 import math
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
+
 from tracetune.replay.capacity import bracket_rps, level_verdict  # noqa: E402
 from tracetune.replay.importers import arrival_grid  # noqa: E402
 from tracetune.replay.metrics import parse_slos  # noqa: E402
-from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
 from tracetune.tuner.storage import REFERENCE_RUN, records_of_level  # noqa: E402
 from tracetune.tuner.study import config_diff  # noqa: E402
 
@@ -121,7 +121,6 @@ def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 6.2), gridspec_kw={"width_ratios": [2, 1]})

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import lzma
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 

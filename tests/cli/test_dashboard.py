@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from tracetune.cli.dashboard import is_loopback, streamlit_argv
 from tests.conftest import run_tune
+from tracetune.cli.dashboard import is_loopback, streamlit_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import yaml
 
+from tests.dashboard.conftest import ROOT
 from tracetune.dashboard import ENV_STORAGE, ENV_STUDY
 from tracetune.dashboard.views import PAGES
-from tests.dashboard.conftest import ROOT
 
 APP = str(ROOT / "dashboard" / "app.py")
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.dashboard.synthetic import SLO
 from tracetune.dashboard import charts, data, metrics, records, storage, tables
 from tracetune.errors import InputError
-from tests.dashboard.synthetic import SLO
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,6 @@ def test_unknown_study_names_the_ones_there(synthetic_url):
 
 def test_loading_never_writes_measurements(synthetic_url, tmp_path):
     import shutil
-
     import sqlite3
 
     copy = tmp_path / "copy.db"
@@ -300,7 +299,7 @@ def test_a_running_trial_whose_worker_went_silent_is_shown_interrupted(tmp_path)
         with engine.begin() as conn:
             trial_id = conn.execute(sqlalchemy.text("SELECT trial_id FROM trials WHERE number = 6")).scalar()
             conn.execute(sqlalchemy.text("DELETE FROM trial_heartbeats"))
-            when = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=seconds_ago)
+            when = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(seconds=seconds_ago)
             conn.execute(sqlalchemy.text("INSERT INTO trial_heartbeats (trial_id, heartbeat) VALUES (:t, :h)"),
                          {"t": trial_id, "h": when.isoformat(sep=" ")})
         return data.load_study(url, "synth")

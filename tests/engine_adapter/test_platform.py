@@ -1,7 +1,7 @@
 import pytest
 
-from tracetune.errors import TuneError
 from tracetune.engine_adapter.platform import Platform, detect_from, detect_platform
+from tracetune.errors import TuneError
 
 
 def test_cpu_build_means_cpu_even_with_a_gpu_visible():

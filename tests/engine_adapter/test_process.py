@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tracetune.errors import EngineStartError, EngineTimeoutError
 from tracetune.engine_adapter.process import ServerProcess, free_port, group_alive
+from tracetune.errors import EngineStartError, EngineTimeoutError
 
 FAKE = str(Path(__file__).parent / "fake_server.py")
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tracetune.errors import InputError
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.vllm.server import (
     CPU_DEFAULT_KV_CACHE_GIB,
@@ -17,6 +16,7 @@ from tracetune.engine_adapter.vllm.server import (
     build_command,
     check_log,
 )
+from tracetune.errors import InputError
 
 MODEL = Path("/models/my model")
 

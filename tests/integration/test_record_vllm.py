@@ -13,8 +13,8 @@ from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
 from tracetune.replay.record import RecordingProxy
 from tracetune.replay.recorded import percentile
 from tracetune.replay.runner import prepare, replay
-from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import load_trace
+from tracetune.replay.types import ReplayOptions
 
 pytestmark = pytest.mark.integration
 

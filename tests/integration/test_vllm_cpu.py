@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tracetune.errors import EngineStartError
 from tracetune.engine_adapter.openai_client import new_session
 from tracetune.engine_adapter.openai_endpoint import OpenAIEndpointConfig
 from tracetune.engine_adapter.process import group_alive
 from tracetune.engine_adapter.registry import make_engine
 from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
+from tracetune.errors import EngineStartError
 
 pytestmark = pytest.mark.integration
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from tests.reliability.fuzz import Case
 
-
 NUMERIC_KNOBS = ["max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens", "prompt_lookup_max",
                  "max_model_len"]
 CATEGORICAL = {"weight_bits": [16, 8, 4], "kv_cache_dtype": ["auto", "fp8"], "enable_prefix_caching": [True, False],

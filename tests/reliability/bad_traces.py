@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from tests.reliability.fuzz import Case
 from tracetune.replay.trace import MAX_TOKENS
 
-
 # --- native trace lines ---------------------------------------------------------------------
 
 texts = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)

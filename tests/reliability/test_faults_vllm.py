@@ -18,10 +18,10 @@ import httpx
 import optuna
 import pytest
 
-from tracetune.engine_adapter.metrics import parse_metrics
 from tests.reliability.engines import FAST, TRACE, engine_port, engines, gone_within, new_tag, run_tune, tagged
-from tracetune.tuner.storage import ResultStore
+from tracetune.engine_adapter.metrics import parse_metrics
 from tracetune.tuner.coordination import make_storage
+from tracetune.tuner.storage import ResultStore
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,20 @@ import signal
 import optuna
 import pytest
 
-from tests.reliability.engines import (FAST, TRACE, Tune, describe, engines_of, gone_within, kill_tagged, new_tag,
-                                      run_tune, wait_for)
-from tracetune.tuner.storage import ResultStore
+from tests.reliability.engines import (
+    FAST,
+    TRACE,
+    Tune,
+    describe,
+    engines_of,
+    gone_within,
+    kill_tagged,
+    new_tag,
+    run_tune,
+    wait_for,
+)
 from tracetune.tuner.coordination import counted, make_storage
+from tracetune.tuner.storage import ResultStore
 
 pytestmark = pytest.mark.integration
 

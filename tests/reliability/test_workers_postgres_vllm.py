@@ -10,11 +10,11 @@ import json
 import optuna
 import pytest
 
-from tracetune.engine_adapter.process import free_port
 from tests.reliability.engines import FAST, TRACE, Tune, gone_within, new_tag
 from tests.reliability.pg import postgres_url  # noqa: F401 - fixture
-from tracetune.tuner.storage import ResultStore
+from tracetune.engine_adapter.process import free_port
 from tracetune.tuner.coordination import config_key, counted, make_storage
+from tracetune.tuner.storage import ResultStore
 
 pytestmark = pytest.mark.integration
 

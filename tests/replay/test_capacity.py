@@ -13,7 +13,15 @@ import pytest
 from aiohttp import web
 
 from tracetune.errors import InputError
-from tracetune.replay.capacity import CapacityOptions, Step, allowed_misses, at_scale, certain_misses, offered_rates, percentile_targets_met
+from tracetune.replay.capacity import (
+    CapacityOptions,
+    Step,
+    allowed_misses,
+    at_scale,
+    certain_misses,
+    offered_rates,
+    percentile_targets_met,
+)
 from tracetune.replay.capacity_search import search_capacity
 from tracetune.replay.levels import LevelRunner
 from tracetune.replay.metrics import parse_slos

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for_http
+from tests.replay.sse_server import SSEServer
 from tracetune.engine_adapter.process import free_port
 from tracetune.replay.metrics import summarize
 from tracetune.replay.replayer import Replayer
 from tracetune.replay.runner import prepare, replay
-from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import Trace, TraceRecord
+from tracetune.replay.types import ReplayOptions
 from tracetune.replay.workers import ClientPool, auto_client_procs, peak_rate
-from tests.conftest import wait_for_http
-from tests.replay.sse_server import SSEServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

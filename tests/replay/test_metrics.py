@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tracetune.errors import InputError
 from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.errors import InputError
 from tracetune.replay.metrics import SLO, bootstrap_ci, parse_slos, summarize
 from tracetune.replay.types import ReplayOptions, ReplayResult, RequestRecord
 

@@ -12,12 +12,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tracetune.errors import InputError
+from tests.replay.sse_server import SSEServer
 from tracetune.engine_adapter.http_stream import Session
 from tracetune.engine_adapter.openai_client import new_session, stream_completion
+from tracetune.errors import InputError
 from tracetune.replay.record import RecordingProxy
 from tracetune.replay.trace import load_trace
-from tests.replay.sse_server import SSEServer
 
 SECRET = "sk-test-secret-0123456789"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
+from tests.replay.sse_server import SSEServer
 from tracetune.errors import InputError
 from tracetune.replay.replayer import Replayer
 from tracetune.replay.runner import prepare
-from tracetune.replay.types import ReplayOptions
 from tracetune.replay.trace import Trace, TraceRecord
-from tests.replay.sse_server import SSEServer
+from tracetune.replay.types import ReplayOptions
 
 
 def trace(*timestamps, **fields):

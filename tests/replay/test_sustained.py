@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for_http
 from tracetune.replay import sustain
 from tracetune.replay.capacity import CapacityOptions, judge
 from tracetune.replay.levels import LevelRunner
 from tracetune.replay.metrics import parse_slos
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord
-from tests.conftest import wait_for_http
 
 SLOS = tuple(parse_slos("ttft:p95<1s,tpot:p95<100ms"))
 ROOT = Path(__file__).resolve().parents[2]

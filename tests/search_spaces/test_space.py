@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tracetune.engine_adapter.platform import Platform
-from tracetune.search_spaces.space import DEFAULT_SPACE, SearchSpace, SpaceError, load_space
-from tracetune.errors import Rejected
 from tracetune.engine_adapter.vllm.translate import reference_config, to_engine_config
+from tracetune.errors import Rejected
+from tracetune.search_spaces.space import DEFAULT_SPACE, SearchSpace, SpaceError, load_space
 
 MODEL = Path("/models/m")
 
