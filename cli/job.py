@@ -30,6 +30,7 @@ def make_tuner(request: TuneRequest, console) -> tuple[Any, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tracetune.cli.reporter import ConsoleReporter
+    from tracetune.tuner.measure import EngineRunner
     from tracetune.tuner.study import Tuner
 
     synthesizer = None
@@ -47,8 +48,10 @@ def make_tuner(request: TuneRequest, console) -> tuple[Any, Any]:
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
     reporter = ConsoleReporter(console, progress, storage=request.storage_shown, platform=request.platform.value)
     request.run_dir.mkdir(parents=True, exist_ok=True)
+    runner = EngineRunner(request.settings, trace=request.trace, engine=request.engine, platform=request.platform,
+                          run_dir=request.run_dir, reporter=reporter, synthesizer=synthesizer,
+                          on_replay_progress=reporter.replay_progress)
     tuner = Tuner(request.settings, trace=request.trace, space=request.space, model_dir=request.model_dir,
-                  platform=request.platform, run_dir=request.run_dir, base=request.base,
-                  make_checkpoint=make_checkpoint, synthesizer=synthesizer, report=reporter,
-                  on_replay_progress=reporter.replay_progress, engine=request.engine)
+                  platform=request.platform, runner=runner, base=request.base, make_checkpoint=make_checkpoint,
+                  report=reporter, engine=request.engine)
     return tuner, progress

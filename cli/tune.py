@@ -198,7 +198,8 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     enqueue = _tries(args)
     objectives = parse_objectives(args.objectives, has_slo=bool(slos))
     trace = load_trace(args.trace)
-    space = load_space(args.space or DEFAULT_SPACE)
+    engine = engine_kind(args.engine_type)
+    space = load_space(args.space or DEFAULT_SPACE, engine)
     study_name = args.study or _default_study_name(args.trace)
     run_dir = args.run_dir or Path("runs") / study_name
     storage = args.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
@@ -214,8 +215,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
                          enqueue=enqueue, secrets=secrets, api_key=api_key)
     request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
-                          run_dir=run_dir, base=base, storage_shown=display_url(storage),
-                          engine=engine_kind(args.engine_type))
+                          run_dir=run_dir, base=base, storage_shown=display_url(storage), engine=engine)
     request.space = _runnable_space(request, console)
     return request
 
@@ -276,8 +276,8 @@ def _check_tries(enqueue: list[dict], space: Any, never: dict, platform: Any) ->
             choices = space.parameters[name].choices
             if choices is not None and value not in choices:
                 why = never.get(name, {}).get(value)
-                raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}"
-                                 + (f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"))
+                where = f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"
+                raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}{where}")
 
 
 def _run_study(tuner: Any, progress: Any, request: TuneRequest, console) -> Any:

@@ -138,18 +138,12 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
     cfg = kind.config_model.model_validate(data)
     mounts: dict[str, str] = {}
     if container:
-        served = cfg.name()
-
-        def mount(path: Any) -> str:
-            host = str(path)
+        def mount(host: str) -> str:
             target = str(PurePosixPath(CONTAINER_MODELS_DIR) / PurePosixPath(host.rstrip("/")).name)
             mounts[host] = target
             return target
 
-        update: dict[str, Any] = {"model": mount(cfg.model), "served_model_name": served}
-        if cfg.speculative.draft_model is not None:
-            update["speculative"] = cfg.speculative.model_copy(update={"draft_model": mount(cfg.speculative.draft_model)})
-        cfg = cfg.model_copy(update=update)
+        cfg = kind.relocate(cfg, mount)
     host = options.host or ("0.0.0.0" if container else "127.0.0.1")
     argv, env = kind.command(cfg, Platform.CUDA, host=host, port=options.port, python="python")
     # The command is `python -m MODULE --model M ...`; `vllm serve` takes the model positionally.

@@ -77,6 +77,13 @@ class Translator(Protocol):
                  flags: frozenset[str] | None = None) -> BaseModel: ...
 
 
+class Relocator(Protocol):
+    """`config` with every model path the engine reads (the model, a draft model) replaced by
+    `move(path)`, and the served model name kept as measured (exports mount models elsewhere)."""
+
+    def __call__(self, config: Any, move: Callable[[str], str]) -> Any: ...
+
+
 class ReferenceConfig(Protocol):
     """The engine's own defaults under the fixed settings: the study's quality and speed reference.
     Raises pydantic's ValidationError for fixed settings the engine's settings model refuses."""
@@ -107,6 +114,7 @@ class EngineKind:
     reference: ReferenceConfig | None = None
     unrunnable: UnrunnableCheck | None = None
     knobs: Knobs = dataclasses.field(default_factory=dict)
+    relocate: Relocator | None = None
 
     @property
     def tunable(self) -> bool:

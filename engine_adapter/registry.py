@@ -20,11 +20,11 @@ __all__ = ["ENGINES", "EngineKind", "engine_kind", "make_engine"]
 
 def _vllm() -> EngineKind:
     from tracetune.engine_adapter.vllm.knobs import KNOBS
-    from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer, build_command
+    from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer, build_command, relocated
     from tracetune.engine_adapter.vllm.translate import reference_config, to_engine_config, unrunnable_choices
 
     return EngineKind("vllm", VLLMConfig, VLLMServer, build_command, translate=to_engine_config,
-                      reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS)
+                      reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS, relocate=relocated)
 
 
 def _openai() -> EngineKind:

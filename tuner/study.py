@@ -46,7 +46,7 @@ from tracetune.tuner.coordination import (
     skipped,
 )
 from tracetune.tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
-from tracetune.tuner.measure import EngineRunner, client_overload_reason
+from tracetune.tuner.measure import client_overload_reason
 from tracetune.tuner.objectives import (
     FAILED_VIOLATION,
     OBJECTIVES,
@@ -73,22 +73,16 @@ __all__ = ["Measurement", "NullReporter", "Reporter", "StudySettings", "TrialRun
 class Tuner:
     """Runs one study: samples configurations, has its `runner` measure them (a `TrialRunner`, as Optuna
     hands a sampler to a study), stores what was measured and tells its `report`er (a `Reporter`).
-
-    `runner` None: an `EngineRunner` starting `engine` in `run_dir` (with `synthesizer` and
-    `on_replay_progress`, which only it uses)."""
+    The command line hands it an `EngineRunner` (tuner.measure), which starts real engines."""
 
     def __init__(self, settings: StudySettings, *, trace: Trace, space: SearchSpace, model_dir: Path,
-                 platform: Platform, runner: TrialRunner | None = None, report: Reporter | None = None,
+                 platform: Platform, runner: TrialRunner, report: Reporter | None = None,
                  base: dict[str, Any] | None = None, make_checkpoint: Callable[[str], Path] | None = None,
-                 engine: EngineKind | None = None, run_dir: Path | None = None, synthesizer: Any = None,
-                 on_replay_progress: Callable[[int, int, int], None] | None = None) -> None:
+                 engine: EngineKind | None = None) -> None:
         self.s = settings
         self.engine = engine or engine_kind("vllm")  # which engine the study starts (engine_adapter.registry)
         self.reporter = report if report is not None else NullReporter()
-        self.runner = runner or EngineRunner(settings, trace=trace, engine=self.engine, platform=platform,
-                                             run_dir=run_dir or Path("runs") / settings.study_name,
-                                             reporter=self.reporter, synthesizer=synthesizer,
-                                             on_replay_progress=on_replay_progress)
+        self.runner = runner  # measures one configuration (tuner.measure.EngineRunner starts real engines)
         self.trace = trace
         self.space = space
         self.model_dir = model_dir

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,7 +75,8 @@ class VLLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Path = Field(description="Local model directory (Hugging Face layout), possibly a quantized checkpoint.")
-    served_model_name: str | None = Field(None, min_length=1, description="Name clients request; default: the directory name.")
+    served_model_name: str | None = Field(None, min_length=1,
+                                          description="Name clients request; default: the directory name.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     quantization: str | None = Field(
         None, min_length=1,
@@ -99,7 +101,8 @@ class VLLMConfig(BaseModel):
         description="Explicit KV-cache size in GiB (--kv-cache-memory-bytes); overrides gpu_memory_utilization "
                     f"for the cache. On CPU it defaults to {CPU_DEFAULT_KV_CACHE_GIB} GiB.")
     attention_backend: str | None = Field(None, min_length=1, description="GPU only: e.g. FLASH_ATTN, FLASHINFER.")
-    load_format: str | None = Field(None, min_length=1, description="e.g. 'dummy' for random weights of the model's shape.")
+    load_format: str | None = Field(None, min_length=1,
+                                    description="e.g. 'dummy' for random weights of the model's shape.")
     extra_args: list[str] = Field(default_factory=list, description="Passed to the server verbatim, last.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
 
@@ -168,6 +171,15 @@ def cpu_preload_libs() -> list[str]:
     if iomp.exists():
         found.append(str(iomp))
     return found
+
+
+def relocated(config: VLLMConfig, move: Callable[[str], str]) -> VLLMConfig:
+    """`config` serving its model (and draft model) from `move(path)`, under the name measured."""
+    update: dict[str, Any] = {"model": move(str(config.model)), "served_model_name": config.name()}
+    if config.speculative.draft_model is not None:
+        draft = move(str(config.speculative.draft_model))
+        update["speculative"] = config.speculative.model_copy(update={"draft_model": draft})
+    return config.model_copy(update=update)
 
 
 def build_command(
@@ -255,7 +267,8 @@ _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache size")
 
 # What a compiled engine's start spent its time on, from vLLM's own log lines (vLLM 0.24 wording).
 _START_PHASES = {
-    # gpu_model_runner.py: "... GiB memory and 4.2 seconds"; model_runner.py (the GPU default): "... GiB and 2.5 seconds"
+    # gpu_model_runner.py: "... GiB memory and 4.2 seconds";
+    # model_runner.py (the GPU default): "... GiB and 2.5 seconds"
     "weights_s": re.compile(r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds"),
     "compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
     "cuda_graphs_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
