@@ -13,7 +13,7 @@ from tracetune.engine_adapter.kind import EngineKind, Knob
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.registry import ENGINES, engine_kind
 
-PARTS = ["make", "command", "translate", "reference", "unrunnable"]
+PARTS = ["make", "command", "translate", "reference", "unrunnable", "relocate"]
 
 
 def _protocol_of(field: str) -> type:
@@ -58,3 +58,12 @@ def test_vllm_knobs_and_reference_come_through_the_kind(tmp_path):
     argv, _ = kind.command(ref, Platform.CUDA, port=9, python="py")
     assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"] and "--max-num-seqs" in argv
 
+
+
+def test_vllm_relocates_model_and_draft_under_the_measured_name(tmp_path):
+    kind = engine_kind("vllm")
+    config = kind.config_model(model=str(tmp_path / "target"),
+                               speculative={"method": "draft_model", "draft_model": str(tmp_path / "draft")})
+    moved = kind.relocate(config, lambda path: "/models/" + path.rsplit("/", 1)[-1])
+    assert (str(moved.model), str(moved.speculative.draft_model)) == ("/models/target", "/models/draft")
+    assert moved.served_model_name == "target" and str(config.model) == str(tmp_path / "target")
