@@ -30,7 +30,7 @@ class Endpoint:
 @runtime_checkable
 class Engine(Protocol):
     """What the replay harness and the tuner need from an inference engine. Every engine in
-    `engine_adapter.registry` implements it; tests/engine_adapter/contract.py checks each one."""
+    `tracetune.engine_adapter.registry` implements it; tests/engine_adapter/contract.py checks each one."""
 
     name: str
     endpoint: Endpoint | None  # where it serves, once started

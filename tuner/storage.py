@@ -151,7 +151,7 @@ _COLUMNS = ("index", "scheduled_s", "lag_s", "ttft_s", "e2e_s", "tpot_s", "promp
 
 
 def encode_levels(records: Iterable[Any]) -> bytes:
-    """A level's request records (replay.runner.RequestRecord) as compressed float columns: the
+    """A level's request records (replay.types.RequestRecord) as compressed float columns: the
     values the metrics need (NaN where absent), every ITL gap (half precision), success flags and
     error texts."""
     import io
