@@ -105,7 +105,8 @@ def run_tracetune(port: int, rate: float, n: int, tokens: int, tmp: Path, cpus: 
     if done.returncode != 0:
         raise RuntimeError(f"tune replay failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     s = json.loads((out / "summary.json").read_text())["summary"]
-    return {"wall_s": time.perf_counter() - t0,"achieved": s["request_throughput_rps"]["value"], "ttft_p99": s["latency_s"]["ttft"]["p99"]["value"],
+    return {"wall_s": time.perf_counter() - t0, "achieved": s["request_throughput_rps"]["value"],
+            "ttft_p99": s["latency_s"]["ttft"]["p99"]["value"],
             "client_lag_p99": s["schedule_lag_s"].get("p99", float("nan")),
             "failed": s["errors"] + s.get("client_errors", 0), "overloaded": s.get("client_overloaded")}
 
@@ -167,7 +168,8 @@ def main() -> None:
     parser.add_argument("--rates", default="800,1600,2400,3200,4000,4800")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--client-procs", default="1", help="tracetune process counts for the scaling curve, e.g. 1,2,4")
+    parser.add_argument("--client-procs", default="1",
+                        help="tracetune process counts for the scaling curve, e.g. 1,2,4")
     parser.add_argument("--scaling-rates", default="", help="rates for the scaling curve (default: --rates)")
     parser.add_argument("--server-procs", type=int, default=1, help="server processes (SO_REUSEPORT)")
     parser.add_argument("--server-cores", type=int, default=1, help="cores kept for the server (the last ones)")
@@ -188,7 +190,8 @@ def main() -> None:
                 print(line(client, rate, row), flush=True)
                 if holds(row, rate):
                     best[client] = max(best.get(client, 0.0), rate)
-        print(f"\nhighest rate held (>= {HOLD_SHARE:.0%} achieved, no failures, TTFT p99 <= {TTFT_LIMIT_S * 1000:.0f} ms, "
+        print(f"\nhighest rate held (>= {HOLD_SHARE:.0%} achieved, no failures, "
+              f"TTFT p99 <= {TTFT_LIMIT_S * 1000:.0f} ms, "
               f"reported lag p99 <= {LAG_LIMIT_S * 1000:.0f} ms), one client process on one core:")
         for client in ("tracetune", "vllm-bench"):
             print(f"  {client:11s}: {best.get(client, 0.0):.0f} req/s")

@@ -337,8 +337,8 @@ def main() -> int:
           + f" | trials to {args.target:.0%} | wall time to {args.target:.0%} (share of the grid's) |")
     print("|---|" + "---|" * (len(ks) + 2))
     for name, r in results.items():
-        cells = [f"{r[f'hv_share_at_{round(f * 100)}pct']:.1%} (worst {r[f'hv_share_at_{round(f * 100)}pct_worst']:.1%})"
-                 for f in FRACTIONS]
+        cells = [f"{r[f'hv_share_at_{round(f * 100)}pct']:.1%} "
+                 f"(worst {r[f'hv_share_at_{round(f * 100)}pct_worst']:.1%})" for f in FRACTIONS]
         trials_cell, wall_cell = _reach_cells(r)
         print(f"| {name} | " + " | ".join(cells) + f" | {trials_cell} | {wall_cell} |")
     verdict = {}

@@ -99,8 +99,8 @@ def main() -> int:
             print(f"  capacity {rows[-1]['capacity_rps']:.3g} req/s, {rows[-1]['search_s']:.0f} s", flush=True)
             if args.json:  # after every window: an interrupted run keeps what it measured
                 args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps({"trace": str(args.trace.relative_to(ROOT)) if args.trace.is_relative_to(
-                    ROOT) else str(args.trace), "slo": args.slo, "runs": rows}, indent=2))
+                shown = str(args.trace.relative_to(ROOT)) if args.trace.is_relative_to(ROOT) else str(args.trace)
+                args.json.write_text(json.dumps({"trace": shown, "slo": args.slo, "runs": rows}, indent=2))
     report(rows)
     return 0
 

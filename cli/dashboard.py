@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tracetune.dashboard import APP, ENV_STORAGE, ENV_STUDY
 
-FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")  # = dashboard.export.FORMATS (not imported: fast --help)
+# = dashboard.export.FORMATS (not imported: fast --help)
+FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
 
 DASHBOARD_EPILOG = """\
 examples:
@@ -38,7 +39,8 @@ Metrics: ttft/tpot/itl/e2e _mean/_p50/_p90/_p99, output_tps, request_tps, goodpu
 error_rate, prefix_cache_hit_rate, spec_acceptance_rate.
 
 Deployment formats (compose, k8s, helm-values) run the vllm/vllm-openai image (tag: the GPU vLLM
-release, --vllm-version; a study measured on CPU exports for the GPU release tracetune runs) as `vllm serve MODEL ...` with vLLM's CUDA flags, port 8000, one GPU
+release, --vllm-version; a study measured on CPU exports for the GPU release tracetune runs) \
+as `vllm serve MODEL ...` with vLLM's CUDA flags, port 8000, one GPU
 (nvidia.com/gpu), the model directory mounted read-only at /models/<directory name> (compose: a bind
 mount of the measured directory; k8s/helm: the PersistentVolumeClaim `models`), probes on /health.
 Credential-like settings (API keys, tokens) are never exported. A config measured with random

@@ -25,7 +25,7 @@ examples:
   tune capacity --trace examples/traffic.jsonl --eager --slo "ttft:p99<2s,tpot:p99<200ms" --json cap.json
   tune dashboard                           # browse the latest study: Pareto front, trials, export
   tune export --best --format k8s -o deploy.yaml
-"""
+"""  # noqa: E501 (literal example commands, printed verbatim by RawDescriptionHelpFormatter)
 
 
 def _build_parser() -> argparse.ArgumentParser:

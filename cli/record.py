@@ -26,9 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "record", help="record live traffic as a trace: a transparent proxy in front of an OpenAI-compatible server",
         epilog=RECORD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("--upstream", required=True, metavar="URL",
-                    help="the OpenAI-compatible server to forward to, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+                    help="the OpenAI-compatible server to forward to, e.g. http://127.0.0.1:8000 "
+                         "(a trailing /v1 is fine)")
     rp.add_argument("--listen", default=f"{DEFAULT_HOST}:{DEFAULT_PORT}", metavar="HOST:PORT",
-                    help=f"where clients connect (default {DEFAULT_HOST}:{DEFAULT_PORT}; a bare PORT listens on {DEFAULT_HOST})")
+                    help=f"where clients connect (default {DEFAULT_HOST}:{DEFAULT_PORT}; "
+                         f"a bare PORT listens on {DEFAULT_HOST})")
     rp.add_argument("--out", required=True, type=Path, metavar="FILE",
                     help="native JSONL trace to write; must be new or empty (every recording starts its clock at 0)")
     rp.add_argument("--record-response", action="store_true", help="also store each response's output text")

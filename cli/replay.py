@@ -26,7 +26,7 @@ examples:
   tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl spread.jsonl --length-scale 0.1 --spread-arrivals
   tune trace convert --from azure examples/public_traces/azure2023_conv_60.csv azure.jsonl --limit 500
   tune trace convert --from sharegpt examples/public_traces/sharegpt_v3_filtered_250.json sharegpt.jsonl --rate 2
-"""
+"""  # noqa: E501 (literal example commands, printed verbatim by RawDescriptionHelpFormatter)
 
 
 def add_target_options(parser: argparse.ArgumentParser) -> None:
@@ -97,11 +97,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests")
     rp.add_argument("--max-duration", type=float, metavar="S", help="only requests scheduled in the first S seconds")
     rp.add_argument("--warmup", type=int, default=2, metavar="N",
-                    help="send the first N requests before measuring (default 2; a cold engine's first request is slow)")
+                    help="send the first N requests before measuring "
+                         "(default 2; a cold engine's first request is slow)")
     rp.add_argument("--mode", choices=["open", "closed"], default="open")
     rp.add_argument("--concurrency", type=int, default=1, metavar="N", help="closed-loop workers")
     rp.add_argument("--max-output-tokens", type=int, metavar="N", help="cap each request's output length")
-    rp.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then differ from the trace)")
+    rp.add_argument("--no-ignore-eos", action="store_true",
+                    help="let requests stop at EOS (lengths then differ from the trace)")
     rp.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
     add_slo_option(rp, help="e.g. 'ttft:p99<500ms,tpot:p50<50ms' (goodput counts requests meeting all)")
     rp.add_argument("--out", type=Path, metavar="DIR", help="results directory (default runs/replay-TIMESTAMP)")

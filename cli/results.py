@@ -116,7 +116,8 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
             # (capacity's interval is its bracket, a column of its own)
             ci = None if objective == "capacity" or (r["trial"] == "reference" and objective == "quality_loss") \
                 else _ci_of(objective, r["summary"], r["quality"])
-            cells.append(fmt_objective(objective, value) + (f" [dim][{fmt_objective(objective, ci[0])}, {fmt_objective(objective, ci[1])}][/]" if ci else ""))
+            interval = f" [dim][{fmt_objective(objective, ci[0])}, {fmt_objective(objective, ci[1])}][/]" if ci else ""
+            cells.append(fmt_objective(objective, value) + interval)
         if has_capacity:
             cells.append(_bracket(r["capacity"]))
         econ = r["economics"]

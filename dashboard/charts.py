@@ -48,8 +48,9 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
         coords = {a: _scaled([t.metric(a) for t in trials], a) for a in axes}
         marker = dict(color=style["color"], symbol=style["symbol"], size=style["size"], opacity=style["opacity"],
                       line=dict(width=1.5, color="#0b3d91") if category == "pareto" else dict(width=0))
-        common = dict(mode="markers+text", name=f"{style['name']} ({len(trials)})", text=[f"{t.number}" for t in trials],
-                      textposition="top center", hovertext=[_hover(study, t) for t in trials], hoverinfo="text",
+        common = dict(mode="markers+text", name=f"{style['name']} ({len(trials)})",
+                      text=[f"{t.number}" for t in trials], textposition="top center",
+                      hovertext=[_hover(study, t) for t in trials], hoverinfo="text",
                       customdata=[t.number for t in trials])
         if z:
             marker["size"] = style["size"] * 0.6
@@ -60,8 +61,8 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
     ref = [study.reference_metric(a) for a in axes]
     if not any(math.isnan(v) for v in ref):
         r = {a: _scaled([v], a) for a, v in zip(axes, ref)}
-        ref_marker = dict(color=REFERENCE_STYLE["color"], symbol=REFERENCE_STYLE["symbol"], size=REFERENCE_STYLE["size"],
-                          line=dict(width=1, color="#14532d"))
+        ref_marker = dict(color=REFERENCE_STYLE["color"], symbol=REFERENCE_STYLE["symbol"],
+                          size=REFERENCE_STYLE["size"], line=dict(width=1, color="#14532d"))
         hover = "<b>reference</b> (unquantized weights, auto KV cache, no speculation)<br>" + "<br>".join(
             f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
         if study.decision is not None and study.decision.reference_is_best:
@@ -104,7 +105,8 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
         fig.update_layout(scene=dict(xaxis_title=metric_label(x)[0], yaxis_title=metric_label(y)[0],
                                      zaxis_title=metric_label(z)[0], aspectmode="cube"),
                           scene_camera=dict(eye=dict(x=1.6, y=1.6, z=1.1)))
-    fig.update_layout(height=680 if z else 560, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.15),
+    fig.update_layout(height=680 if z else 560, margin=dict(l=10, r=10, t=40, b=10),
+                      legend=dict(orientation="h", y=-0.15),
                       title=f"study {study.name}: {len([t for t in study.trials if t.measured])} measured of "
                             f"{len(study.trials)} trials", template="plotly_white")
     return fig
@@ -147,9 +149,9 @@ def cdf_figure(trials: Sequence[TrialView], metric: str):
         fig.add_trace(go.Scatter(x=[v * 1000 for v in xs], y=ys, mode="lines", line_shape="hv",
                                  name=t.title, line=dict(color=PALETTE[i % len(PALETTE)], width=2,
                                                          dash="dash" if t.is_reference else "solid")))
-    fig.update_layout(title=f"{metric.upper()} CDF", xaxis_title=f"{metric.upper()} (ms)", yaxis_title="fraction of requests",
-                      yaxis_range=[0, 1.02], height=320, margin=dict(l=10, r=10, t=40, b=10), template="plotly_white",
-                      showlegend=len(trials) > 1)
+    fig.update_layout(title=f"{metric.upper()} CDF", xaxis_title=f"{metric.upper()} (ms)",
+                      yaxis_title="fraction of requests", yaxis_range=[0, 1.02], height=320,
+                      margin=dict(l=10, r=10, t=40, b=10), template="plotly_white", showlegend=len(trials) > 1)
     return fig
 
 

@@ -56,7 +56,8 @@ class TrialView:
 
     number: int
     state: str                      # optuna state: COMPLETE, FAIL, RUNNING, ...
-    status: str                     # measured | pruned | rejected | engine_failed | failed | unmeasurable | interrupted | running
+    # measured | pruned | rejected | engine_failed | failed | unmeasurable | interrupted | running
+    status: str
     objective_values: dict[str, float]
     constraints: list[float]
     feasible: bool
@@ -335,16 +336,19 @@ def load_study(url: str, name: str | None = None) -> StudyView:
         constraints = list(ua.get("constraints") or [])
         trials.append(TrialView(
             number=ft.number, state=state, status=status, objective_values=values, constraints=constraints,
-            feasible=bool(ua.get("feasible", all(c <= 0 for c in constraints))), params=dict(ua.get("values") or ft.params),
+            feasible=bool(ua.get("feasible", all(c <= 0 for c in constraints))),
+            params=dict(ua.get("values") or ft.params),
             config=config, diff=config_diff(config, ref_config) if config and ref_config else {},
             summary=row.get("summary"), quality=row.get("quality"), engine=row.get("engine"),
             requests_jsonl=row.get("requests_jsonl"), failure_reason=reason,
-            log_tail=row.get("log_tail") or ua.get("log_tail"), startup_s=row.get("startup_s"), wall_s=row.get("wall_s")))
+            log_tail=row.get("log_tail") or ua.get("log_tail"),
+            startup_s=row.get("startup_s"), wall_s=row.get("wall_s")))
     probe = (reference or {}).get("probe")
     floor = floor_estimates(probe)
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,
                      slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),
-                     trials=trials, reference=reference and {"config": reference["config"], "summary": reference["summary"]},
+                     trials=trials,
+                     reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
                      quality_gate=_gate_of(attrs), vllm_version=attrs.get("vllm_version"), noise_floor=floor,

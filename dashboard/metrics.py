@@ -32,7 +32,8 @@ def metric_label(name: str) -> tuple[str, float]:
         return f"{name} (ms)", 1000.0
     return {
         "output_tps": ("output_tps (tokens/s)", 1.0), "request_tps": ("request_tps (req/s)", 1.0),
-        "goodput": ("goodput (req/s meeting SLOs)", 1.0), "quality_loss": ("quality_loss (nats/token vs reference)", 1.0),
+        "goodput": ("goodput (req/s meeting SLOs)", 1.0),
+        "quality_loss": ("quality_loss (nats/token vs reference)", 1.0),
         "error_rate": ("error_rate", 1.0), "prefix_cache_hit_rate": ("prefix-cache hit rate", 1.0),
         "spec_acceptance_rate": ("speculative acceptance rate", 1.0),
         "capacity": ("capacity (req/s per GPU at the SLO)", 1.0),

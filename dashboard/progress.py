@@ -31,8 +31,8 @@ def search_progress(study: StudyView) -> list[dict[str, Any]]:
               for n, v in raw.items()}
     seen = [scaled[REFERENCE_RUN]] if REFERENCE_RUN in scaled else []
     ref_point = [1.1] * len(signs)
-    out = [{"trial": REFERENCE_RUN, "category": study.reference_run.category, "hypervolume": hypervolume(seen, ref_point)}
-           ] if seen else []
+    out = [{"trial": REFERENCE_RUN, "category": study.reference_run.category,
+            "hypervolume": hypervolume(seen, ref_point)}] if seen else []
     for t in sorted(study.trials, key=lambda t: t.number):
         if t.number in scaled:
             seen.append(scaled[t.number])

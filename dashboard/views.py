@@ -123,15 +123,17 @@ def page_pareto(study: data.StudyView) -> None:
     failed = [t for t in study.trials if t.category in ("failed", "pruned", "running")]
     line = " (the dotted line is the front on the two axes shown)" if len(data.front_on(study.trials, [x, y])) > 1 \
         else ""
-    st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by another trial "
-               f"or by vLLM's defaults; bars: 95% intervals) · {counts['tie']} tied with it inside the intervals · "
+    st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by "
+               f"another trial or by vLLM's defaults; bars: 95% intervals) · "
+               f"{counts['tie']} tied with it inside the intervals · "
                f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
                f"{counts['failed']} failed or rejected (no measurements, listed below) · {counts['running']} running"
                + (f" · {counts['pruned']} pruned (capacity search stopped early: below a configuration at least as "
                   f"good on the other objectives; listed below)" if counts["pruned"] else "")
-               + (f" · {counts['duplicate']} duplicates of earlier trials (not run again)" if counts["duplicate"] else "")
-               + ". "
-               "Hover a point for its config" + ("." if three_d else f"; click it to open it in Trial detail and Export{line}."))
+               + (f" · {counts['duplicate']} duplicates of earlier trials (not run again)"
+                  if counts["duplicate"] else "")
+               + ". Hover a point for its config"
+               + ("." if three_d else f"; click it to open it in Trial detail and Export{line}."))
     if failed:
         causes = tables.failure_causes(failed)
         with st.expander(f"Failed, rejected, pruned and running trials ({len(failed)}, {len(causes)} causes) — not on "
@@ -244,7 +246,8 @@ def page_detail(study: data.StudyView) -> None:
             # green when better than the reference, red when worse, whichever way the metric points
             col.metric(name, metrics.display_value(name, t.metric(name)), _metric_delta(study, t, name),
                        delta_color="inverse" if metrics.METRICS.get(name) == "minimize" else "normal",
-                       help=f"95% interval {metrics.display_interval(name, t.interval(name))}" if t.interval(name) else None)
+                       help=(f"95% interval {metrics.display_interval(name, t.interval(name))}"
+                             if t.interval(name) else None))
         cols[-2].metric("engine start", f"{t.startup_s:.0f} s" if t.startup_s else "-")
         cols[-1].metric("trial wall time", f"{t.wall_s:.0f} s" if t.wall_s else "-")
         if capacity.capacity_of(t.summary):
@@ -278,8 +281,8 @@ def page_detail(study: data.StudyView) -> None:
                       help=f"hits {counters['prefix_cache_hits']} of {counters['prefix_cache_queries']} queried tokens")
             acc = counters["spec_decode_acceptance_rate"]
             k2.metric("speculative acceptance", "-" if acc is None else f"{acc:.1%}",
-                      help=f"accepted {counters['spec_decode_accepted_tokens']} of {counters['spec_decode_draft_tokens']} "
-                           f"draft tokens")
+                      help=f"accepted {counters['spec_decode_accepted_tokens']} of "
+                           f"{counters['spec_decode_draft_tokens']} draft tokens")
             k3.metric("preemptions", "-" if counters["preemptions"] is None else f"{counters['preemptions']:.0f}")
         with right:
             st.markdown("**Quality vs the reference**")
@@ -385,11 +388,13 @@ def page_export(study: data.StudyView) -> None:
                        mime="application/json" if fmt == "json" else "text/plain", key="export_download",
                        type="primary", icon=":material/download:")
     st.code(text, language=LANG[fmt], wrap_lines=True, height=min(24 * (text.count("\n") + 2), 640))
-    extra = "".join(f" --{k} {shlex.quote(str(v))}" for k, v in
-                    (("image", image), ("port", port if port != 8000 else ""), ("gpus", gpus if gpus != 1 else ""),
-                     ("models-pvc", pvc if pvc != "models" else "")) if v != "") + (" --allow-dummy-weights" if allow else "")
+    flags = (("image", image), ("port", port if port != 8000 else ""), ("gpus", gpus if gpus != 1 else ""),
+             ("models-pvc", pvc if pvc != "models" else ""))
+    extra = "".join(f" --{k} {shlex.quote(str(v))}" for k, v in flags if v != "")
+    extra += " --allow-dummy-weights" if allow else ""
     st.caption("The same from the command line: `tune export --storage "
-               f"{shlex.quote(storage.display_url(study.storage))} --study {shlex.quote(study.name)} {cli_choice} --format {fmt}{extra}`")
+               f"{shlex.quote(storage.display_url(study.storage))} --study {shlex.quote(study.name)} "
+               f"{cli_choice} --format {fmt}{extra}`")
 
 
 RENDER = {"Pareto": page_pareto, "Trials": page_trials, "Trial detail": page_detail, "Compare": page_compare,
@@ -428,8 +433,8 @@ def main() -> None:
         every = st.select_slider("every (s)", [2, 5, 10, 30], value=5, key="live_every") if live else None
         st.caption(f"objectives: {', '.join(f'{o} ({d[:3]})' for o, d in zip(study.objectives, study.directions))}")
         if study.slos or study.quality_gate:
-            st.caption("constraints: " + ", ".join(study.slos + ([f"quality {study.quality_gate} (beyond the noise floor)"]
-                                                                 if study.quality_gate else [])))
+            gate = [f"quality {study.quality_gate} (beyond the noise floor)"] if study.quality_gate else []
+            st.caption("constraints: " + ", ".join(study.slos + gate))
         st.caption(f"measured on: {study.platform}")
         if study.floor_text:
             st.caption(f"quality {study.floor_text}")

@@ -6,7 +6,8 @@ The tuner starts this guard as the leader of a new process group, with a pipe on
 write end only the tuner holds. The guard starts the server in the same group and waits. When
 the pipe reaches EOF (the tuner exited, however it died, SIGKILL included) or the guard receives
 SIGTERM/SIGINT, it sends SIGTERM to the server, waits a grace period, then SIGKILLs every process
-left in its group (engine workers included), again and again until none is left. The guard exits with the server's exit code.
+left in its group (engine workers included), again and again until none is left. The guard exits
+with the server's exit code.
 This module imports nothing heavy and nothing from tracetune: it must start in milliseconds.
 """
 

@@ -32,7 +32,7 @@ def installed_vllm_version() -> str | None:
     return None
 
 
-class Platform(str, enum.Enum):
+class Platform(enum.StrEnum):
     CPU = "cpu"
     CUDA = "cuda"
 

@@ -65,7 +65,8 @@ class CapacityOptions:
         if not 0 < self.precision < 1:
             raise InputError(f"--precision must be in (0, 1), e.g. 0.05 for 5%, got {self.precision}")
         if not self.min_scale <= self.start_scale <= self.max_scale:
-            raise InputError(f"the start level {self.start_scale:g} must lie in [{self.min_scale:g}, {self.max_scale:g}]")
+            raise InputError(f"the start level {self.start_scale:g} must lie in "
+                             f"[{self.min_scale:g}, {self.max_scale:g}]")
         if self.level_seconds < 0 or self.level_lifetimes < 0 or self.level_requests < 0:
             raise InputError("--level-seconds, --level-lifetimes and --level-requests must be >= 0 (0: no minimum), "
                              f"got {self.level_seconds:g}, {self.level_lifetimes:g}, {self.level_requests}")
@@ -236,7 +237,8 @@ VERDICT_NOTES = {
     "load_independent": "failed at every load: the misses do not come from the rate",
     "client_overloaded": "client-limited (a lower bound)",
     "max_steps": "step budget spent",
-    "pruned": "pruned: below a configuration at least as good on the other objectives (a bracket, not searched further)",
+    "pruned": "pruned: below a configuration at least as good on the other objectives "
+              "(a bracket, not searched further)",
 }
 
 

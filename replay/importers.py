@@ -139,8 +139,8 @@ class ConvertReport:
             g = self.grid
             where = (f"spread uniformly over each {g.step_s:g} s step" if self.spread else
                      "replayed as simultaneous bursts (--spread-arrivals spreads them over each step)")
-            out.append(f"arrivals recorded on a {g.step_s:g} s grid ({g.instants} instants, {g.mean_burst:.1f} requests "
-                       f"each, up to {g.largest_burst}): {where}")
+            out.append(f"arrivals recorded on a {g.step_s:g} s grid ({g.instants} instants, "
+                       f"{g.mean_burst:.1f} requests each, up to {g.largest_burst}): {where}")
         elif self.spread_asked:
             out.append("--spread-arrivals: the arrival times sit on no coarse grid; kept as recorded")
         if self.implied_reuse is not None:

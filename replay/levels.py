@@ -174,7 +174,8 @@ class LevelRunner:
         """(requests/s, output tokens/s) offered at the trace's own rate (k = 1)."""
         return offered_rates(self.requests)
 
-    def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1, prune_at: float | None = None) -> CapacityResult:
+    def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1,
+               prune_at: float | None = None) -> CapacityResult:
         if len(self.requests) < 2 or self.requests[-1].scheduled_s <= self.requests[0].scheduled_s:
             raise InputError("every measured request of the trace arrives at the same moment, so no load level "
                              "differs from another: a capacity search needs a trace with arrival times spread "

@@ -39,7 +39,8 @@ LAG_SHARE_OF_THRESHOLD = 0.05
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
-_SLO_ITEM = re.compile(r"^\s*(ttft|tpot|itl|e2e)\s*:\s*(mean|p\d{1,2}(?:\.\d+)?)\s*<\s*([0-9]*\.?[0-9]+)\s*(ms|s|us)\s*$")
+_SLO_ITEM = re.compile(r"^\s*(ttft|tpot|itl|e2e)\s*:\s*(mean|p\d{1,2}(?:\.\d+)?)"
+                       r"\s*<\s*([0-9]*\.?[0-9]+)\s*(ms|s|us)\s*$")
 
 
 @dataclasses.dataclass(frozen=True)

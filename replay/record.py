@@ -78,7 +78,8 @@ def parse_listen(value: str) -> tuple[str, int]:
     try:
         port = int(port_text)
     except ValueError:
-        raise InputError(f"--listen must be HOST:PORT or PORT, e.g. {DEFAULT_HOST}:{DEFAULT_PORT}; got {value!r}") from None
+        raise InputError(f"--listen must be HOST:PORT or PORT, e.g. {DEFAULT_HOST}:{DEFAULT_PORT}; "
+                         f"got {value!r}") from None
     if not 0 <= port <= 65535:
         raise InputError(f"--listen port must be 0-65535 (0: any free port), got {port}")
     return host, port
@@ -93,7 +94,7 @@ def parse_upstream(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InputError(f"--upstream must be an http:// or https:// URL, {example}; got {url!r}")
     try:
-        parts.port
+        parts.port  # noqa: B018 (deliberate: reading .port validates it, raising ValueError for a bad one)
     except ValueError:
         raise InputError(f"--upstream has a bad port: {url!r}") from None
     if parts.username or parts.password:

@@ -173,7 +173,8 @@ def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
             field = f"field '{named.group(1)}': " if named else ""
             raise TraceError(f"{where}: {field}{exc} is not a JSON number; write a finite number") from None
         except RecursionError:
-            raise TraceError(f"{where}: not valid JSON (nested too deeply); each line must be one JSON object") from None
+            raise TraceError(f"{where}: not valid JSON (nested too deeply); "
+                             "each line must be one JSON object") from None
         except ValueError as exc:
             raise TraceError(f"{where}: not valid JSON ({exc}); each line must be one JSON object") from None
         if not isinstance(data, dict):

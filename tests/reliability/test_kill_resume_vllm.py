@@ -62,7 +62,7 @@ def scenario(tmp_path_factory, default_model):
     # 2. and 3. Resume, then SIGINT / SIGTERM while the retried trial's engine (this tuner's) starts.
     for name, sig in (("sigint", signal.SIGINT), ("sigterm", signal.SIGTERM)):
         t = Tune(args, run_dir / f"{name}.log")
-        wait_for(lambda: engines_of(tag, t.proc.pid) or t.proc.poll() is not None, 300, "the resumed trial's engine")
+        wait_for(lambda t=t: engines_of(tag, t.proc.pid) or t.proc.poll() is not None, 300, "the resumed trial's engine")
         assert t.proc.poll() is None, t.output()[-3000:]
         t.signal(sig)
         out[f"{name}_code"] = t.wait(120)

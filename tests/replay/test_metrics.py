@@ -89,7 +89,7 @@ def test_large_samples_get_the_large_sample_interval_close_to_the_bootstrap():
         est = bootstrap_ci(data, stat)
         assert (est.low, est.high) == (min(low, est.value), max(high, est.value))
         from scipy import stats
-        boot = stats.bootstrap((data,), lambda x, axis: np.percentile(x, float(stat[1:]), axis=axis)
+        boot = stats.bootstrap((data,), lambda x, axis, stat=stat: np.percentile(x, float(stat[1:]), axis=axis)
                                if stat != "mean" else x.mean(axis=axis), n_resamples=300, method="percentile",
                                vectorized=True, random_state=np.random.default_rng(0)).confidence_interval
         assert (high - low) == pytest.approx(boot.high - boot.low, rel=0.35)
