@@ -102,7 +102,9 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
 
 
 def resolve_engine_config(args: argparse.Namespace, progress=lambda message: None) -> Any:
-    """The VLLMConfig the flags describe, on the model they name (the bundled default if none)."""
+    """The VLLMConfig the flags describe, on the model they name (the bundled default if none).
+    The flags are checked first: a bad one is an error before any model is prepared."""
     from tracetune.engine_adapter.models import resolve_model
 
+    engine_config_from_args(args, Path(args.model or "."))
     return engine_config_from_args(args, resolve_model(args.model, progress))

@@ -8,4 +8,7 @@ bash scripts/install.sh
 bash scripts/install_test_system.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/tune model prepare
-exec .venv/bin/python -m pytest "$@"
+# The fast part (no model, no engine; four processes), then the integration set in one process:
+# its tests share engines and the mini study, and two at once would share the machine's cores.
+.venv/bin/python -m pytest -m "not integration" "$@"
+exec .venv/bin/python -m pytest -m integration -n 0 "$@"

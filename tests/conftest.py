@@ -32,6 +32,7 @@ FAST_TIMEOUT_S = 60
 NEEDS_MODEL = "default_model"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if NEEDS_MODEL in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow"):

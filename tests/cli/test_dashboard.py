@@ -77,6 +77,7 @@ def test_missing_storage_is_a_clear_error(synthetic_url, tmp_path):
     assert out.returncode == 2 and "run `tune --trace FILE` first" in out.stderr
 
 
+@pytest.mark.slow  # one real CLI run per bad storage URL (about 10 s)
 def test_every_bad_storage_is_one_line_and_exit_2(tmp_path):
     """A plain missing path, a file that is not a database (plain path and URL), a URL no driver reads
     and a PostgreSQL server that does not answer (a closed port here): exit 2, one line, no traceback."""

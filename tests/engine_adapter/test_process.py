@@ -120,6 +120,7 @@ def test_root_cause_skips_wrapper_errors():
     assert root_cause("all good\nINFO started") is None
 
 
+@pytest.mark.slow  # waits out the server's orphan check (about 15 s)
 def test_server_dies_even_if_its_watchdog_is_sigkilled(tmp_path):
     """The guard gives the server a parent-death SIGKILL: a guard killed outright (which can
     clean up nothing) still takes the server down with it."""

@@ -18,6 +18,8 @@ from tests.reliability.bad_spaces import SPACE_KINDS, bad_spaces
 from tests.reliability.bad_traces import PUBLIC_KINDS, TRACE_KINDS, bad_public, bad_traces
 from tests.reliability.fuzz import CASES, CLI, Case, report_case_counts  # noqa: F401 (autouse)
 
+pytestmark = pytest.mark.slow  # 67 runs of the real CLI, a second or more each
+
 
 def run_tune(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "400", "HF_HUB_OFFLINE": "1"}

@@ -96,6 +96,7 @@ def test_rejected_configs_are_infeasible_and_do_not_count(tmp_path):
     assert counted(study) == 3 and tuner.calls.count("reference") == 1 and len(tuner.calls) == 4
 
 
+@pytest.mark.slow  # a 40-trial scripted study (about 12 s)
 def test_tpe_learns_to_avoid_configs_that_crash(tmp_path):
     space = "name: wide\nfixed: {}\nparameters:\n  max_num_seqs: {low: 1, high: 100}\n"
 

@@ -297,6 +297,7 @@ class SlotServer:
         self._thread.join(10)
 
 
+@pytest.mark.slow  # levels replayed in real time (about 30 s)
 def test_level_runner_finds_a_slot_servers_capacity_and_abandons_hopeless_levels():
     # 8 slots x 0.1 s = 80 req/s. The trace offers 30 req/s for 4 s (120 requests): capacity ~2.7x,
     # a little more while the queue a level builds stays under the 300 ms TTFT.

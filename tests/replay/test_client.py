@@ -48,6 +48,7 @@ def zero_server(tmp_path_factory):
     proc.wait(timeout=20)
 
 
+@pytest.mark.slow  # overloads the client in real time (about 15 s)
 def test_a_rate_no_client_can_keep_is_a_client_overloaded_verdict_not_engine_errors(zero_server, tmp_path):
     """200,000 req/s offered for 0.1 s: no single Python process sends that, whatever the machine."""
     trace = tmp_path / "flood.jsonl"
