@@ -59,7 +59,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
         ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
     decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
                       objectives, directions, outside_constraints=trials_outside_constraints(study),
-                      reference_feasible=reference_feasible((reference or {}).get("summary"), tuner.s.slos))
+                      reference_feasible=reference_feasible((reference or {}).get("summary"), tuner.s.slos),
+                      beyond_gate=_beyond_gate(study, results, tuner.s.max_quality_loss))
     rows = []
     for c in decision.front:
         result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
@@ -86,6 +87,20 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
         which += ", which break the SLO themselves"
     console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / 'best.json'} and "
                   f"{run_dir / 'pareto.json'}", highlight=False)
+
+
+def _beyond_gate(study, results: dict[int, dict], gate) -> list:
+    """The trials the quality gate alone turned down (every request served, every SLO kept), with
+    their quality cost in words."""
+    from tracetune.tuner.front import BeyondGate, Candidate, trials_beyond_only_the_gate
+    from tracetune.tuner.quality_gate import cost_text
+
+    out = []
+    for t in trials_beyond_only_the_gate(study):
+        row = results.get(t.number) or {}
+        if (row.get("summary") or {}).get("error_rate", 0.0) == 0:
+            out.append(BeyondGate(Candidate(t.number, tuple(t.values)), str(gate), cost_text(row.get("quality"))))
+    return out
 
 
 def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):

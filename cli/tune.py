@@ -58,9 +58,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="logs and outputs (default runs/STUDY)")
     add_slo_option(p, help="constraints, e.g. 'ttft:p99<500ms,tpot:p50<50ms'")
     p.add_argument("--max-quality-loss", metavar="GATE",
-                   help="quality gate, beyond the reference's own noise floor: kld:0.01 (KL divergence, nats/token), "
-                        "ppl:+1%% (perplexity), top1:0.99 (top-1 agreement), or a number of nats (NLL increase "
-                        "per token)")
+                   help="quality gate, beyond the reference's own noise floor (default ppl:+1%%: a "
+                        "configuration losing more is never recommended, and the verdict names its cost): "
+                        "ppl:+1%% (perplexity), kld:0.01 (KL divergence, nats/token), top1:0.99 (top-1 "
+                        "agreement), a number of nats (NLL increase per token), or none")
     p.add_argument("--objectives", metavar="LIST",
                    help="default: ttft_p99,capacity,quality_loss with --slo (ttft_p99,output_tps,quality_loss "
                         "without); also goodput, request_tps, tpot_p50, e2e_p99, ...")
@@ -163,6 +164,18 @@ def _api_key(args: argparse.Namespace, base_config: Any) -> str | None:
     return None
 
 
+def _no_gate_on_random_weights(args: argparse.Namespace, console) -> None:
+    """Random weights (--load-format dummy) have no output quality: no gate applies to them, and one
+    the user asked for is an error (quality is measured on real weights)."""
+    from tracetune.errors import InputError
+
+    if args.max_quality_loss is not None and args.max_quality_loss.strip().lower() != "none":
+        raise InputError(f"--max-quality-loss {args.max_quality_loss}: random weights (--load-format dummy) have no "
+                         f"output quality to gate; measure quality on the real weights, or leave the flag out")
+    console.print("[dim]·[/] random weights (--load-format dummy): output quality is not measurable, so no "
+                  "quality gate applies")
+
+
 def _tries(args: argparse.Namespace) -> list[dict[str, Any]]:
     from tracetune.errors import InputError
 
@@ -190,11 +203,11 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     from tracetune.replay.trace import load_trace
     from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
     from tracetune.tuner.objectives import parse_objectives
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
     from tracetune.tuner.secrets import display_url, secret_values
 
     slos = parse_slos(args.slo)
-    gate = parse_gate(args.max_quality_loss)
+    gate = parse_gate(args.max_quality_loss or DEFAULT_GATE)
     enqueue = _tries(args)
     objectives = parse_objectives(args.objectives, has_slo=bool(slos))
     trace = load_trace(args.trace)
@@ -207,6 +220,8 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
     base_config = engine_config_from_args(args, model_dir)  # the base every trial starts from
     base = {k: v for k, v in base_config.model_dump(exclude_defaults=True).items() if k not in ("model", "speculative")}
+    if "dummy" in (base_config.load_format, space.fixed.get("load_format")):
+        gate = _no_gate_on_random_weights(args, console)
     api_key = _api_key(args, base_config)
     # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the
     # storage URL, the environment tracetune runs in) are scrubbed from everything stored.

@@ -94,6 +94,16 @@ def deciding_objective(objectives: Sequence[str], directions: Sequence[str]) -> 
     return next((i for i, d in enumerate(directions) if d == "maximize"), 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class BeyondGate:
+    """The trial that would have been best by the deciding objective had the quality gate not
+    stopped it (it kept every SLO and served every request), with what it costs in quality."""
+
+    candidate: Candidate
+    gate: str  # the gate as users read it, e.g. "ppl<=+1%"
+    cost: str  # its quality loss in words, e.g. "+13.4% perplexity (KLD 0.067, top-1 0.90)"
+
+
 @dataclasses.dataclass
 class Decision:
     objectives: list[str]
@@ -103,6 +113,8 @@ class Decision:
     by: str
     reference_feasible: bool = True  # vLLM's defaults keep within the study's SLOs
     outside_constraints: int = 0  # measured trials left out of the front for breaking a constraint
+    beyond_gate: BeyondGate | None = None  # the best trade the quality gate turned down
+    reference_values: tuple[float, ...] | None = None  # vLLM's defaults, on the front or not
 
     @property
     def reference_is_best(self) -> bool:
@@ -113,7 +125,11 @@ class Decision:
         return [c.label for c in self.front if c.label != REFERENCE]
 
     def verdict(self) -> str:
-        """The answer in one sentence."""
+        """The answer in plain words: the best within the quality gate, then, where the gate turned
+        down a better trade, that trade and its cost."""
+        return self._within_gate() + self._beyond_gate_text()
+
+    def _within_gate(self) -> str:
         if self.best is None:
             return "nothing measured yet: no recommendation."
         if self.reference_is_best:
@@ -122,6 +138,20 @@ class Decision:
             return (f"no configuration beats vLLM's defaults on {self.by}: keep the defaults, unless the "
                     f"trade-off of a front trial ({', '.join(map(str, self.trials_on_front))}) suits you better.")
         return f"trial {self.best.label} is best by {self.by} on the front (vLLM's defaults included)."
+
+    def _beyond_gate_text(self) -> str:
+        if self.beyond_gate is None:
+            return ""
+        b = self.beyond_gate
+        key = self.objectives.index(self.by)
+        value = b.candidate.values[key]
+        ref = next((c.values[key] for c in self.front if c.label == REFERENCE), None)
+        if ref is None and self.reference_values is not None:
+            ref = self.reference_values[key]
+        amount = (f"{value / ref:.2f}x vLLM's defaults' {self.by}" if ref and math.isfinite(ref) and ref > 0
+                  else f"{self.by} {value:.4g}")
+        return (f" Outside the quality gate ({b.gate}): trial {b.candidate.label} reaches {amount} at {b.cost};"
+                f" not recommended unless that loss is acceptable for this model and traffic.")
 
     def _nothing_beats_the_reference(self) -> str:
         """Why no trial is on the front beside vLLM's defaults, and whether keeping them answers the SLO."""
@@ -138,25 +168,42 @@ class Decision:
 
 
 def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
-           directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0) -> Decision:
+           directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0,
+           beyond_gate: Sequence[BeyondGate] = ()) -> Decision:
     """The front of the feasible trials and the reference, and the best of it by the deciding
     objective (ties go to the reference: a change must earn its place). `reference_feasible` and
-    `outside_constraints` (measured trials that broke a constraint) only shape the verdict's words."""
+    `outside_constraints` (measured trials that broke a constraint) only shape the verdict's words;
+    `beyond_gate` (trials that broke only the quality gate) too: the best of them is named, with its
+    cost, when it beats the recommendation by the deciding objective."""
     candidates = ([reference] if reference is not None else []) + list(trials)
     on_front = front(candidates, directions)
     beaten = [t.label for t in trials if reference is not None and dominates(reference.values, t.values, directions)]
     key = deciding_objective(objectives, directions)
-    sign = 1 if directions[key] == "maximize" else -1
-    best = None
-    for c in on_front:
-        value = c.values[key]
-        if math.isnan(value):
-            continue
-        if best is None or sign * value > sign * best.values[key]:
-            best = c
+    best = _best_by(on_front, key, directions[key]) if objectives else None
+    turned_down = _best_by([b.candidate for b in beyond_gate], key, directions[key]) if objectives else None
+    if turned_down is not None and best is not None and not _better(turned_down, best, key, directions[key]):
+        turned_down = None
     return Decision(objectives=list(objectives), front=on_front, best=best, dominated_by_reference=beaten,
                     by=objectives[key] if objectives else "", reference_feasible=reference_feasible,
-                    outside_constraints=outside_constraints)
+                    outside_constraints=outside_constraints,
+                    beyond_gate=next((b for b in beyond_gate if b.candidate is turned_down), None),
+                    reference_values=reference.values if reference is not None else None)
+
+
+def _better(a: Candidate, b: Candidate, key: int, direction: str) -> bool:
+    sign = 1 if direction == "maximize" else -1
+    return sign * a.values[key] > sign * b.values[key]
+
+
+def _best_by(candidates: Sequence[Candidate], key: int, direction: str) -> Candidate | None:
+    """The first candidate with the best value of objective `key` (NaN never wins)."""
+    best = None
+    for c in candidates:
+        if math.isnan(c.values[key]):
+            continue
+        if best is None or _better(c, best, key, direction):
+            best = c
+    return best
 
 
 def economics(capacity: dict[str, Any] | None, *, gpu_hour_cost: float | None = None,
@@ -206,6 +253,20 @@ def _complete_measured(study: Any) -> list[Any]:
 def measured_trials(study: Any) -> list[Any]:
     """The complete trials measured within their constraints: the candidates of the front."""
     return [t for t in _complete_measured(study) if t.user_attrs.get("feasible", True)]
+
+
+def trials_beyond_only_the_gate(study: Any) -> list[Any]:
+    """Measured trials that kept every SLO but broke the quality gate (the last constraint when the
+    study has one: `tuner.objectives.constraint_names`); failed requests are the caller's to check."""
+    if not study.user_attrs.get("quality_gate") and study.user_attrs.get("max_quality_loss") is None:
+        return []
+    out = []
+    for t in _complete_measured(study):
+        constraints = t.user_attrs.get("constraints") or []
+        if not t.user_attrs.get("feasible", True) and constraints and constraints[-1] > 0 \
+                and all(c <= 0 for c in constraints[:-1]):
+            out.append(t)
+    return out
 
 
 def trials_outside_constraints(study: Any) -> int:

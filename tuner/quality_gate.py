@@ -22,6 +22,14 @@ GATE_UNITS = {
 }
 
 
+# The gate a study applies unless told otherwise (`--max-quality-loss none` turns it off): at most
+# +1% perplexity beyond the reference's own noise. Perplexity is the unit users compare quantized
+# models by; 1% keeps only near-lossless settings, and stays above what the default probe resolves
+# (its interval is about +-0.3 points on the bundled model: docs/quality.md).
+DEFAULT_GATE = "ppl:+1%"
+NO_GATE = "none"
+
+
 @dataclasses.dataclass(frozen=True)
 class QualityGate:
     """`--max-quality-loss`: a limit in one unit. Losses are read beyond the reference's own noise
@@ -70,8 +78,8 @@ def _beyond_floor(quality: dict[str, Any], unit: str) -> float | None:
 
 
 def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> QualityGate | None:
-    """`0.05` (nats), `nats:0.05`, `kld:0.01`, `ppl:+1%` (or `ppl:1%`), `top1:0.99`."""
-    if text is None:
+    """`0.05` (nats), `nats:0.05`, `kld:0.01`, `ppl:+1%` (or `ppl:1%`), `top1:0.99`; `none`: no gate."""
+    if text is None or str(text).strip().lower() == NO_GATE:
         return None
     spec = str(text).strip()
     unit, _, value = spec.rpartition(":")
@@ -90,8 +98,8 @@ def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> Qu
             raise ValueError
     except ValueError:
         units = "; ".join(f"{u}: {d}" for u, d in GATE_UNITS.items())
-        raise InputError(f"{flag}: cannot read {spec!r}; write UNIT:LIMIT, e.g. 'kld:0.01', 'ppl:+1%', 'top1:0.99' "
-                         f"or a number of nats such as 0.05 ({units})") from None
+        raise InputError(f"{flag}: cannot read {spec!r}; write UNIT:LIMIT, e.g. 'kld:0.01', 'ppl:+1%', 'top1:0.99', "
+                         f"a number of nats such as 0.05 ({units}), or 'none' for no gate") from None
     return QualityGate(unit, limit)
 
 
@@ -125,6 +133,21 @@ def units_text(quality: dict[str, Any] | None) -> str:
     parts = [f"KLD {quality['kld']['value']:.4f}", f"ppl {quality['ppl_change']['value'] * 100:+.1f}%",
              f"top-1 {quality['top1_agreement']['value']:.2f}"]
     return " · ".join(parts + ([verdict(quality)] if verdict(quality) else []))
+
+
+def cost_text(quality: dict[str, Any] | None) -> str:
+    """A stored quality result's loss in plain words, perplexity first, e.g. "+13.4% perplexity
+    [+12.9%, +13.9%] (KLD 0.067, top-1 0.90)"; "an unmeasured quality" when there is none."""
+    if not quality or not quality.get("ppl_change"):
+        return "an unmeasured quality"
+    ppl = quality["ppl_change"]
+    text = f"{ppl['value'] * 100:+.1f}% perplexity [{ppl['ci_low'] * 100:+.1f}%, {ppl['ci_high'] * 100:+.1f}%]"
+    units = []
+    if quality.get("kld"):
+        units.append(f"KLD {quality['kld']['value']:.3f}")
+    if quality.get("top1_agreement"):
+        units.append(f"top-1 {quality['top1_agreement']['value']:.2f}")
+    return text + (f" ({', '.join(units)})" if units else "")
 
 
 def floor_text(reference_probe: dict[str, Any] | list | None, estimates: dict[str, Estimate] | None = None) -> str:

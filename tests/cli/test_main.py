@@ -95,3 +95,20 @@ def test_a_commands_own_options_are_not_taken_for_the_main_jobs():
     assert (args.command, str(args.trace), args.max_requests) == ("replay", "t.jsonl", 4)
     args = parser.parse_args(["--trace", "t.jsonl", "--trials", "2", "--eager"])
     assert (args.command, str(args.trace), args.trials, args.eager) == (None, "t.jsonl", 2, True)
+
+
+def test_random_weights_get_no_quality_gate_and_refuse_one_asked_for():
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from tracetune.cli.tune import _no_gate_on_random_weights
+    from tracetune.errors import InputError
+
+    out = io.StringIO()
+    for given in (None, "none"):
+        assert _no_gate_on_random_weights(argparse.Namespace(max_quality_loss=given), Console(file=out)) is None
+    assert "output quality is not measurable, so no quality gate applies" in " ".join(out.getvalue().split())
+    with pytest.raises(InputError, match=r"--max-quality-loss ppl:\+2%: random weights .* have no output quality"):
+        _no_gate_on_random_weights(argparse.Namespace(max_quality_loss="ppl:+2%"), Console(file=out))

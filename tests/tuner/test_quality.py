@@ -102,6 +102,15 @@ def test_the_gate_reads_every_unit(text, unit, limit, shown):
     assert (gate.unit, gate.limit, str(gate)) == (unit, pytest.approx(limit), shown)
 
 
+def test_the_default_gate_is_one_percent_perplexity_and_none_turns_it_off():
+    from tracetune.cli.main import _build_parser
+    from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
+
+    assert str(parse_gate(DEFAULT_GATE)) == "ppl<=+1%"
+    assert parse_gate("none") is None and parse_gate(" None ") is None
+    assert f"default {DEFAULT_GATE}" in " ".join(_build_parser().format_help().split())
+
+
 @pytest.mark.parametrize("bad", ["kld:", "ppl:1", "top1:1.5", "bits:3", "nats:-1", "x"])
 def test_a_bad_gate_names_the_flag_and_the_units(bad):
     from tracetune.errors import InputError

@@ -8,7 +8,7 @@ import pytest
 
 from tracetune.errors import InputError
 from tracetune.replay.metrics import Estimate, Summary, parse_slos
-from tracetune.tuner.front import REFERENCE, Candidate, decide, dominates, economics
+from tracetune.tuner.front import REFERENCE, BeyondGate, Candidate, decide, dominates, economics
 from tracetune.tuner.objectives import constraint_values, objective_value, parse_objectives, reference_feasible
 from tracetune.tuner.quality import ProbeItem, QualityResult, Reference, _agreement
 from tracetune.tuner.storage import ResultStore
@@ -129,6 +129,25 @@ def test_reference_best_on_capacity_but_a_trade_off_exists():
     d = decide([Candidate(3, (0.2, 8.0, 0.0))], ref, OBJS, DIRS)
     assert d.reference_is_best and d.trials_on_front == [3]
     assert "unless the trade-off of a front trial (3)" in d.verdict()
+
+
+def test_the_verdict_names_the_best_trade_the_quality_gate_turned_down_and_its_cost():
+    # the quickstart's case: 8-bit weights + fp8 KV cache, 1.09x the defaults' capacity at +13.4% perplexity
+    ref = Candidate(REFERENCE, (0.70, 41.4, 0.0))
+    eight_bit = BeyondGate(Candidate(0, (0.65, 45.1, 0.13)), "ppl<=+1%", "+13.4% perplexity (KLD 0.067, top-1 0.90)")
+    d = decide([Candidate(2, (0.69, 42.0, 0.0))], ref, OBJS, DIRS, beyond_gate=[eight_bit])
+    assert d.best.label == 2 and d.beyond_gate is eight_bit
+    assert d.verdict() == ("trial 2 is best by capacity on the front (vLLM's defaults included). Outside the quality "
+                           "gate (ppl<=+1%): trial 0 reaches 1.09x vLLM's defaults' capacity at +13.4% perplexity "
+                           "(KLD 0.067, top-1 0.90); not recommended unless that loss is acceptable for this model "
+                           "and traffic.")
+    # nothing within the gate beats the defaults: said first, the turned-down trade after it
+    d = decide([], ref, OBJS, DIRS, outside_constraints=1, beyond_gate=[eight_bit])
+    assert d.verdict().startswith("no configuration beats vLLM's defaults: 1 measured trial(s) broke the SLO or "
+                                  "the quality gate, and none is within them. Keep the defaults. Outside the quality")
+    # a trade that is no better than the recommendation is not mentioned
+    slower = BeyondGate(Candidate(5, (0.65, 40.0, 0.13)), "ppl<=+1%", "+13.4% perplexity")
+    assert decide([], ref, OBJS, DIRS, beyond_gate=[slower]).beyond_gate is None
 
 
 def test_dominance_and_ties():
