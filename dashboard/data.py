@@ -116,12 +116,12 @@ class TrialView:
 
     @property
     def sample_sizes(self) -> str:
-        """How many requests the latencies and how many probe prompts the quality rest on."""
+        """How many requests the latencies and how many probe texts the quality rest on."""
         parts = []
         if self.summary and self.summary.get("requests") is not None:
             parts.append(f"{self.summary['requests']} requests")
         if self.quality and self.quality.get("n_prompts"):
-            parts.append(f"{self.quality['n_prompts']} probe prompts")
+            parts.append(f"{self.quality['n_prompts']} probe texts")
         return ", ".join(parts)
 
 

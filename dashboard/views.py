@@ -231,6 +231,15 @@ def _metric_delta(study: data.StudyView, trial: data.TrialView, name: str) -> st
     return f"{value - ref:+.3g} vs reference"
 
 
+def _quality_metric(column, label: str, estimate: dict | None, fmt: str) -> None:
+    """One quality unit with its 95% interval (the vocabulary of the table, best.json and exports)."""
+    if not estimate:
+        column.metric(label, "-")
+        return
+    column.metric(label, fmt.format(estimate["value"]),
+                  help=f"95% CI [{fmt.format(estimate['ci_low'])}, {fmt.format(estimate['ci_high'])}]")
+
+
 def page_detail(study: data.StudyView) -> None:
     numbers = [t.number for t in study.candidates]
     default = st.session_state.get("detail_default", _default_trial(study))
@@ -287,17 +296,13 @@ def page_detail(study: data.StudyView) -> None:
         with right:
             st.markdown("**Quality vs the reference**")
             q = t.quality or {}
-            nll = q.get("nll_delta_per_token") or {}
-            agree = q.get("greedy_agreement") or {}
             k1, k2, k3 = st.columns(3)
-            k1.metric("NLL increase / token", "-" if not nll else f"{nll['value']:+.4f}",
-                      help=f"95% CI [{nll.get('ci_low', math.nan):+.4f}, {nll.get('ci_high', math.nan):+.4f}]"
-                      if nll else None)
-            k2.metric("greedy agreement", "-" if not agree else f"{agree['value']:.1%}")
-            k3.metric("exact match", "-" if q.get("exact_match") is None else f"{q['exact_match']:.1%}")
+            _quality_metric(k1, "perplexity change", q.get("ppl_change"), "{:+.2%}")
+            _quality_metric(k2, "KLD / token", q.get("kld"), "{:.4f}")
+            _quality_metric(k3, "top-1 agreement", q.get("top1_agreement"), "{:.3f}")
             if q.get("accuracy") is not None:
-                st.caption(f"accuracy on labelled prompts: {q['accuracy']:.1%}")
-            st.caption(f"{q.get('n_prompts', '?')} probe prompts"
+                st.caption(f"accuracy on labelled prompts: {q['accuracy']['value']:.1%}")
+            st.caption(f"{q.get('n_prompts', '?')} probe texts"
                        + (f", {q['n_tokens']} tokens" if q.get("n_tokens") else "")
                        + (f" · {verdict(q)}" if verdict(q) else "")
                        + (f" · measured for trial {q['reused_from']} (same quality key)"

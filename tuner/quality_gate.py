@@ -159,7 +159,7 @@ def floor_text(reference_probe: dict[str, Any] | list | None, estimates: dict[st
     est = _estimates(ref.floor) if estimates is None else estimates
     if "nll" not in est:
         return ""
-    size = f"{len(ref.items)} prompts, {sum(len(i.reference_ids) for i in ref.items)} tokens"
+    size = f"{len(ref.items)} texts, {sum(len(i.reference_logprobs) for i in ref.items)} tokens"
     parts = [f"KLD {est['kld'].value:.4f} [{est['kld'].low:.4f}, {est['kld'].high:.4f}]"] if "kld" in est else []
     parts.append(f"ppl {est['ppl'].value * 100:+.2f}% [{est['ppl'].low * 100:+.2f}%, {est['ppl'].high * 100:+.2f}%]")
     if "top1" in est:

@@ -27,8 +27,8 @@ class StudySettings:
     client_procs: int | None = None  # replay client processes; None: enough for the rate, within free cores
     # --gpu-hour-cost / --target-rate, kept with the study so the dashboard and exports show them
     economics: dict[str, float] = dataclasses.field(default_factory=dict)
-    probe_prompts: int = 16  # why 16 x 32: README, "Quality"
-    probe_tokens: int = 32
+    probe_prompts: int = 64  # why 64 x 1024: docs/quality.md, "Probe size"
+    probe_tokens: int = 1024
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
     patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row

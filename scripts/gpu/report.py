@@ -55,7 +55,7 @@ def main() -> None:
         rows = store.trials(study)
         print(f"\n### {study}\n")
         print("| trial | differs from the reference (vLLM defaults) | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
-              "TPOT p99 ms | output tok/s | quality: NLL delta nats/token | greedy agreement | "
+              "TPOT p99 ms | output tok/s | quality: NLL delta nats/token | top-1 agreement | "
               "engine start s | trial wall s |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         s = ref["summary"]
@@ -71,7 +71,7 @@ def main() -> None:
             if "W4A16" in str(r["config"]["model"]) or "W8A8" in str(r["config"]["model"]):
                 diff["model"] = Path(r["config"]["model"]).name.split("-bf16-")[-1]
             nll = q["nll_delta_per_token"]
-            agree = q["greedy_agreement"]
+            agree = q.get("top1_agreement") or q.get("greedy_agreement")  # older studies: greedy only
             print(f"| {r['trial_number']} | {', '.join(f'{k}={v}' for k, v in diff.items())} | "
                   f"{ms(L['ttft']['p50'])} | {ms(L['ttft']['p99'])} | "
                   f"{ms(L['tpot']['p50'])} | {ms(L['tpot']['p99'])} | "

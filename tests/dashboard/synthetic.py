@@ -5,6 +5,7 @@ Real-engine data comes from the session mini-study (tests/conftest.py)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 REF_MODEL = "/models/My Model's v1; echo pwned"  # quotes, spaces and ';' in the path on purpose
@@ -30,7 +31,10 @@ def summary(ttft_p99: float, output_tps: float, *, ttft_p50: float | None = None
 
 def quality(loss: float) -> dict:
     return {"nll_delta_per_token": {"value": loss, "ci_low": loss - 0.001, "ci_high": loss + 0.001},
-            "greedy_agreement": _estimate(0.9), "exact_match": 0.5, "accuracy": None, "n_prompts": 4}
+            "ppl_change": {"value": math.expm1(loss), "ci_low": math.expm1(loss - 0.001),
+                           "ci_high": math.expm1(loss + 0.001)},
+            "kld": _estimate(loss / 2), "top1_agreement": _estimate(0.9),
+            "greedy_agreement": None, "exact_match": None, "accuracy": None, "n_prompts": 4}
 
 
 # The reference's probe: two prompts of 4 tokens, and its noise floor (the reference against itself).

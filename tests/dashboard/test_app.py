@@ -54,7 +54,7 @@ def test_pareto_page(monkeypatch, synthetic_url):
     slo_lines = [s for s in fig["layout"]["shapes"] if s.get("x0") == pytest.approx(800.0)]
     assert slo_lines, "the TTFT SLO is drawn"
     assert any("1 violate an SLO or the quality gate" in c.value for c in at.caption)
-    assert any(c.value.startswith("quality noise floor (the reference against itself, 2 prompts") for c in at.sidebar.caption)
+    assert any(c.value.startswith("quality noise floor (the reference against itself, 2 texts") for c in at.sidebar.caption)
     # any two metrics, and the 3-D view
     at.selectbox(key="pareto_x").set_value("e2e_p99").run()
     assert figure(at)["layout"]["xaxis"]["title"]["text"] == "e2e_p99 (ms)"
@@ -111,7 +111,7 @@ def test_detail_page_measured_and_failed(monkeypatch, synthetic_url):
     assert titles == ["TTFT CDF", "ITL CDF", "E2E CDF", "request timeline"]
     labels = {m.label: m.value for m in at.metric}
     assert labels["prefix-cache hit rate"] == "25.0%" and labels["speculative acceptance"] == "60.0%"
-    assert labels["greedy agreement"] == "90.0%"
+    assert labels["top-1 agreement"] == "0.900" and labels["perplexity change"].startswith("+")
     cdf = figure(at, 0)
     assert [t["name"] for t in cdf["data"]] == ["trial 0", "reference (vLLM's defaults)"]  # the reference overlaid
     at.selectbox(key="detail_trial").set_value(-1).run()

@@ -123,7 +123,7 @@ def test_the_noise_floor_is_a_band_on_quality_axes(study):
     assert low == 0.0 and high == pytest.approx(0.004, abs=1e-9)
     assert data.floor_band(study, "top1_agreement") == (pytest.approx(0.9), 1.0)
     assert data.floor_band(study, "ttft_p99") is None
-    assert study.floor_text.startswith("noise floor (the reference against itself, 2 prompts, 8 tokens)")
+    assert study.floor_text.startswith("noise floor (the reference against itself, 2 texts, 8 tokens)")
     fig = charts.pareto_figure(study, "ttft_p99", "quality_loss").to_dict()
     bands = [s for s in fig["layout"]["shapes"] if s.get("type") == "rect"]
     assert len(bands) == 1 and bands[0]["y0"] == 0.0 and bands[0]["y1"] == pytest.approx(0.004, abs=1e-9)
@@ -165,7 +165,7 @@ def test_trial_table_rows(study):
     rows = {r["trial"]: r for r in tables.trial_table(study)}
     assert rows[1]["output_tps"] == 45.0 and rows[1]["category"] == "pareto"
     assert rows[1]["95% intervals"] == "ttft_p99 [450, 550] ms · output_tps [40.5, 49.5] · quality_loss [0.019, 0.021]"
-    assert rows[1]["based on"] == "4 requests, 4 probe prompts"
+    assert rows[1]["based on"] == "4 requests, 4 probe texts"
     assert rows[1]["differs from reference"] == "max_num_seqs=32"
     assert rows[5]["differs from reference"].startswith("sampled: max_num_seqs=")
     assert "AVX-512" in rows[5]["failure"]
@@ -201,7 +201,7 @@ def test_compare_marks_differences(study):
     assert rows["config.max_num_seqs"]["differs"] and rows["config.max_num_seqs"]["a"] == "8"
     assert not rows["config.dtype"]["differs"]
     assert rows["ttft_p99"]["a"] == "300 ms [270, 330] ms" and rows["ttft_p99"]["b"] == "500 ms [450, 550] ms"
-    assert rows["based on"]["a"] == "4 requests, 4 probe prompts"  # sample sizes shown
+    assert rows["based on"]["a"] == "4 requests, 4 probe texts"  # sample sizes shown
 
 
 def test_front_on_two_axes_and_staircase(study):

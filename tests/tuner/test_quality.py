@@ -53,9 +53,9 @@ def perturbed(it: ProbeItem, scale: float, rng) -> tuple[list[float], list[dict[
 def study(noise_floor: float, candidate: float, seed: int = 0):
     rng = np.random.default_rng(seed)
     reference = Reference(items=[item(rng) for _ in range(24)])
-    floor = [item_stats(it, *perturbed(it, noise_floor, rng)) for it in reference.items]
+    floor = [r for it in reference.items for r in item_stats(it, *perturbed(it, noise_floor, rng))]
     reference.floor = {k: [r[k] for r in floor] for k in ("nll", "kld", "top1")}
-    rows = [item_stats(it, *perturbed(it, candidate, rng)) for it in reference.items]
+    rows = [r for it in reference.items for r in item_stats(it, *perturbed(it, candidate, rng))]
     units = {k: [r[k] for r in rows] for k in ("nll", "kld", "top1")}
     n = len(rows)
     return summarize_quality(reference, units, [1.0] * n, [1.0] * n, [])
@@ -84,7 +84,7 @@ def test_a_reference_stored_before_the_floor_still_reads_and_reports_no_floor():
     reference = Reference.from_json(old)
     assert reference.floor is None and reference.items[0].reference_top is None
     stats = item_stats(reference.items[0], [-0.7], [])
-    assert stats == {"nll": pytest.approx(0.2)}
+    assert stats == [{"nll": pytest.approx(0.2)}]
     result = summarize_quality(reference, {"nll": [0.2]}, [1.0], [1.0], [])
     assert result.kld is None and result.within_floor is None and result.beyond_floor is None
     assert Reference.from_json(Reference(items=reference.items, floor={"nll": [0.0]}).to_json()).floor == {"nll": [0.0]}
@@ -172,8 +172,8 @@ def test_probe_prompts_span_the_traces_length_mix_not_only_its_start():
     assert lengths[0] == min(len(r.prompt) for r in records) and lengths[-1] == max(len(r.prompt) for r in records)
     assert sum(length > 100 for length in lengths) >= 2  # the long tail is probed
     assert [t for t, _ in chosen] == sorted((t for t, _ in chosen), key=lambda t: [r.prompt for r in records].index(t))
-    few = probe_prompts(Trace(source="t", records=records[:3]), 8)
-    assert [t for t, _ in few] == ["hi 0", "hi 1", "hi 2"]
+    few = probe_prompts(Trace(source="t", records=records[:3]), 8)  # fewer prompts than texts: repeated
+    assert [t for t, _ in few] == ["hi 0", "hi 1", "hi 2"] * 2 + ["hi 0", "hi 1"]
 
 
 def test_a_gate_reads_back_from_its_stored_spec():
@@ -226,13 +226,13 @@ def test_the_floor_reads_from_a_stored_reference_probe_with_its_size():
 
     rng = np.random.default_rng(1)
     reference = Reference(items=[item(rng) for _ in range(6)])
-    floor = [item_stats(it, *perturbed(it, 0.05, rng)) for it in reference.items]
+    floor = [r for it in reference.items for r in item_stats(it, *perturbed(it, 0.05, rng))]
     reference.floor = {k: [r[k] for r in floor] for k in ("nll", "kld", "top1")}
     est = floor_estimates(reference.to_json())
     assert est["kld"].value == pytest.approx(np.mean(reference.floor["kld"])) and est["kld"].low <= est["kld"].high
     assert est["ppl"].value == pytest.approx(math.expm1(est["nll"].value))
     text = floor_text(reference.to_json())
-    assert text.startswith("noise floor (the reference against itself, 6 prompts, 96 tokens): KLD ")
+    assert text.startswith("noise floor (the reference against itself, 6 texts, 96 tokens): KLD ")
     old = [{"prompt_ids": [1], "reference_ids": [2], "reference_logprobs": [-0.5], "expected": None}]
     assert floor_estimates(old) == {} and floor_text(old) == "" and floor_text(None) == ""
 
