@@ -170,8 +170,9 @@ def _no_gate_on_random_weights(args: argparse.Namespace, console) -> None:
     """Random weights (--load-format dummy) have no output quality: no gate applies to them, and one
     the user asked for is an error (quality is measured on real weights)."""
     from tracetune.errors import InputError
+    from tracetune.tuner.quality_gate import parse_gate
 
-    if args.max_quality_loss is not None and args.max_quality_loss.strip().lower() != "none":
+    if parse_gate(args.max_quality_loss) is not None:
         raise InputError(f"--max-quality-loss {args.max_quality_loss}: random weights (--load-format dummy) have no "
                          f"output quality to gate; measure quality on the real weights, or leave the flag out")
     console.print("[dim]·[/] random weights (--load-format dummy): output quality is not measurable, so no "

@@ -145,9 +145,7 @@ class Decision:
         b = self.beyond_gate
         key = self.objectives.index(self.by)
         value = b.candidate.values[key]
-        ref = next((c.values[key] for c in self.front if c.label == REFERENCE), None)
-        if ref is None and self.reference_values is not None:
-            ref = self.reference_values[key]
+        ref = self.reference_values[key] if self.reference_values is not None else None
         amount = (f"{value / ref:.2f}x vLLM's defaults' {self.by}" if ref and math.isfinite(ref) and ref > 0
                   else f"{self.by} {value:.4g}")
         return (f" Outside the quality gate ({b.gate}): trial {b.candidate.label} reaches {amount} at {b.cost};"

