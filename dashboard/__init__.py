@@ -14,3 +14,6 @@ APP = Path(__file__).resolve().parent / "app.py"  # what `tune dashboard` runs u
 # How `tune dashboard` tells the app which study to open.
 ENV_STORAGE = "TRACETUNE_DASHBOARD_STORAGE"
 ENV_STUDY = "TRACETUNE_DASHBOARD_STUDY"
+# "0" hides the sidebar's storage box (`tune dashboard --no-storage-picker`, and by default when the
+# dashboard listens beyond localhost): a visitor cannot point it at other files on the server.
+ENV_STORAGE_PICKER = "TRACETUNE_DASHBOARD_STORAGE_PICKER"
