@@ -105,6 +105,13 @@ def at_size(reference: Reference, rows: list[list[dict]], seconds: list[float], 
             "within_floor": q.within_floor, "score_s": sum(seconds[:k])}
 
 
+def save(data: dict, path: Path | None) -> None:
+    """Written after the reference and after each configuration, so a run cut short keeps what it measured."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2))
+
+
 def measure(args: argparse.Namespace) -> dict:
     model = prepare_default_model()
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,10 +121,12 @@ def measure(args: argparse.Namespace) -> dict:
         sizes = [k for k in (8, 16, 32, 64, 128) if k < len(reference.items)] + [len(reference.items)]
         out = {"probe_prompts": args.probe_prompts, "probe_tokens": args.probe_tokens, "gpu": args.gpu,
                "reference_s": reference_s, "configs": {}}
+        save(out, args.json)
         for name, config in configs(model, args.gpu).items():
             rows, seconds = score_each(config, reference, Path(tmp))
             out["configs"][name] = [at_size(reference, rows, seconds, k) for k in sizes]
             print(f"{name}: scored in {sum(seconds):.0f} s", flush=True)
+            save(out, args.json)
     return out
 
 
@@ -148,9 +157,6 @@ def main() -> int:
         report(json.loads(args.report_only.read_text()))
         return 0
     data = measure(args)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=2))
     report(data)
     return 0
 
