@@ -32,11 +32,11 @@ git archive --format=tar --prefix=src/ HEAD -- . ':!docs' ':!tests' | tar -x -C 
 tar -cf .gpu/payload.tar -C "$work" th extra src
 sha256sum .gpu/payload.tar | cut -d' ' -f1 > .gpu/payload.sha256
 rm -rf "$work"
-# 8 small chunks (2 MiB) ride with the 8 kit parts (50 MiB), the rest go alone (54 MiB): each transfer
-# stays under 64 MiB with a working tree of up to ~11 MiB.
+# 8 small chunks (2 MiB) ride with the 8 kit parts (50 MiB), the rest go alone (48 MiB): each transfer
+# stays under 64 MiB with a working tree of up to ~11 MiB (the rest: ~15 MiB).
 mkdir -p .gpu/chunks && rm -f .gpu/chunks/*
 head -c $((8 * 2 * 1048576)) .gpu/payload.tar | split -b $((2 * 1048576)) -d -a 2 - .gpu/chunks/s
-tail -c +$((8 * 2 * 1048576 + 1)) .gpu/payload.tar | split -b $((54 * 1048576)) -d -a 2 - .gpu/chunks/t
+tail -c +$((8 * 2 * 1048576 + 1)) .gpu/payload.tar | split -b $((48 * 1048576)) -d -a 2 - .gpu/chunks/t
 for i in 00 01 02 03 04 05 06 07; do
   mkdir -p .gpu/c$i && cp .gpu/p$i/* .gpu/c$i/ && { [ -f .gpu/chunks/s$i ] && cp .gpu/chunks/s$i .gpu/c$i/ || true; }
 done
