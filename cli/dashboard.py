@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracetune.dashboard import APP, ENV_STORAGE, ENV_STUDY
+from tracetune.dashboard import APP, ENV_STORAGE, ENV_STORAGE_PICKER, ENV_STUDY
 
 # = dashboard.export.FORMATS (not imported: fast --help)
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
@@ -20,9 +20,12 @@ examples:
   tune dashboard                                   # the study of the latest `tune --trace` run (runs/*/study.db)
   tune dashboard --storage sqlite:///runs/traffic/study.db --study traffic --port 8600
   tune dashboard --storage postgresql://tuner@db/tracetune --study nightly --host 0.0.0.0   # reachable from the network
+  tune dashboard --no-storage-picker               # visitors cannot open other databases
 
-The dashboard only reads the study; it listens on 127.0.0.1 unless --host says otherwise (it has
-no login: anyone who can reach the port can read the study).
+The dashboard only reads the study (SQLite opened read-only; an empty or missing file is refused,
+never created); it listens on 127.0.0.1 unless --host says otherwise (it has no login: anyone who
+can reach the port can read the study). The sidebar's storage box, which opens any database the
+server can reach, is off when --host is not a loopback address, and with --no-storage-picker.
 """
 
 EXPORT_EPILOG = """\
@@ -57,6 +60,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     dash.add_argument("--port", type=int, default=8501, metavar="N", help="default 8501")
     dash.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                       help="address to listen on (default 127.0.0.1: this machine only)")
+    dash.add_argument("--no-storage-picker", action="store_true",
+                      help="hide the sidebar's storage box, so visitors see only this study (always hidden "
+                           "when --host is not a loopback address)")
 
     exp = sub.add_parser("export", help="write a trial's config as a vLLM command, compose service, "
                                         "Kubernetes manifests, Helm values or JSON",
@@ -117,6 +123,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def storage_picker(host: str, switched_off: bool) -> bool:
+    """Whether the sidebar offers its storage box: only on a loopback address, unless switched off
+    (a visitor from the network could otherwise open any database the server can reach)."""
+    return is_loopback(host) and not switched_off
+
+
 def streamlit_argv(host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(APP),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
@@ -134,13 +146,14 @@ def dashboard_command(args: argparse.Namespace, console) -> int:
     url = storage_url(args.storage)
     study = resolve_study(url, args.study)
     check_port_free(args.host, args.port)
-    env = {**os.environ, ENV_STORAGE: url, ENV_STUDY: study}
+    env = {**os.environ, ENV_STORAGE: url, ENV_STUDY: study,
+           ENV_STORAGE_PICKER: "1" if storage_picker(args.host, args.no_storage_picker) else "0"}
     shown = "localhost" if is_loopback(args.host) else args.host
     console.print(f"dashboard for study [bold]{study}[/] ({url}): http://{shown}:{args.port}  (Ctrl-C stops it)",
                   highlight=False)
     if not is_loopback(args.host):
         console.print(f"[yellow]note[/]: listening on {args.host}: anyone who can reach port {args.port} can read "
-                      f"this study (the dashboard has no login)", highlight=False)
+                      f"this study (the dashboard has no login); the sidebar's storage box is off", highlight=False)
     proc = subprocess.Popen(streamlit_argv(args.host, args.port), env=env)
 
     def on_term(signum, frame):  # `kill PID` of tune stops the server too

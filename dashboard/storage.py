@@ -41,18 +41,42 @@ def storage_url(given: str | None) -> str:
 
 
 def check_storage(url: str) -> None:
-    """Refuse, with one line that says what to do, a storage that cannot hold a study: a SQLite URL
-    whose file does not exist (opening it would create an empty database) or is not a database, a
-    URL SQLAlchemy cannot read, a database server that does not answer."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):].split("?", 1)[0]
-        if path and path != ":memory:" and not Path(path).is_file():
-            raise InputError(f"--storage {url}: no such database file {path!r}; run `tune --trace FILE` first "
+    """Refuse, with one line that says what to do, a storage that cannot hold a study, before
+    anything opens it through Optuna (which would write its schema into it): a SQLite URL whose file
+    does not exist, is empty or is not a database, a URL SQLAlchemy cannot read, a database server
+    that does not answer, a database without a study's tables."""
+    path = sqlite_path(url)
+    if path is not None:
+        if not path.is_file():
+            raise InputError(f"--storage {url}: no such database file {str(path)!r}; run `tune --trace FILE` first "
                              f"(it writes runs/STUDY/study.db) or give the URL of an existing study database")
-        if path and path != ":memory:" and Path(path).stat().st_size and not _is_sqlite(Path(path)):
-            raise InputError(f"--storage {url}: {path!r} is not a SQLite database; give the study.db a "
+        if not path.stat().st_size:
+            raise InputError(f"--storage {url}: {str(path)!r} is empty, not a study database (the dashboard and "
+                             f"exports only read: they never create one); give the study.db a `tune --trace` run "
+                             f"wrote (runs/STUDY/study.db)")
+        if not _is_sqlite(path):
+            raise InputError(f"--storage {url}: {str(path)!r} is not a SQLite database; give the study.db a "
                              f"`tune --trace` run wrote (runs/STUDY/study.db)")
-    _connect_once(url)
+    tables = _tables_once(url)
+    missing = sorted(STUDY_TABLES - tables)
+    if missing:
+        shown = display_url(url)
+        what = "holds no tables" if not tables else f"has no {', '.join(missing)} table{'s' * (len(missing) > 1)}"
+        raise InputError(f"--storage {shown}: this database {what}, so it is not a tracetune study database (the "
+                         f"dashboard and exports only read: they never create one); give the database a "
+                         f"`tune --trace` run wrote (runs/STUDY/study.db, or its --storage URL)")
+
+
+# Optuna's tables every study database has (tracetune's own come with the first result).
+STUDY_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None for another database or an in-memory one)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
 
 
 def _is_sqlite(path: Path) -> bool:
@@ -60,21 +84,21 @@ def _is_sqlite(path: Path) -> bool:
         return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
 
 
-def _connect_once(url: str) -> None:
-    """Open and close one connection, so a bad URL or a server that does not answer is one clear
-    error here, not a traceback from deep inside the first query."""
+def _tables_once(url: str) -> set[str]:
+    """The tables of the database at `url`, read through one read-only connection, so a bad URL or a
+    server that does not answer is one clear error here, not a traceback from deep inside a query."""
     import sqlalchemy
     from sqlalchemy import exc
 
     shown = display_url(url)
     try:
-        engine = sqlalchemy.create_engine(normalize_url(url), **_engine_kwargs(normalize_url(url)))
+        engine = read_only_engine(url)
     except (exc.ArgumentError, exc.NoSuchModuleError, ValueError):
         raise InputError(f"--storage {shown}: not a database URL SQLAlchemy can read; write sqlite:///PATH, a "
                          f"path to a study.db, or postgresql://USER@HOST/DB") from None
     try:
-        with engine.connect():
-            pass
+        with engine.connect() as conn:
+            return set(sqlalchemy.inspect(conn).get_table_names())
     except exc.DBAPIError as error:
         reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
         raise InputError(f"--storage {shown}: cannot open the database: {display_url(reason)}; check that it "
@@ -83,22 +107,56 @@ def _connect_once(url: str) -> None:
         engine.dispose()
 
 
+def read_only_engine(url: str) -> Any:
+    """A SQLAlchemy engine that cannot write the database at `url`."""
+    import sqlalchemy
+
+    url = normalize_url(url)
+    return sqlalchemy.create_engine(url, **_engine_kwargs(url))
+
+
+def _connect_read_only(path: str) -> Any:
+    """A SQLite connection that cannot write `path` (nor create it): `mode=ro` on a `file:` URI."""
+    import sqlite3
+    from urllib.parse import quote
+
+    return sqlite3.connect(f"file:{quote(str(Path(path).resolve()))}?mode=ro", uri=True, timeout=30,
+                           check_same_thread=False)
+
+
 def _engine_kwargs(url: str) -> dict[str, Any]:
-    """SQLite waits for a writer's lock; a server that does not answer fails within 10 s."""
+    """Read-only connections: a SQLite file opened `mode=ro` (waiting for a writer's lock up to
+    30 s), PostgreSQL sessions whose transactions are read-only; a server that does not answer
+    fails within 10 s."""
+    import functools
+
+    path = sqlite_path(url)
+    if path is not None:
+        # A module-level function (not a lambda), so the storage still pickles.
+        return {"creator": functools.partial(_connect_read_only, str(path))}
     if url.startswith("sqlite"):
         return {"connect_args": {"timeout": 30}}
     if url.startswith("postgresql"):
-        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10,
+                                                        "options": "-c default_transaction_read_only=on"}}
     return {"pool_pre_ping": True}
 
 
 def optuna_storage(url: str):
-    """A plain RDBStorage (no heartbeat: the dashboard never touches a trial's state)."""
+    """A plain RDBStorage on a read-only connection (no heartbeat: the dashboard never touches a
+    trial's state), on a database `check_storage` found a study's tables in: Optuna creates neither
+    tables nor version rows there."""
     import optuna
+    from sqlalchemy import exc
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     url = normalize_url(url)
-    return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), skip_table_creation=True)
+    except (exc.SQLAlchemyError, RuntimeError) as error:
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+        raise InputError(f"--storage {display_url(url)}: cannot read this study database read-only: "
+                         f"{display_url(reason)}") from None
 
 
 def study_names(url: str) -> list[str]:
