@@ -114,7 +114,9 @@ class ServerProcess:
                 env=self.env,
                 start_new_session=True,
                 close_fds=True,
-                cwd=str(Path(__file__).resolve().parent.parent),
+                # A neutral folder: started from the source tree, `-m tracetune...` could find the
+                # checkout's own tracetune/ folder (root modules only) before the installed package.
+                cwd=str(self.log_path.parent),
             )
         finally:
             os.close(read_end)
