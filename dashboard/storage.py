@@ -75,8 +75,10 @@ def sqlite_path(url: str) -> Path | None:
     """The file of a SQLite URL (None for another database or an in-memory one)."""
     if not url.startswith("sqlite:///"):
         return None
-    path = url[len("sqlite:///"):].split("?", 1)[0]
-    return Path(path) if path and path != ":memory:" else None
+    from sqlalchemy.engine import make_url
+
+    path = make_url(url).database  # as SQLAlchemy reads it (the writer did too)
+    return Path(path) if path and path != ":memory:" and not path.startswith("file:") else None
 
 
 def _is_sqlite(path: Path) -> bool:
