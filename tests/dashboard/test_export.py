@@ -220,7 +220,10 @@ def test_json_export_round_trip(study):
 
 def test_header_says_what_was_measured_where_and_under_which_slo(study):
     text = export(study, study.trial(1), "k8s", ExportOptions(image="img:1"))
-    assert "# measured on NVIDIA GPU with vLLM ?; flags for vLLM 0.24.0" in text  # a study from before the version
+    # a study from before the version was kept: said in words, never "vLLM ?"
+    assert "# measured on NVIDIA GPU with a vLLM version the study did not record; flags for vLLM 0.24.0, the GPU " \
+           "release tracetune runs (--vllm-version names another)" in text
+    assert "vLLM ?" not in text and "vLLM None" not in text
     assert "max_num_seqs=32" in text and f"# chosen under: {SLO}, quality gate nats<=0.05" in text
     assert "WARNING" in export(study, study.trial(3), "vllm-cmd")  # an infeasible trial says so
 
@@ -320,11 +323,23 @@ def test_parse_pick():
 def test_pick_from_the_front(study):
     assert pick_trial(study, parse_pick("max:output_tps")).number == 1
     assert pick_trial(study, parse_pick("max:output_tps where ttft_p99<400ms")).number == 0
-    assert pick_trial(study, parse_pick("min:quality_loss")).number == 0
+    # vLLM's defaults compete: they lose nothing in quality, and ties go to them (a change must earn its place)
+    assert pick_trial(study, parse_pick("min:quality_loss")).is_reference
+    assert pick_trial(study, parse_pick("min:quality_loss where output_tps>25")).number == 0
     # trial 3 has the most throughput but violates the SLO: never picked
     assert pick_trial(study, parse_pick("max:output_tps where ttft_p99<2")).number == 1
-    with pytest.raises(InputError, match="no trial on the front meets it"):
+    with pytest.raises(InputError, match="no trial on the front meets it, nor do vLLM's defaults .*vLLM's defaults: "
+                                         "output_tps=20, ttft_p99=0.25; trial 0: "):
         pick_trial(study, parse_pick("max:output_tps where ttft_p99<0.1"))
+
+
+def test_pick_exports_the_defaults_when_only_they_meet_the_rule(study):
+    """The defaults (ttft_p99 0.25 s) are the only candidate under 280 ms: picked, not "no trial meets it"."""
+    chosen = pick_trial(study, parse_pick("max:output_tps where ttft_p99<280ms"))
+    assert chosen.is_reference
+    text = export(study, chosen, "vllm-cmd", ExportOptions(chosen_by=parse_pick("max:output_tps where ttft_p99<280ms")))
+    assert "# tracetune export (vllm-cmd): study 'synth', the reference (vLLM's defaults)" in text
+    assert "# vLLM's defaults: the reference every quality is measured against (no quality cost)" in text
 
 
 def test_best_and_select(study):
