@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracetune.dashboard import capacity
-from tracetune.dashboard.data import StudyView, TrialView, diff_text, floor_band, front_line, thresholds
-from tracetune.dashboard.metrics import display_value, metric_label
+from tracetune.dashboard.data import StudyView, TrialView, diff_text, front_line
+from tracetune.dashboard.metrics import display_value, metric_label, quality_text
 from tracetune.dashboard.records import latency_cdfs, request_records, timeline
 
 STYLE = {
@@ -17,16 +17,63 @@ STYLE = {
                 opacity=0.9),
     "dominated": dict(name="dominated", color="#8c959f", symbol="circle", size=10, opacity=0.7),
     "infeasible": dict(name="violates SLO / quality gate", color="#d97706", symbol="x", size=12, opacity=0.9),
+    # named per study by `_outside_gate_name`
+    "outside_gate": dict(name="outside the quality gate", color="#dc2626", symbol="diamond-x", size=15, opacity=1.0),
 }
 REFERENCE_STYLE = dict(name="reference (unquantized)", color="#16a34a", symbol="star", size=20)
 PALETTE = ["#1f6feb", "#d97706", "#16a34a", "#9333ea"]
+
+
+# -- thresholds ----------------------------------------------------------------------------------
+def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
+    """Lines to draw per metric: SLOs (`ttft:p99<500ms` -> ttft_p99 at 0.5 s) and the quality gate."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for slo in study.parsed_slos:
+        out.setdefault(f"{slo.metric}_{slo.stat}", []).append((f"SLO {slo}", slo.threshold_s))
+    if study.max_quality_loss is not None:
+        out.setdefault("quality_loss", []).append((f"quality gate {study.max_quality_loss:g}", study.max_quality_loss))
+    gate = study.quality_gate
+    if gate is not None and gate.unit != "nats":
+        metric = {"kld": "kld", "ppl": "ppl_change", "top1": "top1_agreement"}[gate.unit]
+        out.setdefault(metric, []).append((f"quality gate {gate} (beyond the noise floor)", gate.limit))
+    return out
+
+
+def floor_band(study: StudyView, metric: str) -> tuple[float, float] | None:
+    """The range of a quality metric that the reference's own noise covers (drawn as a band): what a
+    configuration measures inside it cannot be told apart from vLLM's defaults."""
+    floor = study.noise_floor
+    unit = {"quality_loss": "nll", "kld": "kld", "ppl_change": "ppl", "top1_agreement": "top1"}.get(metric)
+    if unit not in floor:
+        return None
+    est = floor[unit]
+    if unit == "top1":
+        return min(1.0, est.low), 1.0
+    return min(0.0, est.low), max(0.0, est.high)
 
 
 def _hover(study: StudyView, t: TrialView) -> str:
     values = "<br>".join(f"{o}: {display_value(o, t.metric(o))}" for o in study.objectives)
     diff = diff_text(t.diff).replace(", ", "<br>  ")
     beaten = "<br>vLLM's defaults beat it on every objective" if t.beaten_by_reference else ""
-    return f"<b>trial {t.number}</b> ({t.category}){beaten}<br>{values}<br>config vs reference:<br>  {diff}"
+    gate = f"<br><b>outside {study.gate_words}</b>" if t.outside_gate else ""
+    why = "".join(f"<br>{v}" for v in t.violations if not v.startswith("outside the quality gate"))
+    return (f"<b>trial {t.number}</b> ({t.category}){beaten}{gate}{why}<br>{values}<br>quality: "
+            f"{quality_text(t.quality).replace(' · ', '<br>  ')}<br>config vs reference:<br>  {diff}")
+
+
+def chart_category(t: TrialView) -> str:
+    """How a trial is drawn: its category, except that a point whose quality breaks the gate is
+    drawn as outside it (a front point of a study without a gate, or one only the gate kept off)."""
+    if (t.category in ("pareto", "tie") and t.outside_gate) or (t.category == "infeasible" and t.only_the_gate):
+        return "outside_gate"
+    return t.category
+
+
+def _outside_gate_name(study: StudyView) -> str:
+    if study.gate_off:
+        return f"on the front, outside the default gate {study.shown_gate} (no gate set)"
+    return f"outside the quality gate {study.shown_gate} only (SLOs kept)"
 
 
 def _scaled(values: Sequence[float], name: str) -> list[float | None]:
@@ -42,13 +89,16 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
     fig = go.Figure()
     axes = [x, y] + ([z] if z else [])
     for category, style in STYLE.items():
-        trials = [t for t in study.trials if t.category == category and not any(math.isnan(t.metric(a)) for a in axes)]
+        trials = [t for t in study.trials if chart_category(t) == category
+                  and not any(math.isnan(t.metric(a)) for a in axes)]
         if not trials:
             continue
         coords = {a: _scaled([t.metric(a) for t in trials], a) for a in axes}
         marker = dict(color=style["color"], symbol=style["symbol"], size=style["size"], opacity=style["opacity"],
-                      line=dict(width=1.5, color="#0b3d91") if category == "pareto" else dict(width=0))
-        common = dict(mode="markers+text", name=f"{style['name']} ({len(trials)})",
+                      line=dict(width=1.5, color="#0b3d91") if category == "pareto" else
+                      dict(width=1.5, color="#7f1d1d") if category == "outside_gate" else dict(width=0))
+        name = _outside_gate_name(study) if category == "outside_gate" else style["name"]
+        common = dict(mode="markers+text", name=f"{name} ({len(trials)})",
                       text=[f"{t.number}" for t in trials], textposition="top center",
                       hovertext=[_hover(study, t) for t in trials], hoverinfo="text",
                       customdata=[t.number for t in trials])

@@ -1,9 +1,10 @@
 """A study as the dashboard and exports see it: `load_study` reads it (through `dashboard.storage`,
 never writing) into a `StudyView` of `TrialView`s, the reference's run among them as a candidate,
 with the front decided by the tuner's own rule (`tuner.front`), ties inside the intervals marked,
-SLO and gate thresholds and the quality noise floor. Plain functions, no Streamlit, so every page's
-numbers are tested without a browser. Metrics: `dashboard.metrics`; tables: `dashboard.tables`;
-request records: `dashboard.records`; search progress: `dashboard.progress`.
+each trial's status (stale heartbeats are interrupted) and why it is off the front. Plain functions,
+no Streamlit, so every page's numbers are tested without a browser. Metrics: `dashboard.metrics`;
+tables: `dashboard.tables`; thresholds and bands: `dashboard.charts`; request records:
+`dashboard.records`; search progress: `dashboard.progress`.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ from tracetune.dashboard.storage import optuna_storage, read_results, resolve_st
 from tracetune.errors import InputError
 
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
-from tracetune.tuner.front import REFERENCE, Candidate, decide, dominates, economics
+from tracetune.tuner.front import (
+    REFERENCE,
+    BeyondGate,
+    Candidate,
+    decide,
+    dominates,
+    economics,
+    trials_beyond_only_the_gate,
+)
 from tracetune.tuner.objectives import reference_feasible
-from tracetune.tuner.quality_gate import floor_estimates, floor_text
+from tracetune.tuner.quality_gate import cost_text, floor_estimates, floor_text
 from tracetune.tuner.storage import REFERENCE_RUN
 
 # Categories of a trial in the Pareto view, in drawing order.
-CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "pruned", "failed", "running", "duplicate")
+CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "pruned", "failed", "running", "queued", "duplicate")
 
 
 # How an engine log shows its platform, for studies made before the study kept it: vLLM's KV-cache lines
@@ -75,6 +84,9 @@ class TrialView:
     on_front: bool = False
     beaten_by_reference: bool = False  # vLLM's defaults are at least as good on every objective
     tied: bool = False  # dominated, but only by differences inside the 95% intervals (`clearly_dominates`)
+    outside_gate: bool = False  # its quality breaks the study's gate (gate off: the default gate, not applied)
+    only_the_gate: bool = False  # kept every SLO and served every request, but broke the quality gate
+    violations: list[str] = dataclasses.field(default_factory=list)  # why it is infeasible, in words
 
     @property
     def is_reference(self) -> bool:
@@ -95,7 +107,7 @@ class TrialView:
     @property
     def category(self) -> str:
         # A duplicate reuses an earlier trial's result; a pruned trial stopped early, below an incumbent: not failures.
-        if self.status in ("running", "duplicate", "pruned"):
+        if self.status in ("running", "queued", "duplicate", "pruned"):
             return self.status
         if not self.measured or self.state != "COMPLETE":
             return "failed"
@@ -104,7 +116,7 @@ class TrialView:
         return "pareto" if self.on_front else "tie" if self.tied else "dominated"
 
     def metric(self, name: str) -> float:
-        if name in self.objective_values and not math.isnan(self.objective_values[name]):
+        if name in self.objective_values and math.isfinite(self.objective_values[name]):
             return self.objective_values[name]
         if not self.measured:
             return math.nan
@@ -143,6 +155,7 @@ class StudyView:
     reference_run: TrialView | None = None  # the reference as a candidate (number REFERENCE_RUN)
     noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # tuner.quality_gate.floor_estimates
     floor_text: str = ""                # the floor in one line, with the probe's size ("" without one)
+    heartbeat_s: float = 30.0           # how often a worker beats; silent for twice this, it is gone
 
     @property
     def quality_check(self) -> str:
@@ -181,7 +194,29 @@ class StudyView:
 
     @property
     def running(self) -> bool:
+        """A worker is measuring a trial now (its heartbeat is recent); queued trials wait for one."""
         return any(t.status == "running" for t in self.trials)
+
+    @property
+    def gate_off(self) -> bool:
+        """The study was run without a quality gate (`--max-quality-loss none`)."""
+        return self.quality_gate is None and self.max_quality_loss is None
+
+    @property
+    def shown_gate(self) -> Any:
+        """The gate trials are judged by on the page: the study's, or (gate off) the default one,
+        which then marks trials without having kept them off the front."""
+        from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
+
+        if self.quality_gate is not None:
+            return self.quality_gate
+        return parse_gate(self.max_quality_loss if self.max_quality_loss is not None else DEFAULT_GATE)
+
+    @property
+    def gate_words(self) -> str:
+        """The gate as the page names it: "the quality gate ppl<=+1%" or "the default gate ppl<=+1% (not set)"."""
+        return (f"the default quality gate {self.shown_gate} (this study set none)" if self.gate_off
+                else f"the quality gate {self.shown_gate}")
 
     def reference_metric(self, name: str) -> float:
         """The reference run's value of a metric (its quality loss is 0 by definition)."""
@@ -227,34 +262,6 @@ def front_line(trials: Sequence[TrialView], x: str, y: str) -> tuple[list[float]
         xs.append(px)
         ys.append(py)
     return xs, ys
-
-
-# -- thresholds ----------------------------------------------------------------------------------
-def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
-    """Lines to draw per metric: SLOs (`ttft:p99<500ms` -> ttft_p99 at 0.5 s) and the quality gate."""
-    out: dict[str, list[tuple[str, float]]] = {}
-    for slo in study.parsed_slos:
-        out.setdefault(f"{slo.metric}_{slo.stat}", []).append((f"SLO {slo}", slo.threshold_s))
-    if study.max_quality_loss is not None:
-        out.setdefault("quality_loss", []).append((f"quality gate {study.max_quality_loss:g}", study.max_quality_loss))
-    gate = study.quality_gate
-    if gate is not None and gate.unit != "nats":
-        metric = {"kld": "kld", "ppl": "ppl_change", "top1": "top1_agreement"}[gate.unit]
-        out.setdefault(metric, []).append((f"quality gate {gate} (beyond the noise floor)", gate.limit))
-    return out
-
-
-def floor_band(study: StudyView, metric: str) -> tuple[float, float] | None:
-    """The range of a quality metric that the reference's own noise covers (drawn as a band): what a
-    configuration measures inside it cannot be told apart from vLLM's defaults."""
-    floor = study.noise_floor
-    unit = {"quality_loss": "nll", "kld": "kld", "ppl_change": "ppl", "top1_agreement": "top1"}.get(metric)
-    if unit not in floor:
-        return None
-    est = floor[unit]
-    if unit == "top1":
-        return min(1.0, est.low), 1.0
-    return min(0.0, est.low), max(0.0, est.high)
 
 
 def _gate_of(attrs: dict[str, Any]) -> Any:
@@ -310,29 +317,22 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     ref_config = reference["config"] if reference else {}
     attrs = study.user_attrs
     silent = silent_for(storage.engine, name)
-    grace = 2 * float(attrs.get("heartbeat_s") or 30)
+    heartbeat_s = float(attrs.get("heartbeat_s") or 30)
+    grace = 2 * heartbeat_s
     directions = [d.name.lower() for d in study.directions]
     objectives = list(attrs.get("objectives") or [f"objective_{i}" for i in range(len(directions))])
+    started = _started_ages(study)
     trials = []
     for ft in study.get_trials(deepcopy=False):
         row = rows.get(ft.number, {})
         ua = ft.user_attrs
         state = ft.state.name
-        status = ua.get("status") or row.get("status")
-        reason = row.get("failure_reason") or ua.get("failure_reason")
-        if state == "RUNNING" and silent.get(ft.number, 0.0) > grace:
-            status = "interrupted"
-            reason = (f"interrupted: its worker stopped sending heartbeats {silent[ft.number]:.0f} s ago (stopped or "
-                      f"crashed); resuming the study runs it again")
-        elif state == "RUNNING" or state == "WAITING":
-            status = "running"
-        elif status is None:
-            status = "interrupted"
+        status, reason = trial_status(state, ua.get("status") or row.get("status"),
+                                      row.get("failure_reason") or ua.get("failure_reason"),
+                                      silent_s=silent.get(ft.number), started_s=started.get(ft.number), grace_s=grace)
         # Trials without a measurement may be COMPLETE with penalty values for the sampler: never show those.
         values = dict(zip(objectives, ft.values)) if ft.values and state == "COMPLETE" and status == "measured" else {}
         config = row.get("config") or ua.get("config")
-        if status == "interrupted" and not reason:
-            reason = "interrupted: the tuner stopped during this trial (it is run again on resume)"
         constraints = list(ua.get("constraints") or [])
         trials.append(TrialView(
             number=ft.number, state=state, status=status, objective_values=values, constraints=constraints,
@@ -352,11 +352,66 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
                      quality_gate=_gate_of(attrs), vllm_version=attrs.get("vllm_version"), noise_floor=floor,
-                     floor_text=floor_text(probe, floor))
+                     floor_text=floor_text(probe, floor), heartbeat_s=heartbeat_s)
     view.reference_run = _reference_run(view, rows.get(REFERENCE_RUN), ref_config)
     with_costs(view)
+    explain(view, {t.number for t in trials_beyond_only_the_gate(study)})
     mark_front(view)
     return view
+
+
+def _age_text(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} days"
+
+
+def trial_status(state: str, stored: str | None, reason: str | None, *, silent_s: float | None,
+                 started_s: float | None, grace_s: float) -> tuple[str, str | None]:
+    """A trial's status and reason as the page shows them. RUNNING is running only while its worker
+    beats (Optuna's heartbeat, or, without one, since it started) within `grace_s`; otherwise its
+    worker is gone and the trial interrupted. WAITING is queued: no worker measures it until the
+    study runs again."""
+    if state == "RUNNING":
+        if silent_s is not None and silent_s > grace_s:
+            return "interrupted", (f"interrupted: its worker stopped sending heartbeats {_age_text(silent_s)} ago "
+                                   f"(stopped or crashed); resuming the study runs it again")
+        if silent_s is None and started_s is not None and started_s > grace_s:
+            return "interrupted", (f"interrupted: started {_age_text(started_s)} ago and no heartbeat from its worker "
+                                   f"since (stopped or crashed); resuming the study runs it again")
+        return "running", reason
+    if state == "WAITING":
+        return "queued", ("queued: waits for a worker (re-queued after an interruption, or enqueued); the study's "
+                          "next run measures it")
+    if stored is None:
+        return "interrupted", reason or "interrupted: the tuner stopped during this trial (it is run again on resume)"
+    return stored, reason
+
+
+def _started_ages(study: Any) -> dict[int, float]:
+    """Seconds since each RUNNING trial started (Optuna stores this host's local time)."""
+    import datetime as dt
+
+    now = dt.datetime.now()
+    return {ft.number: (now - ft.datetime_start.replace(tzinfo=None)).total_seconds()
+            for ft in study.get_trials(deepcopy=False) if ft.state.name == "RUNNING" and ft.datetime_start}
+
+
+def explain(study: StudyView, only_gate: set[int]) -> None:
+    """Say why each measured trial is off the front for a constraint (`metrics.violations`), and mark
+    the trials whose quality breaks the gate shown (the study's, or the default one when it set none)."""
+    from tracetune.dashboard.metrics import violations
+
+    gate = study.shown_gate
+    for t in study.trials:
+        if not t.measured:
+            continue
+        lost = gate.violation(t.quality)
+        t.outside_gate = math.isfinite(lost) and lost > 0
+        if not t.feasible:
+            t.violations = violations(t.summary, t.quality, study.parsed_slos, study.quality_gate, t.constraints)
+            # `tuner.front.trials_beyond_only_the_gate`, with every request served (as the verdict counts them)
+            t.only_the_gate = t.number in only_gate and not (t.summary or {}).get("error_rate")
 
 
 def _reference_run(study: StudyView, row: dict[str, Any] | None, config: dict[str, Any]) -> TrialView | None:
@@ -394,9 +449,12 @@ def mark_front(study: StudyView) -> None:
               for t in candidates]
     ref = reference_values(study)
     ref_ok = reference_feasible((study.reference or {}).get("summary"), study.parsed_slos)
+    beyond = [BeyondGate(Candidate(t.number, tuple(t.objective_values.get(o, math.nan) for o in study.objectives)),
+                         str(study.quality_gate), cost_text(t.quality)) for t in study.trials if t.only_the_gate]
     study.decision = decide(points, None if ref is None else Candidate(REFERENCE, ref), study.objectives,
                             study.directions, reference_feasible=ref_ok,
-                            outside_constraints=sum(t.category == "infeasible" for t in study.trials))
+                            outside_constraints=sum(t.category == "infeasible" for t in study.trials),
+                            beyond_gate=beyond)
     on_front = set(study.decision.trials_on_front)
     beaten = set(study.decision.dominated_by_reference)
     for t in candidates:
@@ -409,21 +467,30 @@ def mark_front(study: StudyView) -> None:
             clearly_dominates(other, t, study.objectives, study.directions) for other in pool if other is not t)
 
 
+# A zero-width interval (every request good, or too few requests for the bootstrap to spread them)
+# says the sample could not show its spread, not that the value is exact: no interval is read
+# narrower than +-1% of its value (a replay of the same trace varies by more from run to run).
+MIN_HALF_WIDTH = 0.01
+
+
+def interval_of(t: TrialView, name: str) -> tuple[float, float]:
+    """The metric's 95% interval as dominance reads it: at least +-MIN_HALF_WIDTH of the value wide."""
+    value = t.metric(name)
+    low, high = t.interval(name) or (value, value)
+    half = abs(value) * MIN_HALF_WIDTH
+    return min(low, value - half), max(high, value + half)
+
+
+def apart(a: TrialView, b: TrialView, name: str) -> bool:
+    """The two runs' intervals of the metric do not overlap: statistically apart on it."""
+    (a_low, a_high), (b_low, b_high) = interval_of(a, name), interval_of(b, name)
+    return a_high < b_low or b_high < a_low
+
+
 def clearly_dominates(a: TrialView, b: TrialView, objectives: Sequence[str], directions: Sequence[str]) -> bool:
-    """`a` dominates `b`, and on at least one objective their 95% intervals do not overlap (a metric
-    without an interval counts as its value). Otherwise the difference is inside the measurement's
-    uncertainty: `b` is shown as tied with the front, not as dominated."""
-    va, vb = [a.metric(o) for o in objectives], [b.metric(o) for o in objectives]
-    if not dominates(va, vb, directions):
+    """`a` dominates `b`, and on at least one objective their 95% intervals (`interval_of`) do not
+    overlap. Otherwise the difference is inside the measurement's uncertainty: `b` is shown as tied
+    with the front, not as dominated."""
+    if not dominates([a.metric(o) for o in objectives], [b.metric(o) for o in objectives], directions):
         return False
-    for o, d, x, y in zip(objectives, directions, va, vb):
-        (_, a_high), (b_low, _) = _ordered(a.interval(o) or (x, x), d), _ordered(b.interval(o) or (y, y), d)
-        if a_high < b_low:
-            return True
-    return False
-
-
-def _ordered(interval: tuple[float, float], direction: str) -> tuple[float, float]:
-    """An interval as (best, worst) end of `direction`'s scale, negated for maximize (smaller is better)."""
-    low, high = interval
-    return (low, high) if direction == "minimize" else (-high, -low)
+    return any(apart(a, b, o) for o in objectives)

@@ -42,8 +42,13 @@ def timeline(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def engine_counters(trial: TrialView) -> dict[str, float | None]:
-    """The engine's own counters over the measured phase, with the two rates people look at."""
+    """The engine's own counters over the measured phase, with the rates people look at: the
+    prefix-cache hit rate, and where anything was drafted, speculation's acceptance rate (accepted
+    over draft tokens) and mean accepted length (1 + accepted tokens per draft)."""
+    from tracetune.dashboard.metrics import speculation
+
     engine = trial.engine or (trial.summary or {}).get("engine") or {}
+    acceptance, length = speculation(engine)
 
     def get(key: str) -> float | None:
         value = engine.get(key)
@@ -52,7 +57,8 @@ def engine_counters(trial: TrialView) -> dict[str, float | None]:
     return {
         "prefix_cache_hit_rate": get("prefix_cache_hit_rate"),
         "prefix_cache_hits": get("prefix_cache_hits"), "prefix_cache_queries": get("prefix_cache_queries"),
-        "spec_decode_acceptance_rate": get("spec_decode_acceptance_rate"),
+        "spec_decode_acceptance_rate": acceptance, "spec_decode_mean_accepted_length": length,
+        "spec_decode_drafts": get("spec_decode_drafts"),
         "spec_decode_accepted_tokens": get("spec_decode_accepted_tokens"),
         "spec_decode_draft_tokens": get("spec_decode_draft_tokens"),
         "preemptions": get("preemptions"),

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tracetune.dashboard import capacity
-from tracetune.dashboard.data import CATEGORIES, StudyView, TrialView, diff_text, has_capacity
-from tracetune.dashboard.metrics import LATENCY_METRICS, METRICS, display_interval, display_value
+from tracetune.dashboard.data import CATEGORIES, StudyView, TrialView, apart, diff_text, has_capacity
+from tracetune.dashboard.metrics import LATENCY_METRICS, METRICS, display_interval, display_value, quality_text
 from tracetune.errors import InputError
 from tracetune.tuner.front import economics
 
@@ -99,6 +99,62 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
         row["failure"] = (t.failure_reason or "")[:200]
         rows.append(row)
     return rows
+
+
+# -- the front, as a decision ---------------------------------------------------------------------
+def front_rows(study: StudyView) -> list[TrialView]:
+    """What a choice is made from: the front (vLLM's defaults when on it), the trials tied with it
+    inside the intervals, and the trials only the quality gate kept off it that would otherwise be on it."""
+    from tracetune.tuner.front import Candidate, front
+
+    pool = [t for t in study.candidates if t.measured and (t.category in ("pareto", "tie", "dominated")
+                                                           or t.only_the_gate or (t.is_reference and t.feasible))]
+    points = [Candidate(t.number, tuple(t.metric(o) for o in study.objectives)) for t in pool]
+    ungated = {c.label for c in front(points, study.directions)}
+    chosen = [t for t in pool if t.on_front or t.tied or (t.only_the_gate and t.number in ungated)]
+    order = {"pareto": 0, "tie": 1}
+    return sorted(chosen, key=lambda t: (0 if t.is_reference else 1, order.get(t.category, 2), t.number))
+
+
+def standing(study: StudyView, t: TrialView, rows: Sequence[TrialView]) -> str:
+    """Where a row of the front table stands, in words."""
+    if t.only_the_gate:
+        return f"off the front: outside {study.gate_words} alone"
+    if t.on_front:
+        return "on the front" + (f", outside {study.gate_words}" if t.outside_gate else "")
+    from tracetune.tuner.front import dominates
+
+    by = [u.label for u in rows if u is not t and dominates([u.metric(o) for o in study.objectives],
+                                                            [t.metric(o) for o in study.objectives], study.directions)]
+    return f"tie: dominated by {', '.join(by) or 'another run'} only inside the 95% intervals"
+
+
+def apart_text(study: StudyView, t: TrialView, rows: Sequence[TrialView]) -> str:
+    """Which other rows `t` is statistically apart from (95% intervals apart on at least one objective)."""
+    others = [u for u in rows if u is not t]
+    far = [u.label for u in others if any(apart(t, u, o) for o in study.objectives)]
+    near = [u.label for u in others if u.label not in far]
+    if not others:
+        return "-"
+    if not near:
+        return "apart from every other row"
+    return (f"apart from {', '.join(far)}; " if far else "") + f"inside the intervals of {', '.join(near)}"
+
+
+def front_table(study: StudyView) -> list[dict[str, Any]]:
+    """The front as a decision: each row's standing, objectives with 95% intervals, its quality cost
+    in perplexity, KLD and top-1 (with intervals), and which other rows it is statistically apart from."""
+    rows = front_rows(study)
+    out = []
+    for t in rows:
+        row: dict[str, Any] = {"trial": t.label, "standing": standing(study, t, rows)}
+        for o in study.objectives:
+            row[o] = " ".join(filter(None, (display_value(o, t.metric(o)), display_interval(o, t.interval(o)))))
+        row["quality vs defaults"] = "the reference itself" if t.is_reference else quality_text(t.quality)
+        row["statistically"] = apart_text(study, t, rows)
+        row["differs from reference"] = "(vLLM's defaults)" if t.is_reference else diff_text(t.diff)
+        out.append(row)
+    return out
 
 
 def cost_columns(study: StudyView, summary: dict | None) -> dict[str, float]:

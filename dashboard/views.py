@@ -1,17 +1,14 @@
-"""The dashboard's pages. Thin: every number and figure comes from dashboard.data / charts / export."""
+"""The dashboard's pages (the sidebar and routing: `app.py`). Thin: every number and figure comes from
+dashboard.data / tables / charts / export."""
 
 from __future__ import annotations
 
 import math
-import os
 import shlex
-import time
 
 import streamlit as st
 
 from tracetune.dashboard import (
-    ENV_STORAGE,
-    ENV_STUDY,
     capacity,
     charts,
     data,
@@ -31,12 +28,12 @@ LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "ya
 
 
 @st.cache_data(ttl=2, show_spinner=False)
-def _load(url: str, name: str) -> data.StudyView:
+def load(url: str, name: str) -> data.StudyView:
     return data.load_study(url, name)
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def _studies(url: str) -> list[str]:
+def studies(url: str) -> list[str]:
     return storage.study_names(url)
 
 
@@ -64,21 +61,46 @@ def _default_trial(study: data.StudyView) -> int | None:
 
 
 def _verdict_banners(study: data.StudyView) -> None:
-    """The quality probe when it is too noisy; the verdict when vLLM's defaults win, and which trials they beat."""
+    """The quality probe when it is too noisy; the missing gate; the verdict (vLLM's defaults winning,
+    the best trade the gate turned down), and which trials the defaults beat."""
     check = study.quality_check
     if "too noisy" in check:
         st.warning(check[:1].upper() + check[1:], icon=":material/blur_on:")
+    if study.gate_off:
+        outside = [t.label for t in study.trials if t.outside_gate and t.category in ("pareto", "tie")]
+        st.warning(f"No quality gate: this study was run with `--max-quality-loss none`, so a configuration is on the "
+                   f"front whatever it costs in quality. Judged by the default gate {study.shown_gate}, "
+                   + (f"front trial(s) {', '.join(outside)} are outside it (drawn as red diamonds)."
+                      if outside else "every front trial is within it."), icon=":material/report:")
     decision = study.decision
     if decision is None:
         return
     if decision.reference_is_best:
         st.warning(decision.verdict()[:1].upper() + decision.verdict()[1:], icon=":material/star:")
-    elif decision.dominated_by_reference:
+    elif decision.beyond_gate is not None:
+        st.warning("Verdict: " + decision.verdict(), icon=":material/report:")
+    if decision.dominated_by_reference:
         beaten = [study.trial(n) for n in decision.dominated_by_reference]
         ties = [t.number for t in beaten if t.tied]
         st.info(f"vLLM's defaults beat trial(s) {', '.join(str(t.number) for t in beaten)} on every objective: not on "
                 "the front" + (f" (trial(s) {', '.join(map(str, ties))} only inside the 95% intervals: drawn as ties)"
                                if ties else "") + ".")
+
+
+def _front_table(study: data.StudyView) -> None:
+    """The front as a decision: standing, objectives and quality cost with intervals, what is apart."""
+    rows = tables.front_table(study)
+    if not rows:
+        return
+    st.markdown("**The front, as a decision** (vLLM's defaults, the front, its ties, and what the quality gate "
+                "alone kept off it)")
+    st.dataframe(rows, hide_index=True, key="front_table",
+                 column_config={"standing": st.column_config.TextColumn(width="medium"),
+                                "quality vs defaults": st.column_config.TextColumn(width="large"),
+                                "statistically": st.column_config.TextColumn(width="medium")})
+    st.caption("Two runs are statistically apart when their 95% intervals do not overlap on at least one objective "
+               f"(an interval is never read narrower than +-{data.MIN_HALF_WIDTH:.0%} of its value); a tie is "
+               "dominated only inside the intervals.")
 
 
 def _capacity_chart(study: data.StudyView, trials: list[data.TrialView], key: str) -> None:
@@ -119,15 +141,17 @@ def page_pareto(study: data.StudyView) -> None:
             st.session_state["detail_default"] = chosen.number
             st.info(f"Selected trial {chosen.number} ({chosen.category}): {data.diff_text(chosen.diff)}. "
                     f"Trial detail and Export now open on it.")
+    _front_table(study)
     counts = {c: sum(1 for t in study.trials if t.category == c) for c in data.CATEGORIES}
-    failed = [t for t in study.trials if t.category in ("failed", "pruned", "running")]
+    failed = [t for t in study.trials if t.category in ("failed", "pruned", "running", "queued")]
     line = " (the dotted line is the front on the two axes shown)" if len(data.front_on(study.trials, [x, y])) > 1 \
         else ""
     st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by "
                f"another trial or by vLLM's defaults; bars: 95% intervals) · "
                f"{counts['tie']} tied with it inside the intervals · "
                f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
-               f"{counts['failed']} failed or rejected (no measurements, listed below) · {counts['running']} running"
+               f"{counts['failed']} failed, rejected or interrupted (no measurements, listed below) · "
+               f"{counts['running']} running · {counts['queued']} queued"
                + (f" · {counts['pruned']} pruned (capacity search stopped early: below a configuration at least as "
                   f"good on the other objectives; listed below)" if counts["pruned"] else "")
                + (f" · {counts['duplicate']} duplicates of earlier trials (not run again)"
@@ -136,8 +160,8 @@ def page_pareto(study: data.StudyView) -> None:
                + ("." if three_d else f"; click it to open it in Trial detail and Export{line}."))
     if failed:
         causes = tables.failure_causes(failed)
-        with st.expander(f"Failed, rejected, pruned and running trials ({len(failed)}, {len(causes)} causes) — not on "
-                         f"the chart"):
+        with st.expander(f"Failed, interrupted, pruned, running and queued trials ({len(failed)}, {len(causes)} "
+                         f"causes) — not on the chart"):
             st.dataframe(causes, hide_index=True, key="failed_table")
     _search_progress(study)
 
@@ -146,7 +170,7 @@ def page_pareto(study: data.StudyView) -> None:
 def _importances(url: str, name: str, measured: tuple[int, ...]) -> dict[str, dict[str, float]]:
     """Parameter importance, computed again only when another trial has been measured (the page
     re-renders every few seconds under live refresh; this reads the study once more and fits a model)."""
-    return progress.param_importances(_load(url, name))
+    return progress.param_importances(load(url, name))
 
 
 def _search_progress(study: data.StudyView) -> None:
@@ -263,12 +287,7 @@ def page_detail(study: data.StudyView) -> None:
             st.caption(capacity.headline(capacity.capacity_of(t.summary)))
         if t.beaten_by_reference:
             st.warning(f"vLLM's defaults beat trial {t.number} on every objective: keep the defaults over it.")
-    elif t.status == "running":
-        st.info("running: a worker is measuring it now")
-    elif t.status == "interrupted":
-        st.warning(t.failure_reason or "interrupted")
-    else:
-        st.error(t.failure_reason or "no reason stored")
+    _status_note(study, t)
     if not t.is_reference:
         st.markdown("**Differs from the reference:** " + (data.diff_text(t.diff) if t.config else
                                                            ", ".join(f"{k}={v}" for k, v in t.params.items())))
@@ -282,36 +301,72 @@ def page_detail(study: data.StudyView) -> None:
         _capacity_chart(study, [t], key="detail_capacity")
         left, right = st.columns(2)
         with left:
-            st.markdown("**Engine counters** (measured phase)")
-            counters = records.engine_counters(t)
-            k1, k2, k3 = st.columns(3)
-            rate = counters["prefix_cache_hit_rate"]
-            k1.metric("prefix-cache hit rate", "-" if rate is None else f"{rate:.1%}",
-                      help=f"hits {counters['prefix_cache_hits']} of {counters['prefix_cache_queries']} queried tokens")
-            acc = counters["spec_decode_acceptance_rate"]
-            k2.metric("speculative acceptance", "-" if acc is None else f"{acc:.1%}",
-                      help=f"accepted {counters['spec_decode_accepted_tokens']} of "
-                           f"{counters['spec_decode_draft_tokens']} draft tokens")
-            k3.metric("preemptions", "-" if counters["preemptions"] is None else f"{counters['preemptions']:.0f}")
+            _engine_counters(t)
         with right:
-            st.markdown("**Quality vs the reference**")
-            q = t.quality or {}
-            k1, k2, k3 = st.columns(3)
-            _quality_metric(k1, "perplexity change", q.get("ppl_change"), "{:+.2%}")
-            _quality_metric(k2, "KLD / token", q.get("kld"), "{:.4f}")
-            _quality_metric(k3, "top-1 agreement", q.get("top1_agreement"), "{:.3f}")
-            if q.get("accuracy") is not None:
-                st.caption(f"accuracy on labelled prompts: {q['accuracy']['value']:.1%}")
-            st.caption(f"{q.get('n_prompts', '?')} probe texts"
-                       + (f", {q['n_tokens']} tokens" if q.get("n_tokens") else "")
-                       + (f" · {verdict(q)}" if verdict(q) else "")
-                       + (f" · measured for trial {q['reused_from']} (same quality key)"
-                          if q.get("reused_from") is not None else ""))
+            _quality_section(study, t)
     with st.expander("Full engine config", expanded=False):
         st.json(t.config or t.params)
     if t.log_tail:
         with st.expander("Engine log tail", expanded=not t.measured):
             st.code(t.log_tail[-6000:], language=None)
+
+
+def _status_note(study: data.StudyView, t: data.TrialView) -> None:
+    """Why a trial is where it is: off the front for a constraint, interrupted, queued, running, failed."""
+    if t.measured:
+        if t.violations:
+            st.warning("Off the front: " + "; ".join(t.violations) + ".", icon=":material/block:")
+        elif t.outside_gate:
+            st.warning(f"Outside {study.gate_words}: {metrics.quality_text(t.quality)}.", icon=":material/report:")
+    elif t.status == "running":
+        st.info("running: its worker sent a heartbeat within the last "
+                f"{2 * study.heartbeat_s:.0f} s and is measuring it now")
+    elif t.status in ("interrupted", "queued"):
+        st.warning(t.failure_reason or t.status)
+    else:
+        st.error(t.failure_reason or "no reason stored")
+
+
+def _engine_counters(t: data.TrialView) -> None:
+    st.markdown("**Engine counters** (measured phase)")
+    counters = records.engine_counters(t)
+    k1, k2, k3, k4 = st.columns(4)
+    rate = counters["prefix_cache_hit_rate"]
+    k1.metric("prefix-cache hit rate", "-" if rate is None else f"{rate:.1%}",
+              help=f"hits {counters['prefix_cache_hits']} of {counters['prefix_cache_queries']} queried tokens")
+    acc, length = counters["spec_decode_acceptance_rate"], counters["spec_decode_mean_accepted_length"]
+    k2.metric("speculative acceptance", "-" if acc is None else f"{acc:.1%}",
+              help=f"accepted {counters['spec_decode_accepted_tokens']} of {counters['spec_decode_draft_tokens']} "
+                   f"draft tokens")
+    k3.metric("mean accepted length", "-" if length is None else f"{length:.2f}",
+              help=f"1 + accepted tokens per draft ({counters['spec_decode_drafts']} drafts): tokens one "
+                   f"verification step yields")
+    k4.metric("preemptions", "-" if counters["preemptions"] is None else f"{counters['preemptions']:.0f}")
+
+
+def _quality_section(study: data.StudyView, t: data.TrialView) -> None:
+    """Quality vs the reference in the one vocabulary (perplexity change, KLD, top-1, each with its
+    95% interval) beside the NLL increase the objective reads, and the gate's word on it."""
+    st.markdown("**Quality vs the reference**")
+    q = t.quality or {}
+    k1, k2, k3, k4 = st.columns(4)
+    _quality_metric(k1, "perplexity change", q.get("ppl_change"), "{:+.2%}")
+    _quality_metric(k2, "KLD / token", q.get("kld"), "{:.4f}")
+    _quality_metric(k3, "top-1 agreement", q.get("top1_agreement"), "{:.3f}")
+    _quality_metric(k4, "NLL increase / token", q.get("nll_delta_per_token"), "{:+.4f}")
+    if t.is_reference:
+        st.caption("the reference: vLLM's defaults, against which every trial's quality is measured")
+        return
+    st.caption(metrics.quality_text(q) + " (95% intervals)")
+    if q:
+        st.caption(("outside " if t.outside_gate else "within ") + study.gate_words)
+    if q.get("accuracy") is not None:
+        st.caption(f"accuracy on labelled prompts: {q['accuracy']['value']:.1%}")
+    st.caption(f"{q.get('n_prompts', '?')} probe texts"
+               + (f", {q['n_tokens']} tokens" if q.get("n_tokens") else "")
+               + (f" · {verdict(q)}" if verdict(q) else "")
+               + (f" · measured for trial {q['reused_from']} (same quality key)"
+                  if q.get("reused_from") is not None else ""))
 
 
 def page_compare(study: data.StudyView) -> None:
@@ -404,55 +459,3 @@ def page_export(study: data.StudyView) -> None:
 
 RENDER = {"Pareto": page_pareto, "Trials": page_trials, "Trial detail": page_detail, "Compare": page_compare,
           "Export": page_export}
-
-
-# -- the app -------------------------------------------------------------------------------------
-def main() -> None:
-    st.set_page_config(page_title="tracetune", page_icon="📈", layout="wide")
-    with st.sidebar:
-        st.title("tracetune")
-        given = os.environ.get(ENV_STORAGE) or storage.default_storage() or ""
-        shown = storage.display_url(given) if given else ""
-        typed = st.text_input("Storage", value=shown, key="storage",
-                              help="the study database (SQLAlchemy URL); the dashboard only reads it")
-        # The password of a database URL is never shown; the masked text stands for the given URL.
-        url = given if typed == shown else typed
-        if not url:
-            st.warning("No study database: run `tune --trace FILE` first, or enter a storage URL.")
-            return
-        try:
-            names = _studies(url)
-        except (TuneError, Exception) as exc:  # a bad URL is the user's input: say so, do not crash
-            st.error(f"cannot read {storage.display_url(url)}: {storage.display_url(str(exc))}")
-            return
-        if not names:
-            st.warning("This storage holds no study yet.")
-            return
-        wanted = os.environ.get(ENV_STUDY)
-        name = st.selectbox("Study", names, index=names.index(wanted) if wanted in names else 0, key="study")
-        page = st.radio("Page", PAGES, key="page")
-    study = _load(url, name)
-    with st.sidebar:
-        live = st.toggle("Live refresh", value=study.running, key="live",
-                         help="re-read the study every few seconds while it is running")
-        every = st.select_slider("every (s)", [2, 5, 10, 30], value=5, key="live_every") if live else None
-        st.caption(f"objectives: {', '.join(f'{o} ({d[:3]})' for o, d in zip(study.objectives, study.directions))}")
-        if study.slos or study.quality_gate:
-            gate = [f"quality {study.quality_gate} (beyond the noise floor)"] if study.quality_gate else []
-            st.caption("constraints: " + ", ".join(study.slos + gate))
-        st.caption(f"measured on: {study.platform}")
-        if study.floor_text:
-            st.caption(f"quality {study.floor_text}")
-
-    def body() -> None:
-        current = _load(url, name)
-        measured = sum(1 for t in current.trials if t.measured)
-        st.header(f"{page} · study {current.name}")
-        st.caption(f"{len(current.trials)} trials, {measured} measured, {len(current.front)} on the front"
-                   + (" · running" if current.running else "") + f" · read {time.strftime('%H:%M:%S')}")
-        RENDER[page](current)
-
-    if live:
-        st.fragment(body, run_every=every)()
-    else:
-        body()

@@ -25,7 +25,7 @@ def summary(ttft_p99: float, output_tps: float, *, ttft_p50: float | None = None
             "goodput_rps": None, "latency_s": lat, "slo_met": {},
             "engine": {"prefix_cache_hit_rate": 0.25, "prefix_cache_hits": 64.0, "prefix_cache_queries": 256.0,
                        "spec_decode_acceptance_rate": 0.6, "spec_decode_accepted_tokens": 6.0,
-                       "spec_decode_draft_tokens": 10.0, "preemptions": 0.0},
+                       "spec_decode_draft_tokens": 10.0, "spec_decode_drafts": 4.0, "preemptions": 0.0},
             "error_examples": []}
 
 
@@ -93,6 +93,7 @@ def make_study(path: Path, name: str = "synth") -> str:
     study.set_user_attr("objectives", ["ttft_p99", "output_tps", "quality_loss"])
     study.set_user_attr("slos", [SLO])
     study.set_user_attr("max_quality_loss", 0.05)
+    study.set_user_attr("heartbeat_s", 600)  # a trial is running while its worker beat within 20 minutes
     store = ResultStore(url)
     store.save_reference(name, config=config(), probe=PROBE, summary=summary(0.25, 20.0))
     store.save_trial(name, -1, "measured", config=config(), summary=summary(0.25, 20.0), quality=quality(0.0),
@@ -126,7 +127,26 @@ def make_study(path: Path, name: str = "synth") -> str:
         else:
             study.add_trial(create_trial(state=TrialState.RUNNING, params=params, distributions=dist,
                                          user_attrs={"values": params}))
+            beat(url, number, seconds_ago=0.0, name=name)
     return url
+
+
+def beat(url: str, number: int, *, seconds_ago: float, name: str = "synth") -> None:
+    """Record trial `number`'s worker heartbeat `seconds_ago` (Optuna's table, the database's UTC clock)."""
+    import datetime as dt
+
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    when = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(seconds=seconds_ago)
+    with engine.begin() as conn:
+        trial_id = conn.execute(sqlalchemy.text(
+            "SELECT t.trial_id FROM trials t JOIN studies s ON s.study_id = t.study_id "
+            "WHERE s.study_name = :s AND t.number = :n"), {"s": name, "n": number}).scalar()
+        conn.execute(sqlalchemy.text("DELETE FROM trial_heartbeats WHERE trial_id = :t"), {"t": trial_id})
+        conn.execute(sqlalchemy.text("INSERT INTO trial_heartbeats (trial_id, heartbeat) VALUES (:t, :h)"),
+                     {"t": trial_id, "h": when.isoformat(sep=" ")})
+    engine.dispose()
 
 
 def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_seqs: int, name: str = "synth") -> int:
@@ -246,4 +266,77 @@ def make_capacity_studies(path: Path) -> str:
                                      user_attrs=attrs))
         store.save_trial(name, failed, "engine_failed", values={"max_num_seqs": 1}, config=config(),
                          failure_reason=attrs["failure_reason"])
+    return url
+
+
+# -- decisions: quality gate, ties, stale and queued trials (`make_decision_studies`) -------------
+def exact(value: float) -> dict:
+    """An estimate with a zero-width interval (every request good, or too few to spread)."""
+    return {"value": value, "ci_low": value, "ci_high": value}
+
+
+# trial -> (ttft_p99 s, output_tps, quality_loss nats): 0 and 2 differ by 16.07 vs 16.06 tokens/s with
+# zero-width intervals (a tie); 1 buys throughput at +13.4% perplexity; 3's summary lacks the p99 the
+# SLO names; 4 was RUNNING when its worker died days ago; 5 is queued (WAITING).
+DECISION_TRIALS = {0: (0.30, 16.07, 0.0), 1: (0.50, 45.0, math.log1p(0.134)), 2: (0.30, 16.06, 0.0),
+                   3: (None, 30.0, 0.0)}
+
+
+def _decision_trial(study, store, name: str, number: int, gate) -> None:
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tracetune.tuner.objectives import constraint_values
+
+    ttft, tps, loss = DECISION_TRIALS[number]
+    params = {"max_num_seqs": 8 * (number + 1)}
+    result = summary(ttft or 0.3, tps)
+    result["output_throughput_tps"] = exact(tps)
+    if ttft is None:
+        del result["latency_s"]["ttft"]["p99"]
+    from tracetune.replay.metrics import parse_slos
+
+    constraints = constraint_values(result, quality(loss), parse_slos(SLO, flag="--slo"), gate)
+    values = [math.inf if ttft is None else ttft, tps, loss]  # what Optuna keeps of a missing value
+    study.add_trial(create_trial(
+        state=TrialState.COMPLETE, values=values, params=params,
+        distributions={"max_num_seqs": IntDistribution(1, 128)},
+        user_attrs={"values": params, "status": "measured", "constraints": constraints,
+                    "feasible": all(c <= 0 for c in constraints), "config": config(**params)}))
+    store.save_trial(name, number, "measured", values=params, config=config(**params), summary=result,
+                     quality=quality(loss), engine=result["engine"], requests_jsonl=requests_jsonl([0.1] * 5),
+                     startup_s=30.0, wall_s=60.0)
+
+
+def make_decision_studies(path: Path) -> str:
+    """Two studies of DECISION_TRIALS in one SQLite file: "nogate" (run with --max-quality-loss none)
+    and "gated" (the default gate, ppl:+1%); returns the URL."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
+    from tracetune.tuner.storage import ResultStore
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = f"sqlite:///{path}"
+    store = ResultStore(url)
+    for name, gate in (("nogate", None), ("gated", parse_gate(DEFAULT_GATE))):
+        study = optuna.create_study(study_name=name, storage=url, directions=["minimize", "maximize", "minimize"])
+        study.set_user_attr("objectives", ["ttft_p99", "output_tps", "quality_loss"])
+        study.set_user_attr("slos", [SLO])
+        study.set_user_attr("quality_gate", gate.spec if gate else None)
+        study.set_user_attr("max_quality_loss", None)
+        study.set_user_attr("heartbeat_s", 30)
+        reference = summary(0.8, 10.0)
+        store.save_reference(name, config=config(), probe=PROBE, summary=reference)
+        store.save_trial(name, -1, "measured", config=config(), summary=reference, quality=quality(0.0),
+                         engine=reference["engine"], requests_jsonl=requests_jsonl([0.1] * 5))
+        for number in DECISION_TRIALS:
+            _decision_trial(study, store, name, number, gate)
+        dist = {"max_num_seqs": IntDistribution(1, 128)}
+        study.add_trial(create_trial(state=TrialState.RUNNING, params={"max_num_seqs": 3}, distributions=dist,
+                                     user_attrs={"values": {"max_num_seqs": 3}}))
+        beat(url, 4, seconds_ago=3 * 86400, name=name)
+        study.enqueue_trial({"max_num_seqs": 5})
     return url

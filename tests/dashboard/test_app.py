@@ -67,8 +67,8 @@ def test_pareto_page(monkeypatch, synthetic_url):
 def test_pareto_page_groups_failures_by_cause_and_shows_search_progress(monkeypatch, synthetic_url):
     at = open_app(monkeypatch, synthetic_url, "synth", "Pareto")
     labels = [e.proto.label for e in at.expander]
-    assert "Failed, rejected, pruned and running trials (3, 3 causes) — not on the chart" in labels
-    causes = at.dataframe[0].value  # the only table on the page
+    assert "Failed, interrupted, pruned, running and queued trials (3, 3 causes) — not on the chart" in labels
+    causes = at.dataframe[-1].value  # after the front table
     assert list(causes["status"]) == ["engine_failed", "rejected", "running"] and list(causes["count"]) == [1, 1, 1]
     progress = json.loads(at.get("plotly_chart")[1].proto.spec)
     assert progress["layout"]["title"]["text"].startswith("search progress: hypervolume")

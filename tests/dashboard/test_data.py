@@ -90,7 +90,7 @@ def test_metric_value_reads_every_metric_from_stored_dicts(study):
 
 
 def test_thresholds_from_slos_and_quality_gate(study):
-    lines = data.thresholds(study)
+    lines = charts.thresholds(study)
     assert lines["ttft_p99"] == [(f"SLO {SLO}", pytest.approx(0.8))]
     assert lines["quality_loss"][0][1] == 0.05
 
@@ -110,7 +110,7 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
                                       ("ppl:+1%", "ppl<=+1%", "ppl_change", 0.01),
                                       ("top1:0.99", "top1>=0.99", "top1_agreement", 0.99)):
         stored = data._gate_of({"quality_gate": parse_gate(spec).spec, "max_quality_loss": None})
-        lines = data.thresholds(dc.replace(study, quality_gate=stored))
+        lines = charts.thresholds(dc.replace(study, quality_gate=stored))
         assert lines[metric] == [(f"quality gate {gate} (beyond the noise floor)", pytest.approx(limit))]
     # A study from before gates had units: its plain nats limit; one without a gate: none.
     assert str(data._gate_of({"max_quality_loss": 0.05})) == "nats<=0.05" and data._gate_of({}) is None
@@ -119,10 +119,10 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
 def test_the_noise_floor_is_a_band_on_quality_axes(study):
     """The synthetic reference's floor (NLL 0.002 and 0.004 per prompt): a band from zero to its upper
     bound on the quality axis, none on a latency axis; the line of text names the probe's size."""
-    low, high = data.floor_band(study, "quality_loss")
+    low, high = charts.floor_band(study, "quality_loss")
     assert low == 0.0 and high == pytest.approx(0.004, abs=1e-9)
-    assert data.floor_band(study, "top1_agreement") == (pytest.approx(0.9), 1.0)
-    assert data.floor_band(study, "ttft_p99") is None
+    assert charts.floor_band(study, "top1_agreement") == (pytest.approx(0.9), 1.0)
+    assert charts.floor_band(study, "ttft_p99") is None
     assert study.floor_text.startswith("noise floor (the reference against itself, 2 texts, 8 tokens)")
     fig = charts.pareto_figure(study, "ttft_p99", "quality_loss").to_dict()
     bands = [s for s in fig["layout"]["shapes"] if s.get("type") == "rect"]
@@ -285,33 +285,51 @@ def test_the_pareto_chart_draws_95_percent_intervals_as_error_bars(study):
 
 def test_a_running_trial_whose_worker_went_silent_is_shown_interrupted(tmp_path):
     """Optuna's heartbeat table says when a running trial's worker last spoke: silent for longer than
-    twice the heartbeat, the trial was cut off (shown interrupted, live refresh off); recent, it runs."""
-    import datetime as dt
-
-    import sqlalchemy
-
-    from tests.dashboard.synthetic import make_study
-
-    url = make_study(tmp_path / "study.db")
-    engine = sqlalchemy.create_engine(url)
-
-    def beat(seconds_ago: float) -> data.StudyView:
-        with engine.begin() as conn:
-            trial_id = conn.execute(sqlalchemy.text("SELECT trial_id FROM trials WHERE number = 6")).scalar()
-            conn.execute(sqlalchemy.text("DELETE FROM trial_heartbeats"))
-            when = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(seconds=seconds_ago)
-            conn.execute(sqlalchemy.text("INSERT INTO trial_heartbeats (trial_id, heartbeat) VALUES (:t, :h)"),
-                         {"t": trial_id, "h": when.isoformat(sep=" ")})
-        return data.load_study(url, "synth")
-
-    stale = beat(600)
-    assert stale.trial(6).status == "interrupted" and not stale.running
+    twice the heartbeat (600 s in the synthetic study), the trial was cut off (shown interrupted, live
+    refresh off); recent, it runs."""
     import re
 
+    from tests.dashboard.synthetic import beat, make_study
+
+    url = make_study(tmp_path / "study.db")
+    beat(url, 6, seconds_ago=1300)
+    stale = data.load_study(url, "synth")
+    assert stale.trial(6).status == "interrupted" and not stale.running and stale.trial(6).category == "failed"
     ago = re.search(r"stopped sending heartbeats (\d+) s ago", stale.trial(6).failure_reason)
-    assert ago and 595 <= int(ago.group(1)) <= 605  # the database's clock has whole seconds
-    fresh = beat(5)
+    assert ago and 1295 <= int(ago.group(1)) <= 1305  # the database's clock has whole seconds
+    beat(url, 6, seconds_ago=3 * 86400)
+    assert "stopped sending heartbeats 3.0 days ago" in data.load_study(url, "synth").trial(6).failure_reason
+    beat(url, 6, seconds_ago=5)
+    fresh = data.load_study(url, "synth")
     assert fresh.trial(6).status == "running" and fresh.running
+
+
+def test_trial_status_rules():
+    """RUNNING with a stale or absent heartbeat is interrupted; WAITING is queued, never running."""
+    status = data.trial_status
+    assert status("RUNNING", None, None, silent_s=10, started_s=5000, grace_s=60) == ("running", None)
+    assert status("RUNNING", None, None, silent_s=61, started_s=None, grace_s=60)[0] == "interrupted"
+    late = status("RUNNING", None, None, silent_s=None, started_s=7200, grace_s=60)
+    assert late[0] == "interrupted" and "started 2.0 h ago and no heartbeat" in late[1]
+    assert status("RUNNING", None, None, silent_s=None, started_s=30, grace_s=60)[0] == "running"
+    queued = status("WAITING", None, None, silent_s=None, started_s=None, grace_s=60)
+    assert queued[0] == "queued" and "next run measures it" in queued[1]
+    assert status("COMPLETE", "measured", None, silent_s=None, started_s=None, grace_s=60) == ("measured", None)
+    assert status("FAIL", None, None, silent_s=None, started_s=None, grace_s=60)[0] == "interrupted"
+
+
+def test_a_queued_trial_is_not_running(tmp_path):
+    import optuna
+
+    from tests.dashboard.synthetic import beat, make_study
+
+    url = make_study(tmp_path / "study.db")
+    beat(url, 6, seconds_ago=5000)
+    study = optuna.load_study(study_name="synth", storage=url)
+    study.enqueue_trial({"max_num_seqs": 12})
+    view = data.load_study(url, "synth")
+    queued = view.trials[-1]
+    assert queued.status == "queued" and queued.category == "queued" and not view.running
 
 
 def test_a_pruned_trial_is_its_own_category_listed_with_why_never_plotted(tmp_path):
