@@ -207,3 +207,78 @@ def test_export_of_the_h200_random_weight_study_refuses_without_the_flag(tmp_pat
     out = tune("export", "--storage", str(db), "--best", "--format", "k8s", "--allow-dummy-weights")
     assert out.returncode == 0 and "# WARNING: measured with random weights" in out.stdout
     assert "--load-format" in out.stdout and "image: vllm/vllm-openai:v0.24.0" in out.stdout
+
+
+# -- read-only, the storage box, the cost of the choice (#27, #25) --------------------------------
+def test_an_empty_file_is_refused_by_both_commands_and_stays_empty(tmp_path):
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    for storage in (str(empty), f"sqlite:///{empty}"):
+        for cmd in (["dashboard"], ["export", "--best", "--format", "json"]):
+            out = tune(*cmd, "--storage", storage)
+            assert out.returncode == 2, (cmd, out.stdout, out.stderr)
+            assert f"{str(empty)!r} is empty, not a study database" in out.stderr and "tune --trace" in out.stderr
+            assert "Traceback" not in out.stderr and "http://" not in out.stdout
+    assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
+def test_export_leaves_the_study_file_byte_identical(synthetic_url, tmp_path):
+    import hashlib
+
+    db = tmp_path / "study.db"
+    shutil.copy(synthetic_url[len("sqlite:///"):], db)
+    os.utime(db, ns=(10**18, 10**18))
+    before = hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns
+    for fmt in ("json", "k8s"):
+        out = tune("export", "--storage", str(db), "--best", "--format", fmt, "-o", str(tmp_path / f"out.{fmt}"))
+        assert out.returncode == 0, out.stderr
+    assert (hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns) == before
+
+
+def test_export_prints_the_quality_cost_to_stderr_and_keeps_stdout_the_export(synthetic_url):
+    out = tune("export", "--storage", synthetic_url, "--best", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["trial"] == 1  # stdout is the export alone
+    said = " ".join(out.stderr.split())  # wrapped at 80 columns
+    assert "quality cost vs vLLM's defaults: +2.0% perplexity [+1.9%, +2.1%] (KLD 0.010, top-1 0.90)" in said
+    assert "within the study's quality gate (nats<=0.05)" in said
+    assert all(len(line) <= 80 for line in out.stderr.splitlines())
+
+
+def test_pick_exports_vllms_defaults_when_they_meet_the_rule_best(synthetic_url):
+    out = tune("export", "--storage", synthetic_url, "--pick", "max:output_tps where ttft_p99<280ms", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["trial"] == "reference"
+    said = " ".join(out.stderr.split())
+    assert "vLLM's defaults meet it and no trial on the front does better; exporting the defaults" in said
+    assert "no quality cost" in said
+
+
+@pytest.mark.parametrize("host, flag, shown", [("127.0.0.1", [], "1"), ("127.0.0.1", ["--no-storage-picker"], "0"),
+                                               ("0.0.0.0", [], "0"), ("::1", [], "1")])
+def test_the_storage_box_is_off_beyond_loopback_and_on_request(synthetic_url, monkeypatch, host, flag, shown):
+    """`tune dashboard` tells the app through TRACETUNE_DASHBOARD_STORAGE_PICKER (the Streamlit
+    process itself is started elsewhere in this file; here its environment is caught)."""
+    import argparse
+
+    from rich.console import Console
+
+    from tracetune.cli import dashboard as command
+    from tracetune.dashboard import ENV_STORAGE_PICKER
+
+    seen = {}
+
+    class Caught:
+        def __init__(self, argv, env):
+            seen.update(env)
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(command.subprocess, "Popen", Caught)
+    parser = argparse.ArgumentParser()
+    command.add_parsers(parser.add_subparsers())
+    args = parser.parse_args(["dashboard", "--storage", synthetic_url, "--host", host, "--port", str(free_port()),
+                              *flag])
+    assert command.dashboard_command(args, Console(file=open(os.devnull, "w"))) == 0
+    assert seen[ENV_STORAGE_PICKER] == shown
