@@ -26,8 +26,10 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("speculative.method", "--speculative", dict(choices=["none", "ngram", "draft_model"], default="none")),
     ("speculative.num_speculative_tokens", "--num-speculative-tokens", dict(type=int, default=3, metavar="K",
                                                                             help="draft length (default 3)")),
-    ("speculative.draft_model", "--draft-model", dict(metavar="DIR", help="draft model directory (--speculative "
-                                                                         "draft_model)")),
+    ("speculative.draft_model", "--draft-model", dict(
+        action="append", metavar="DIR", help="draft model directory, or derived:layers-N (the model's first N "
+                                             "layers, made once) for --speculative draft_model; the main job "
+                                             "searches each one given (repeatable)")),
     ("speculative.prompt_lookup_min", "--prompt-lookup-min", dict(type=int, metavar="N")),
     ("speculative.prompt_lookup_max", "--prompt-lookup-max", dict(type=int, metavar="N")),
     ("enable_prefix_caching", "--prefix-caching", dict(action=B, default=None)),
@@ -90,6 +92,11 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
     fields: dict[str, Any] = {"model": model_dir, "speculative": {}}
     for field, flag, _ in ENGINE_FLAGS:
         value = getattr(args, _dest(flag))
+        if field == "speculative.draft_model" and value:
+            if len(value) > 1:
+                raise InputError(f"--draft-model is given {len(value)} times: one engine serves one draft model "
+                                 f"(the main job, tune --trace, searches several)")
+            value = value[0]
         if field.startswith("speculative."):
             if value is not None:
                 fields["speculative"][field.split(".", 1)[1]] = value
@@ -107,4 +114,19 @@ def resolve_engine_config(args: argparse.Namespace, progress=lambda message: Non
     from tracetune.engine_adapter.models import resolve_model
 
     engine_config_from_args(args, Path(args.model or "."))
-    return engine_config_from_args(args, resolve_model(args.model, progress))
+    config = engine_config_from_args(args, resolve_model(args.model, progress))
+    return with_draft_resolved(config, progress)
+
+
+def with_draft_resolved(config: Any, progress=lambda message: None) -> Any:
+    """`config` with its draft model checked against its model (tokenizer and vocabulary) and a derived
+    one (derived:layers-N) made and served from its cached directory."""
+    from tracetune.engine_adapter.vllm.draft import check_draft, derived_draft, is_derived
+
+    draft = config.speculative.draft_model
+    if draft is None:
+        return config
+    check_draft(config.model, str(draft))
+    if is_derived(draft):
+        draft = derived_draft(config.model, str(draft), progress)
+    return config.model_copy(update={"speculative": config.speculative.model_copy(update={"draft_model": draft})})

@@ -50,6 +50,21 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weights_digest(model_dir: Path, *parts: str) -> str:
+    """A hash of `model_dir`'s weights and config (each file's size, head and tail) and of `parts`."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode())
+    for path in sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]:
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}".encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(1 << 20))  # head of each file: cheap and changes with the weights
+            f.seek(max(0, stat.st_size - (1 << 20)))
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
 def check_model_dir(path: Path) -> Path:
     """Validate that `path` is a loadable Hugging Face model directory; return it resolved."""
     path = Path(path).expanduser()

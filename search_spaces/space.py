@@ -8,6 +8,7 @@
       max_num_seqs:    {low: 4, high: 64, log: true}
       speculative:     {choices: [none, ngram]}
       num_speculative_tokens: {low: 1, high: 8, when: {speculative: [ngram, draft_model]}}
+    draft_models: [/models/SmolLM2-135M, derived:layers-4]   # searched when speculative=draft_model
 
 A parameter is categorical (`choices`) or numeric (`low`/`high`, optional `log`/`step`; integers
 unless `float: true`). `when` makes it exist only if earlier parameters took one of the listed
@@ -15,6 +16,10 @@ values; conditions may only refer to parameters defined above them. Parameter an
 knobs of the engine the space is for: its `EngineKind` gives the knob table (`kind.knobs`) and its
 reference config checks the fixed settings (`kind.reference`); tracetune's default engine when none
 is given. Errors name the file, the line and the field.
+
+`draft_models` lists the draft models searched with `speculative: draft_model` (directories, or
+drafts tracetune derives from the target: `derived:layers-N`); it becomes the parameter
+`draft_model`, right after `speculative`, existing only when speculative is draft_model.
 """
 
 from __future__ import annotations
@@ -120,6 +125,40 @@ class SearchSpace(BaseModel):
     quantized_checkpoints: dict[int, Path] = Field(
         default_factory=dict, description="Your own quantized checkpoint per weight_bits value.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _draft_models(cls, data: Any) -> Any:
+        """`draft_models: [...]` as the parameter `draft_model` (see the module's docstring)."""
+        if not isinstance(data, dict) or "draft_models" not in data:
+            return data
+        data = dict(data)
+        drafts = data.pop("draft_models")
+        if not isinstance(drafts, list) or not drafts or not all(isinstance(d, str) and d for d in drafts):
+            raise ValueError("draft_models must be a list of draft model directories or derived drafts "
+                             "(e.g. [derived:layers-4])")
+        params, fixed = data.get("parameters"), data.get("fixed") or {}
+        if not isinstance(params, dict):
+            return data  # the missing parameters section gets its own message
+        if "draft_model" in params or "draft_model" in fixed:
+            raise ValueError("draft models are named twice: give them under draft_models or as the "
+                             "draft_model parameter, not both")
+        spec = params.get("speculative")
+        choices = spec.get("choices") if isinstance(spec, dict) else None
+        offered = fixed.get("speculative") == "draft_model" or (isinstance(choices, list) and "draft_model" in choices)
+        if not offered:
+            raise ValueError("draft_models are only used when speculative can be draft_model: add draft_model "
+                             "to the choices of the 'speculative' parameter")
+        draft: dict[str, Any] = {"choices": drafts}
+        if "speculative" in params:
+            draft["when"] = {"speculative": ["draft_model"]}
+        ordered: dict[str, Any] = {}
+        for name, param in params.items():
+            ordered[name] = param
+            if name == "speculative":
+                ordered["draft_model"] = draft
+        data["parameters"] = ordered if "speculative" in params else {"draft_model": draft, **params}
+        return data
+
     # The knob table the space was checked against (validation context "knobs"; else the default engine's).
     _knobs: Knobs = PrivateAttr(default_factory=dict)
 
@@ -177,6 +216,42 @@ class SearchSpace(BaseModel):
             raise SpaceError(f"search space {self.name!r}: no choice of {emptied[0]!r} is left once "
                              f"{drop[emptied[0]]} are removed; give it a choice this machine can run")
         return SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": params}, self._knobs)
+
+    def with_drafts(self, drafts: list[str]) -> SearchSpace:
+        """This space searching also the draft models `drafts` (`tune --draft-model`): speculative
+        gains the choice draft_model (a space without it gets speculative in [none, draft_model]),
+        a draft length conditioned on speculative exists for it too, and the drafts join the
+        draft_model parameter."""
+        if not drafts:
+            return self
+        params = {n: p.model_dump(by_alias=True, exclude_none=True) for n, p in self.parameters.items()}
+        if self.fixed.get("speculative") != "draft_model":
+            spec = params.setdefault("speculative", {"choices": ["none"]})
+            if "choices" not in spec:
+                raise SpaceError(f"search space {self.name!r}: speculative is numeric, so --draft-model cannot join it")
+            spec["choices"] = [*spec["choices"], *(["draft_model"] if "draft_model" not in spec["choices"] else [])]
+            for data in params.values():
+                when = data.get("when") or {}
+                if "speculative" in when and "draft_model" not in when["speculative"] \
+                        and set(when["speculative"]) - {"none"}:
+                    when["speculative"] = [*when["speculative"], "draft_model"]
+        known = params.pop("draft_model", {}).get("choices", [])
+        draft: dict[str, Any] = {"choices": [*known, *(d for d in drafts if d not in known)]}
+        ordered: dict[str, Any] = {}
+        for name, data in params.items():
+            ordered[name] = data
+            if name == "speculative":
+                ordered["draft_model"] = {**draft, "when": {"speculative": ["draft_model"]}}
+        if "speculative" not in ordered:
+            ordered = {"draft_model": draft, **ordered}
+        return SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": ordered}, self._knobs)
+
+    def draft_models(self) -> list[Any]:
+        """Every draft model the space can give a trial (fixed, or choices of draft_model)."""
+        if "draft_model" in self.fixed:
+            return [self.fixed["draft_model"]]
+        param = self.parameters.get("draft_model")
+        return list(param.choices or []) if param is not None else []
 
     def pinned(self, settings: dict[str, Any]) -> tuple[SearchSpace, list[str]]:
         """This space without the parameters that `settings` (engine flags the user gave) already

@@ -15,6 +15,7 @@ KNOBS: Knobs = {
     "kv_cache_dtype": Knob("KV-cache precision (auto, fp8, ...)"),
     "speculative": Knob("speculative decoding method (none, ngram, draft_model)"),
     "num_speculative_tokens": Knob("draft length"),
+    "draft_model": Knob("draft model directory, or derived:layers-N (speculative=draft_model)"),
     "prompt_lookup_max": Knob("ngram: longest n-gram matched"),
     "enable_prefix_caching": Knob("prefix caching on/off"),
     "enable_chunked_prefill": Knob("chunked prefill on/off"),

@@ -17,12 +17,11 @@ written atomically like the default model.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 from collections.abc import Callable
 from pathlib import Path
 
-from tracetune.engine_adapter.models import build_model_dir, check_model_dir, tracetune_home
+from tracetune.engine_adapter.models import build_model_dir, check_model_dir, tracetune_home, weights_digest
 from tracetune.errors import ModelError
 
 SCHEMES = ("W8A8", "W4A16")
@@ -30,17 +29,7 @@ MARKER = "tracetune-quantized.json"
 
 
 def source_hash(model_dir: Path, scheme: str) -> str:
-    digest = hashlib.sha256()
-    digest.update(scheme.encode())
-    digest.update(importlib.metadata.version("compressed-tensors").encode())
-    for path in sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]:
-        stat = path.stat()
-        digest.update(f"{path.name}:{stat.st_size}".encode())
-        with open(path, "rb") as f:
-            digest.update(f.read(1 << 20))  # head of each file: cheap and changes with the weights
-            f.seek(max(0, stat.st_size - (1 << 20)))
-            digest.update(f.read())
-    return digest.hexdigest()
+    return weights_digest(model_dir, scheme, importlib.metadata.version("compressed-tensors"))
 
 
 def _fill_weight_qparams(model) -> int:
@@ -106,7 +95,12 @@ def quantize_to(model_dir: Path, scheme: str, out_dir: Path) -> int:
 
 
 def quantized_checkpoint(model_dir: Path, scheme: str, progress: Callable[[str], None] = lambda m: None) -> Path:
-    """The cached `scheme` checkpoint of `model_dir`, made on first use."""
+    """The cached `scheme` checkpoint of `model_dir`, made on first use; a derived draft's name
+    (`derived:layers-N`, `draft.py`) gives that draft, made the same way."""
+    if scheme.startswith("derived:"):
+        from tracetune.engine_adapter.vllm.draft import derived_draft
+
+        return derived_draft(model_dir, scheme, progress)
     if scheme not in SCHEMES:
         raise ModelError(f"unknown quantization scheme {scheme!r}; tracetune makes {list(SCHEMES)}")
     model_dir = check_model_dir(model_dir)

@@ -10,6 +10,9 @@ Weight bits map to a method per platform:
 | 4 | compressed-tensors W4A16 checkpoint made from the model | the same |
 
 A space's `quantized_checkpoints` overrides the made checkpoint for a bit width.
+
+A draft model named `derived:...` (`draft.py`) is made from the model through the same
+`make_checkpoint`, which returns its cached directory.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from tracetune.engine_adapter.kind import CheckpointMaker, SpaceView, Unrunnable
 from tracetune.engine_adapter.platform import Platform, cpu_flags
+from tracetune.engine_adapter.vllm.draft import is_derived
 from tracetune.engine_adapter.vllm.knobs import WEIGHT_BITS
 from tracetune.engine_adapter.vllm.server import VLLMConfig, platform_problems
 from tracetune.errors import Rejected
@@ -96,10 +100,16 @@ def to_engine_config(
     for key in ("num_speculative_tokens", "prompt_lookup_max", "draft_model"):
         if key in settings:
             value = settings.pop(key)
-            if spec_method != "none":
+            if spec_method != "none" and (key != "draft_model" or spec_method == "draft_model"):
                 spec[key] = value
     if spec_method == "draft_model" and "draft_model" not in spec:
-        reasons.append("speculative=draft_model needs a draft_model directory in the space's fixed settings")
+        reasons.append("speculative=draft_model needs a draft model: list it under draft_models in the search "
+                       "space (or tune --draft-model DIR)")
+    elif spec_method == "draft_model" and is_derived(spec["draft_model"]):
+        if make_checkpoint is None:
+            reasons.append(f"draft_model={spec['draft_model']} is derived from the model and cannot be made here")
+        else:
+            spec["draft_model"] = make_checkpoint(str(spec["draft_model"]))
     if spec.get("prompt_lookup_max") is not None:
         spec.setdefault("prompt_lookup_min", 1)
 

@@ -144,7 +144,7 @@ def test_rejections_before_any_engine_starts():
     assert w4.model == Path("/cache/W4A16")
     with pytest.raises(Rejected, match="attention_backend is a GPU setting"):
         to_engine_config({"attention_backend": "FLASH_ATTN"}, fixed={}, platform=Platform.CPU, model_dir=MODEL)
-    with pytest.raises(Rejected, match="needs a draft_model"):
+    with pytest.raises(Rejected, match="needs a draft model: list it under draft_models"):
         to_engine_config({"speculative": "draft_model"}, fixed={}, platform=Platform.CUDA, model_dir=MODEL)
     with pytest.raises(Rejected, match="without chunked prefill"):
         to_engine_config({"max_num_batched_tokens": 512, "enable_chunked_prefill": False}, fixed={},
