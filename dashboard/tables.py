@@ -11,7 +11,14 @@ from typing import Any
 
 from tracetune.dashboard import capacity
 from tracetune.dashboard.data import CATEGORIES, StudyView, TrialView, apart, diff_text, has_capacity
-from tracetune.dashboard.metrics import LATENCY_METRICS, METRICS, display_interval, display_value, quality_text
+from tracetune.dashboard.metrics import (
+    LATENCY_METRICS,
+    METRICS,
+    display_interval,
+    display_value,
+    quality_text,
+    speculation,
+)
 from tracetune.errors import InputError
 from tracetune.tuner.front import economics
 
@@ -74,31 +81,56 @@ def filter_trials(trials: Iterable[TrialView], conditions: Sequence[Condition], 
 
 # -- tables --------------------------------------------------------------------------------------
 def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> list[dict[str, Any]]:
-    """One row per trial: number, category, status, each objective, throughput/latency extras,
-    the difference from the reference, and the failure reason."""
+    """One row per trial: the decision columns first (`decision_columns`: number, category, each
+    objective, quality cost, the difference from the reference, why it stands where it does), then
+    capacity, throughput/latency extras, speculation, intervals, sample sizes, start-up time."""
     rows = []
     with_capacity = has_capacity(study)
+    drafted = any(speculation(t.engine or (t.summary or {}).get("engine"))[0] is not None for t in study.candidates)
     for t in (study.trials if trials is None else trials):
-        row: dict[str, Any] = {"trial": t.number, "category": t.category, "status": t.status}
+        row: dict[str, Any] = {"trial": t.number, "category": t.category}
         for name in study.objectives:
             row[name] = t.metric(name)
+        row["quality vs defaults"] = "-" if t.is_reference else quality_text(t.quality)
+        row["differs from reference"] = (diff_text(t.diff) if t.config else
+                                         "sampled: " + ", ".join(f"{k}={v}" for k, v in t.params.items()))
+        row["why"] = why(study, t)[:300]
+        row["status"] = t.status
         if with_capacity:
             row.setdefault("capacity", t.metric("capacity"))
             row.update(capacity.table_columns(t.summary if t.measured else None))
             row.update(cost_columns(study, t.summary if t.measured else None))
-        for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate"):
+        for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate", *(SPEC_COLUMNS if drafted else ())):
             if extra not in row:
                 row[extra] = t.metric(extra)
         row["95% intervals"] = intervals_text(t, study.objectives)
         row["based on"] = t.sample_sizes
-        if study.decision is not None and study.decision.dominated_by_reference:
-            row["vs defaults"] = "defaults beat it on every objective" if t.beaten_by_reference else ""
-        row["differs from reference"] = (diff_text(t.diff) if t.config else
-                                         "sampled: " + ", ".join(f"{k}={v}" for k, v in t.params.items()))
         row["startup_s"] = t.startup_s
-        row["failure"] = (t.failure_reason or "")[:200]
         rows.append(row)
     return rows
+
+
+SPEC_COLUMNS = ("spec_acceptance_rate", "spec_accepted_length")
+
+
+def decision_columns(study: StudyView) -> list[str]:
+    """The Trials view's default columns: what a choice is made by (at most 8 with three objectives)."""
+    return ["trial", "category", *study.objectives, "quality vs defaults", "differs from reference", "why"]
+
+
+def why(study: StudyView, t: TrialView) -> str:
+    """Why a trial stands where it does, in a few words: what it breaks, what stopped it, what it ties."""
+    if t.is_reference:
+        return "vLLM's defaults: the reference every trial is measured against"
+    if t.violations:
+        return "; ".join(t.violations)
+    if not t.measured:
+        return t.failure_reason or t.status
+    if t.beaten_by_reference:
+        return "vLLM's defaults beat it on every objective" + (" (inside the 95% intervals: a tie)" if t.tied else "")
+    notes = {"tie": "dominated only inside the 95% intervals", "dominated": "another run is better on every objective"}
+    words = [notes.get(t.category, "")] + ([f"outside {study.gate_words}"] if t.outside_gate else [])
+    return "; ".join(w for w in words if w)
 
 
 # -- the front, as a decision ---------------------------------------------------------------------

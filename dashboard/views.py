@@ -187,10 +187,12 @@ def _search_progress(study: data.StudyView) -> None:
             st.caption("parameter importance needs at least 4 measured trials with different values")
 
 
-def _table_frame(study: data.StudyView, rows: list[dict]):
+def _table_frame(study: data.StudyView, rows: list[dict], columns: list[str] | None = None):
     import pandas as pd
 
     frame = pd.DataFrame(rows)
+    if columns is not None:
+        frame = frame[[c for c in columns if c in frame.columns]]
     if "trial" in frame.columns:  # one type for the column: the reference's row reads "ref"
         frame["trial"] = [("ref" if n == data.REFERENCE_RUN else str(n)) for n in frame["trial"]]
     renames = {}
@@ -202,8 +204,29 @@ def _table_frame(study: data.StudyView, rows: list[dict]):
     return frame.rename(columns=renames)
 
 
+def _column_config(frame) -> dict:
+    config = {"differs from reference": st.column_config.TextColumn(width="medium"),
+              "why": st.column_config.TextColumn(width="large"),
+              "quality vs defaults": st.column_config.TextColumn(width="large"),
+              "startup_s": st.column_config.NumberColumn("engine start (s)", format="%.0f")}
+    for col in frame.columns:
+        if col.endswith("(ms)"):
+            config[col] = st.column_config.NumberColumn(col, format="%.0f")
+        elif col in ("output_tps", "request_tps", "goodput", "spec_accepted_length"):
+            config[col] = st.column_config.NumberColumn(col, format="%.2f")
+        elif col in ("quality_loss",):
+            config[col] = st.column_config.NumberColumn(col, format="%+.4f")
+        elif col in ("error_rate", "spec_acceptance_rate"):
+            config[col] = st.column_config.NumberColumn(col, format="percent")
+        elif col.startswith("capacity") and col in metrics.METRICS:
+            config[col] = st.column_config.NumberColumn(metrics.metric_label(col)[0], format="%.3f")
+        elif col in ("capacity bracket", "capacity notes", "95% intervals", "based on"):
+            config[col] = st.column_config.TextColumn(col, width="medium")
+    return config
+
+
 def page_trials(study: data.StudyView) -> None:
-    c1, c2 = st.columns([3, 2])
+    c1, c2, c3 = st.columns([3, 2, 3])
     text = c1.text_input("Constraints", key="trials_filter", placeholder="e.g. ttft_p99<500ms and output_tps>20",
                          help="METRIC OP NUMBER joined by 'and'; latencies in seconds or with ms/s. "
                               "Trials without a value for a metric are left out.")
@@ -220,24 +243,12 @@ def page_trials(study: data.StudyView) -> None:
     if not trials:
         st.info("No trial meets " + (" and ".join(map(str, conditions)) if conditions else "the chosen categories"))
         return
-    frame = _table_frame(study, tables.trial_table(study, tables.sort_for_table(trials)))
-    config = {"differs from reference": st.column_config.TextColumn(width="large"),
-              "failure": st.column_config.TextColumn(width="medium"),
-              "startup_s": st.column_config.NumberColumn("engine start (s)", format="%.0f")}
-    for col in frame.columns:
-        if col.endswith("(ms)"):
-            config[col] = st.column_config.NumberColumn(col, format="%.0f")
-        elif col in ("output_tps", "request_tps", "goodput"):
-            config[col] = st.column_config.NumberColumn(col, format="%.2f")
-        elif col in ("quality_loss",):
-            config[col] = st.column_config.NumberColumn(col, format="%+.4f")
-        elif col == "error_rate":
-            config[col] = st.column_config.NumberColumn(col, format="percent")
-        elif col.startswith("capacity") and col in metrics.METRICS:
-            config[col] = st.column_config.NumberColumn(metrics.metric_label(col)[0], format="%.3f")
-        elif col in ("capacity bracket", "capacity notes", "vs defaults", "95% intervals", "based on"):
-            config[col] = st.column_config.TextColumn(col, width="medium")
-    st.dataframe(frame, hide_index=True, key="trials_table", column_config=config,
+    rows = tables.trial_table(study, tables.sort_for_table(trials))
+    default = tables.decision_columns(study)
+    more = c3.multiselect("More columns", [c for c in rows[0] if c not in default], key="trials_more",
+                          help="capacity, throughput and latency extras, speculation, intervals, sample sizes")
+    frame = _table_frame(study, rows, default + more)
+    st.dataframe(frame, hide_index=True, key="trials_table", column_config=_column_config(frame),
                  height=min(35 * (len(frame) + 1) + 3, 740))
     if study.reference_run is not None:
         st.caption("Row `ref`: the reference, vLLM's defaults (unquantized weights, auto KV cache, no speculation), "

@@ -97,6 +97,7 @@ def test_trials_page_filters_by_constraints(monkeypatch, synthetic_url):
     assert list(table["trial"]) == ["ref", "0", "1", "2", "3", "4", "5", "6"]
     assert table.loc[table["trial"] == "ref", "category"].item() == "pareto"
     assert "ttft_p99 (ms)" in table.columns and table.loc[table["trial"] == "1", "ttft_p99 (ms)"].item() == 500.0
+    assert len(table.columns) == 8 and list(table.columns)[-1] == "why"  # the decision columns, the rest optional
     at.text_input(key="trials_filter").set_value("ttft_p99 < 400ms").run()
     assert list(at.dataframe[0].value["trial"]) == ["ref", "0"]
     assert any(c.value.endswith("meet ttft_p99<400ms") for c in at.caption)  # echoed in the user's units
@@ -111,6 +112,7 @@ def test_detail_page_measured_and_failed(monkeypatch, synthetic_url):
     assert titles == ["TTFT CDF", "ITL CDF", "E2E CDF", "request timeline"]
     labels = {m.label: m.value for m in at.metric}
     assert labels["prefix-cache hit rate"] == "25.0%" and labels["speculative acceptance"] == "60.0%"
+    assert labels["mean accepted length"] == "2.50"  # 1 + 6 accepted tokens over 4 drafts
     assert labels["top-1 agreement"] == "0.900" and labels["perplexity change"].startswith("+")
     cdf = figure(at, 0)
     assert [t["name"] for t in cdf["data"]] == ["trial 0", "reference (vLLM's defaults)"]  # the reference overlaid
@@ -208,3 +210,13 @@ def test_a_study_that_just_started_renders(monkeypatch, tmp_path):
     for page in PAGES:
         at.sidebar.radio(key="page").set_value(page).run()
         assert not at.exception, (page, [e.value for e in at.exception])
+
+
+def test_the_storage_box_can_be_switched_off(monkeypatch, synthetic_url):
+    from tracetune.dashboard import ENV_STORAGE_PICKER
+
+    assert [t.key for t in open_app(monkeypatch, synthetic_url, "synth").sidebar.text_input] == ["storage"]
+    monkeypatch.setenv(ENV_STORAGE_PICKER, "0")
+    at = open_app(monkeypatch, synthetic_url, "synth")
+    assert not at.sidebar.text_input and at.sidebar.caption[0].value.startswith("storage: sqlite:///")
+    assert at.sidebar.selectbox(key="study").value == "synth"  # the study still opens

@@ -21,8 +21,10 @@ def test_capacity_is_an_axis_and_a_column(monkeypatch, capacity_url):
     at.selectbox(key="pareto_x").set_value("capacity_scale").run()
     assert figure(at)["layout"]["xaxis"]["title"]["text"].startswith("capacity_scale")
     at.sidebar.radio(key="page").set_value("Trials").run()
+    assert "capacity bracket" not in at.dataframe[0].value.columns  # compact by default: decision columns
+    at.multiselect(key="trials_more").set_value(["capacity bracket", "capacity notes"]).run()
     table = at.dataframe[0].value
-    assert {"capacity", "capacity bracket", "capacity notes", "vs defaults"} <= set(table.columns)
+    assert {"capacity", "capacity bracket", "capacity notes", "why"} <= set(table.columns)
     row = table[table["trial"] == "3"].iloc[0]
     assert row["capacity"] == 2.5 and row["capacity bracket"].startswith("[2.5, 2.97] req/s per GPU")
     assert row["capacity notes"].startswith("unstable")

@@ -64,7 +64,7 @@ def test_studies_without_capacity_keep_their_table(synthetic_url):
     study = data.load_study(synthetic_url, "synth")
     assert not data.has_capacity(study)
     row = tables.trial_table(study)[0]
-    assert not {"capacity", "capacity bracket", "capacity notes", "vs defaults"} & set(row)
+    assert not {"capacity", "capacity bracket", "capacity notes"} & set(row)
 
 
 # -- the reference as a competitor ---------------------------------------------------------------
@@ -97,7 +97,8 @@ def test_when_the_defaults_beat_every_trial(defaults_study):
     assert defaults_study.decision.reference_is_best
     assert "no configuration beats vLLM's defaults" in defaults_study.decision.verdict()
     rows = {r["trial"]: r for r in tables.trial_table(defaults_study)}
-    assert rows[0]["vs defaults"] == "defaults beat it on every objective" and rows[2]["vs defaults"] == ""
+    assert rows[0]["why"] == "vLLM's defaults beat it on every objective"
+    assert rows[2]["why"] == "engine exited at start: no memory for the KV cache"
 
 
 # -- capacity shaping ----------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def test_trial_table_has_capacity_columns(cap_study):
     assert rows[3]["capacity bracket"] == "[2.5, 2.97] req/s per GPU ([5, 5.95] req/s on 2 GPUs)"
     assert rows[3]["capacity notes"].startswith("unstable")
     assert rows[4]["capacity notes"] == "client-limited (a lower bound)"
-    assert rows[2]["vs defaults"] == "defaults beat it on every objective"
+    assert rows[2]["why"] == "vLLM's defaults beat it on every objective"
     assert rows[5]["capacity bracket"] == "" and math.isnan(rows[5]["capacity"])
 
 
