@@ -247,12 +247,12 @@ _MADE = {"quantized": "a quantized checkpoint tracetune made", "drafts": "a draf
 
 def made_here(path: str) -> str | None:
     """What a model directory is when tracetune made it (under its home, e.g.
-    ~/.cache/tracetune/quantized/NAME-W8A8-HASH), else None."""
+    ~/.cache/tracetune/quantized/NAME-W8A8-HASH, or named so under another home), else None."""
     from tracetune.engine_adapter.models import tracetune_home
 
-    home = PurePosixPath(path).parent.parent
-    mine = home == PurePosixPath(str(tracetune_home())) or home.name in ("tracetune", ".tracetune")
-    return _MADE.get(PurePosixPath(path).parent.name) if mine else None
+    p = PurePosixPath(path.rstrip("/"))
+    mine = p.parent.parent == PurePosixPath(str(tracetune_home())) or re.search(r"-[0-9a-f]{12}$", p.name)
+    return _MADE.get(p.parent.name) if mine else None
 
 
 def placing_lines(spec: ServeSpec, fmt: str, options: ExportOptions) -> list[str]:

@@ -130,6 +130,9 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
     if trial.is_reference:
         lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
         return lines + _turned_down(study, trial, rule)
+    if (trial.config or {}).get("load_format") == "dummy":
+        return ["quality cost vs vLLM's defaults: not measurable (random weights give speed, never quality): "
+                "measure it with the real weights before relying on it"]
     measured = bool(trial.quality and trial.quality.get("ppl_change"))
     lines = ["quality cost vs vLLM's defaults: " + (cost_text(trial.quality) if measured else "not measured")]
     gate = study.quality_gate

