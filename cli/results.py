@@ -34,6 +34,8 @@ def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, a
     if "model" in diff and "weight_bits" in (result.get("values") or {}):
         # a quantized checkpoint's path says less than the search-space value that made it
         diff = {"weight_bits": result["values"]["weight_bits"], **{k: v for k, v in diff.items() if k != "model"}}
+    if "draft_model" in diff and "draft_model" in (result.get("values") or {}):
+        diff["draft_model"] = result["values"]["draft_model"]  # derived:layers-4 rather than its cache directory
     return {"trial": label, "values": values, "config": config, "differs_from_reference": diff, "summary": summary,
             "quality": result.get("quality") or {}, "capacity": summary.get("capacity"),
             "economics": economics(summary.get("capacity"), gpu_hour_cost=args.gpu_hour_cost,
@@ -124,6 +126,10 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
     has_units = any((r["quality"] or {}).get("kld") for r in rows)
     if has_units:
         table.add_column("quality vs reference", justify="right")
+    has_spec = any(spec_text(r["summary"].get("engine")) != "-" for r in rows)
+    if has_spec:
+        table.add_column("draft accepted", justify="right")
+        table.caption = "draft accepted: share of draft tokens the model accepted, x tokens per decoding step"
     for r in rows:
         cells = []
         for objective in objectives:
@@ -142,11 +148,24 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
             cells.append(f"{econ.get('gpus_total', math.nan):g}")
         if has_units:
             cells.append(units_text(r["quality"]) if r["trial"] != "reference" else "-")
+        if has_spec:
+            cells.append(spec_text(r["summary"].get("engine")))
         label = "ref" if r["trial"] == "reference" else str(r["trial"])
         diff = "(vLLM's defaults)" if r["trial"] == "reference" else \
             ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
         table.add_row(label, diff, *cells)
     return table
+
+
+def spec_text(engine: dict | None) -> str:
+    """A trial's speculative decoding from its engine counters, compactly: the share of draft tokens
+    accepted and the tokens each verification step yields ("38% x2.1"); "-" without speculation."""
+    engine = engine or {}
+    drafts, proposed = engine.get("spec_decode_drafts") or 0, engine.get("spec_decode_draft_tokens") or 0
+    if not drafts or not proposed:
+        return "-"
+    accepted = engine.get("spec_decode_accepted_tokens") or 0
+    return f"{accepted / proposed:.0%} x{1 + accepted / drafts:.1f}"
 
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:

@@ -69,6 +69,14 @@ class EngineMetrics:
             return math.nan
         return self.spec_decode_accepted_tokens / self.spec_decode_draft_tokens
 
+    @property
+    def spec_decode_mean_accepted_length(self) -> float:
+        """Tokens one verification step yields: 1 (the target's own) + accepted draft tokens per
+        draft, as vLLM's "mean acceptance length"; NaN when nothing was drafted."""
+        if self.spec_decode_drafts <= 0:
+            return math.nan
+        return 1.0 + self.spec_decode_accepted_tokens / self.spec_decode_drafts
+
     def delta(self, earlier: EngineMetrics) -> EngineMetrics:
         """Counters minus `earlier`'s counters; gauges as in this (later) snapshot."""
         changes = {name: getattr(self, name) - getattr(earlier, name) for name in _COUNTERS}
@@ -78,6 +86,7 @@ class EngineMetrics:
         out = dataclasses.asdict(self)
         out["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
         out["spec_decode_acceptance_rate"] = self.spec_decode_acceptance_rate
+        out["spec_decode_mean_accepted_length"] = self.spec_decode_mean_accepted_length
         return out
 
 

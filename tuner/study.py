@@ -45,7 +45,7 @@ from tracetune.tuner.coordination import (
     running,
     skipped,
 )
-from tracetune.tuner.front import REFERENCE, Candidate, Plateau, measured_trials, strongest_rival
+from tracetune.tuner.front import REFERENCE, Candidate, Plateau, measured_trials, not_meaningful, strongest_rival
 from tracetune.tuner.measure import client_overload_reason
 from tracetune.tuner.objectives import (
     FAILED_VIOLATION,
@@ -203,6 +203,10 @@ class Tuner:
             (Status.MEASURED, None)
         if status == Status.MEASURED and (summary.capacity or {}).get("verdict") == "pruned":
             status, reason = Status.PRUNED, self._pruned_reason(summary.capacity)
+        elif status == Status.MEASURED and not_meaningful(config_json):
+            reason = not_meaningful(config_json)  # stored and shown; the front never takes it
+            trial.set_user_attr("not_meaningful", reason)
+            trial.set_user_attr("failure_reason", reason)
         self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config_json,
                               wall_s=wall, failure_reason=reason, **measured.stored())
         self.store.save_levels(self.s.study_name, trial.number, measured.levels)
@@ -212,6 +216,8 @@ class Tuner:
         if status == Status.UNMEASURABLE:
             return self._infeasible(trial, status, reason, values=values, config=config_json, t0=t0, saved=True)
         self._set_measured(trial, objectives, constraints, summary.error_rate, summary.error_examples)
+        if trial.user_attrs.get("not_meaningful"):
+            trial.set_user_attr("feasible", False)  # off every front (the dashboard's reads `feasible`)
         if status == Status.PRUNED:
             # The sampler learns its values (capacity: the bracket's low end); the front never takes it.
             trial.set_user_attr("status", Status.PRUNED.value)
@@ -478,6 +484,8 @@ def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, 
         out["speculative"] = spec.get("method", "none")
         if spec.get("method", "none") != "none":
             out["num_speculative_tokens"] = spec.get("num_speculative_tokens")
+        if spec.get("draft_model"):
+            out["draft_model"] = Path(str(spec["draft_model"])).name
         return out
 
     def same(x: Any, y: Any) -> bool:

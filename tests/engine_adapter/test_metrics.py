@@ -62,3 +62,12 @@ def test_rates_are_nan_without_traffic():
 def test_garbage_is_an_engine_error():
     with pytest.raises(EngineError, match="not valid Prometheus text"):
         parse_metrics("vllm:x{unclosed 1\n")
+
+
+def test_mean_accepted_length_counts_the_targets_own_token():
+    m = EngineMetrics(spec_decode_drafts=10, spec_decode_draft_tokens=40, spec_decode_accepted_tokens=15)
+    assert m.spec_decode_acceptance_rate == 15 / 40
+    assert m.spec_decode_mean_accepted_length == 1 + 15 / 10
+    assert m.as_dict()["spec_decode_mean_accepted_length"] == 2.5
+    assert math.isnan(EngineMetrics().spec_decode_mean_accepted_length)
+    assert parse_metrics(CAPTURED).spec_decode_mean_accepted_length == 1 + 54 / 18
