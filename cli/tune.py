@@ -179,6 +179,27 @@ def _no_gate_on_random_weights(args: argparse.Namespace, console) -> None:
                   "quality gate applies")
 
 
+def _no_speculation_on_random_weights(space: Any, console) -> None:
+    """Random weights make a draft's acceptance meaningless: say so when the space speculates (its
+    trials are measured, flagged and kept off the front: `tuner.front.not_meaningful`)."""
+    spec = space.parameters.get("speculative")
+    offered = set(spec.choices or []) if spec is not None else {space.fixed.get("speculative", "none")}
+    if offered - {"none"}:
+        console.print("[dim]·[/] random weights (--load-format dummy): speculative decoding is measured but kept off "
+                      "the front, since how many draft tokens random weights accept says nothing about real traffic",
+                      highlight=False)
+
+
+def _with_drafts(space: Any, drafts: list[str], model_dir: Path) -> Any:
+    """The space searching also the --draft-model drafts; every draft model it names checked against
+    the model (tokenizer and vocabulary; derived ones by name) before anything starts."""
+    from tracetune.engine_adapter.vllm.draft import check_drafts
+
+    space = space.with_drafts(drafts)
+    check_drafts(model_dir, space.draft_models())
+    return space
+
+
 def _tries(args: argparse.Namespace) -> list[dict[str, Any]]:
     from tracetune.errors import InputError
 
@@ -221,10 +242,13 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     storage = args.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
     platform = detect_platform()
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
-    base_config = engine_config_from_args(args, model_dir)  # the base every trial starts from
+    # --draft-model (repeatable) joins the space's draft models; the base takes no draft of its own
+    base_config = engine_config_from_args(argparse.Namespace(**{**vars(args), "draft_model": None}), model_dir)
     base = {k: v for k, v in base_config.model_dump(exclude_defaults=True).items() if k not in ("model", "speculative")}
+    space = _with_drafts(space, args.draft_model or [], model_dir)
     if "dummy" in (base_config.load_format, space.fixed.get("load_format")):
         gate = _no_gate_on_random_weights(args, console)
+        _no_speculation_on_random_weights(space, console)
     api_key = _api_key(args, base_config)
     # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the
     # storage URL, the environment tracetune runs in) are scrubbed from everything stored.

@@ -226,6 +226,18 @@ def economics(capacity: dict[str, Any] | None, *, gpu_hour_cost: float | None = 
     return out
 
 
+def not_meaningful(config: dict[str, Any]) -> str | None:
+    """Why a measured configuration must stay off the front whatever its numbers (None: it need not):
+    speculative decoding on random weights, whose draft acceptance (hence its speed) says nothing
+    about real traffic."""
+    spec = (config.get("speculative") or {}).get("method", "none")
+    if spec != "none" and config.get("load_format") == "dummy":
+        return (f"not meaningful: speculative decoding ({spec}) on random weights (load_format dummy); how many "
+                f"draft tokens random weights accept says nothing about real traffic, so its speed is not "
+                f"comparable. Measure speculation on the real weights")
+    return None
+
+
 # -- the front of a stored study (an Optuna study's trials, by the rule above) --------------------
 class Plateau:
     """The stop rule: True once the front has not changed for `patience` measured trials in a row."""
@@ -245,7 +257,8 @@ def _complete_measured(study: Any) -> list[Any]:
     from tracetune.tuner.storage import Status
 
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED]
+            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED
+            and not t.user_attrs.get("not_meaningful")]
 
 
 def measured_trials(study: Any) -> list[Any]:
