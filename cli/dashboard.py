@@ -36,16 +36,22 @@ examples:
   tune export --pick "min:ttft_p99 where quality_loss<0.01 and output_tps>20" --format helm-values
   tune export --reference --format k8s             # vLLM's defaults, when no trial beats them
 
---pick chooses among the feasible trials on the Pareto front: max:METRIC or min:METRIC, then
-optionally 'where' and conditions joined by 'and' (latencies in seconds, or with ms/s/us).
+--pick chooses among the feasible trials on the Pareto front and vLLM's defaults (ties go to the
+defaults): max:METRIC or min:METRIC, then optionally 'where' and conditions joined by 'and'
+(latencies in seconds, or with ms/s/us). stderr says the choice's quality cost (perplexity change,
+KLD, top-1) and whether the study's quality gate holds it; the export's comments say the same.
 Metrics: ttft/tpot/itl/e2e _mean/_p50/_p90/_p99, output_tps, request_tps, goodput, quality_loss,
 error_rate, prefix_cache_hit_rate, spec_acceptance_rate.
 
 Deployment formats (compose, k8s, helm-values) run the vllm/vllm-openai image (tag: the GPU vLLM
-release, --vllm-version; a study measured on CPU exports for the GPU release tracetune runs) \
+release, --vllm-version; a study measured on CPU exports for the GPU release tracetune runs)
 as `vllm serve MODEL ...` with vLLM's CUDA flags, port 8000, one GPU
 (nvidia.com/gpu), the model directory mounted read-only at /models/<directory name> (compose: a bind
-mount of the measured directory; k8s/helm: the PersistentVolumeClaim `models`), probes on /health.
+mount of the measured directory; k8s/helm: the PersistentVolumeClaim `models`), probes on /health;
+comments give the command that copies each model there and the served name. k8s/helm request CPU
+and memory (--cpu, --memory), size /dev/shm (--shm-gib) and carry GPU nodeSelector/tolerations.
+A study measured on the CPU loses what only the CPU needed (--enforce-eager, its KV-cache size,
+VLLM_CPU_* settings), said in a comment. The study's database is only read. See docs/export.md.
 Credential-like settings (API keys, tokens) are never exported. A config measured with random
 weights (load_format dummy) is refused unless --allow-dummy-weights says it is meant.
 """
