@@ -142,24 +142,49 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
             fig.add_hline(y=_scaled([value], y)[0], line=dict(color="#dc2626", dash="dash"),
                           annotation_text=label, annotation_position="bottom right")
         fig.update_layout(xaxis_title=metric_label(x)[0], yaxis_title=metric_label(y)[0])
-        # Room around the points so labels and the reference star are never cut at the edge.
+        # Room around the points, their error bars, the thresholds and bands, so nothing is cut at the edge.
         for axis, name in (("xaxis", x), ("yaxis", y)):
-            values = [v for trace in fig.data for v in (getattr(trace, axis[0]) or []) if v is not None]
+            values = [v for trace in fig.data for v in _extent(trace, axis[0])]
             values += [_scaled([value], name)[0] for _, value in lines.get(name, [])]
             values += _scaled(list(bands.get(name, ())), name)
-            if values:
-                lo, hi = min(values), max(values)
-                pad = (hi - lo) * 0.12 or abs(hi) * 0.1 or 1.0
-                fig.update_layout({axis: dict(range=[lo - pad, hi + pad])})
+            span = axis_range(values, pad_share=0.12)
+            if span:
+                fig.update_layout({axis: dict(range=span)})
     else:
         fig.update_layout(scene=dict(xaxis_title=metric_label(x)[0], yaxis_title=metric_label(y)[0],
                                      zaxis_title=metric_label(z)[0], aspectmode="cube"),
                           scene_camera=dict(eye=dict(x=1.6, y=1.6, z=1.1)))
-    fig.update_layout(height=680 if z else 560, margin=dict(l=10, r=10, t=40, b=10),
-                      legend=dict(orientation="h", y=-0.15),
+    fig.update_layout(height=680 if z else 600, margin=dict(l=10, r=10, t=40, b=10), legend=LEGEND_BELOW,
                       title=f"study {study.name}: {len([t for t in study.trials if t.measured])} measured of "
                             f"{len(study.trials)} trials", template="plotly_white")
     return fig
+
+
+# Legends below the plot area, never over the data (plotly grows the margin to fit them).
+LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0.0)
+
+
+def axis_range(values: Sequence[float | None], *, log: bool = False, pad_share: float = 0.08) -> list[float] | None:
+    """An axis range holding every finite value with a margin (None: nothing to hold). On a log axis
+    only positive values count, and the range is in powers of ten, as plotly takes it."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and (v > 0 or not log)]
+    if not finite:
+        return None
+    if log:
+        finite = [math.log10(v) for v in finite]
+    lo, hi = min(finite), max(finite)
+    pad = (hi - lo) * pad_share or (0.05 if log else abs(hi) * 0.1 or 1.0)
+    return [lo - pad, hi + pad]
+
+
+def _extent(trace: Any, axis: str) -> list[float]:
+    """A 2-D trace's coordinates on one axis ("x" or "y"), each widened by its error bar."""
+    values = [v for v in (getattr(trace, axis, None) or []) if v is not None]
+    bars = getattr(trace, f"error_{axis}", None)
+    if bars is None or not bars.visible or bars.array is None:
+        return values
+    plus, minus = list(bars.array), list(bars.arrayminus if bars.arrayminus is not None else bars.array)
+    return values + [v + p for v, p in zip(values, plus)] + [v - m for v, m in zip(values, minus)]
 
 
 def _error_bars(trials: Sequence[TrialView], metric: str) -> dict[str, Any]:
@@ -201,7 +226,8 @@ def cdf_figure(trials: Sequence[TrialView], metric: str):
                                                          dash="dash" if t.is_reference else "solid")))
     fig.update_layout(title=f"{metric.upper()} CDF", xaxis_title=f"{metric.upper()} (ms)",
                       yaxis_title="fraction of requests", yaxis_range=[0, 1.02], height=320,
-                      margin=dict(l=10, r=10, t=40, b=10), template="plotly_white", showlegend=len(trials) > 1)
+                      margin=dict(l=10, r=10, t=40, b=10), template="plotly_white", showlegend=len(trials) > 1,
+                      legend=LEGEND_BELOW)
     return fig
 
 
@@ -226,7 +252,7 @@ def timeline_figure(trial: TrialView):
                                  hovertext=[r["error"][:200] for r in bad], hoverinfo="text"))
     fig.update_layout(title="request timeline", xaxis_title="send time since replay start (s)",
                       yaxis_title="latency (ms)", height=340, margin=dict(l=10, r=10, t=40, b=10),
-                      template="plotly_white", legend=dict(orientation="h", y=-0.25))
+                      template="plotly_white", legend=LEGEND_BELOW)
     return fig
 
 
@@ -295,18 +321,34 @@ def attainment_figure(curves: Sequence[tuple[str, dict]], title: str = "attainme
         slo = ", ".join(curves[0][1].get("slo") or [])
         fig.add_hline(y=target, line=dict(color="#dc2626", dash="dash"), annotation_position="bottom right",
                       annotation_text=f"target {target:.0%} within {slo}" if slo else f"target {target:.0%}")
+    loads = [s["rps"] for _, cap in curves for s in capacity.steps(cap)]
+    loads += [p[0] for _, cap in curves if (p := capacity.capacity_point(cap))]
     if len(curves) == 1:
         low, high = capacity.bracket_rps(curves[0][1])
-        if high is not None and not math.isnan(low) and low > 0:
+        # a bracket is drawn only with two finite, positive ends (never a raw 0 or inf on a log axis)
+        if high is not None and all(math.isfinite(v) and v > 0 for v in (low, high)) and high > low:
             fig.add_vrect(x0=low, x1=high, fillcolor="#1f6feb", opacity=0.08, line_width=0,
                           annotation_text="bracket", annotation_position="top left")
-    loads = [s["rps"] for _, cap in curves for s in capacity.steps(cap) if s["rps"] > 0]
-    log = bool(loads) and max(loads) / min(loads) > 4
+            loads += [low, high]
+    positive = [v for v in loads if math.isfinite(v) and v > 0]
+    log = bool(positive) and len(positive) == len([v for v in loads if math.isfinite(v)]) \
+        and max(positive) / min(positive) > 4
     fig.update_layout(title=title, xaxis_title="offered load (req/s)" + (", log scale" if log else ""),
-                      yaxis_title="attainment (requests within the SLO)", yaxis=dict(range=[0, 1.05], tickformat=".0%"),
-                      xaxis_type="log" if log else "linear", height=380, margin=dict(l=10, r=10, t=40, b=10),
-                      template="plotly_white", legend=dict(orientation="h", y=-0.25))
+                      xaxis=dict(type="log" if log else "linear", range=axis_range(loads, log=log)),
+                      yaxis_title="attainment (requests within the SLO)",
+                      yaxis=dict(range=attainment_range(curves), tickformat=".0%"), height=400,
+                      margin=dict(l=10, r=10, t=40, b=10), template="plotly_white", legend=LEGEND_BELOW)
     return fig
+
+
+def attainment_range(curves: Sequence[tuple[str, dict]]) -> list[float]:
+    """The attainment axis zoomed to the band the levels and the target line occupy (95-100% when
+    every level is near the target), never beyond [0, 1] plus a margin."""
+    values = [s["attainment"] for _, cap in curves for s in capacity.steps(cap) if math.isfinite(s["attainment"])]
+    values += [cap.get("attainment_target") or 0.95 for _, cap in curves]
+    lo = min(values, default=0.0)
+    pad = max((1.0 - lo) * 0.1, 0.005)
+    return [max(0.0, lo - pad), 1.0 + pad]
 
 
 def figure_summary(fig: Any) -> dict[str, int]:
