@@ -27,9 +27,10 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("speculative.num_speculative_tokens", "--num-speculative-tokens", dict(type=int, default=3, metavar="K",
                                                                             help="draft length (default 3)")),
     ("speculative.draft_model", "--draft-model", dict(
-        action="append", metavar="DIR", help="draft model directory, or derived:layers-N (the model's first N "
-                                             "layers, made once) for --speculative draft_model; the main job "
-                                             "searches each one given (repeatable)")),
+        action="append", metavar="DIR", help="draft model directory for --speculative draft_model, or one made "
+                                             "once from the model: derived:w8a8 (its 8-bit checkpoint), "
+                                             "derived:layers-N (its first N layers); the main job searches each "
+                                             "one given (repeatable)")),
     ("speculative.prompt_lookup_min", "--prompt-lookup-min", dict(type=int, metavar="N")),
     ("speculative.prompt_lookup_max", "--prompt-lookup-max", dict(type=int, metavar="N")),
     ("enable_prefix_caching", "--prefix-caching", dict(action=B, default=None)),
@@ -120,13 +121,14 @@ def resolve_engine_config(args: argparse.Namespace, progress=lambda message: Non
 
 def with_draft_resolved(config: Any, progress=lambda message: None) -> Any:
     """`config` with its draft model checked against its model (tokenizer and vocabulary) and a derived
-    one (derived:layers-N) made and served from its cached directory."""
-    from tracetune.engine_adapter.vllm.draft import check_draft, derived_draft, is_derived
+    one (derived:...) made and served from its cached directory."""
+    from tracetune.engine_adapter.vllm.draft import QUANTIZED_DRAFTS, check_draft, is_derived
+    from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
 
     draft = config.speculative.draft_model
     if draft is None:
         return config
     check_draft(config.model, str(draft))
     if is_derived(draft):
-        draft = derived_draft(config.model, str(draft), progress)
+        draft = quantized_checkpoint(config.model, QUANTIZED_DRAFTS.get(str(draft), str(draft)), progress)
     return config.model_copy(update={"speculative": config.speculative.model_copy(update={"draft_model": draft})})

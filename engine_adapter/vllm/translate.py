@@ -12,7 +12,7 @@ Weight bits map to a method per platform:
 A space's `quantized_checkpoints` overrides the made checkpoint for a bit width.
 
 A draft model named `derived:...` (`draft.py`) is made from the model through the same
-`make_checkpoint`, which returns its cached directory.
+`make_checkpoint`, which returns its cached directory (`derived:w8a8` is the W8A8 checkpoint itself).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from tracetune.engine_adapter.kind import CheckpointMaker, SpaceView, Unrunnable
 from tracetune.engine_adapter.platform import Platform, cpu_flags
-from tracetune.engine_adapter.vllm.draft import is_derived
+from tracetune.engine_adapter.vllm.draft import QUANTIZED_DRAFTS, is_derived
 from tracetune.engine_adapter.vllm.knobs import WEIGHT_BITS
 from tracetune.engine_adapter.vllm.server import VLLMConfig, platform_problems
 from tracetune.errors import Rejected
@@ -95,24 +95,7 @@ def to_engine_config(
             else:
                 model = make_checkpoint(method)
 
-    spec_method = settings.pop("speculative", "none")
-    spec: dict[str, Any] = {"method": spec_method}
-    for key in ("num_speculative_tokens", "prompt_lookup_max", "draft_model"):
-        if key in settings:
-            value = settings.pop(key)
-            if spec_method != "none" and (key != "draft_model" or spec_method == "draft_model"):
-                spec[key] = value
-    if spec_method == "draft_model" and "draft_model" not in spec:
-        reasons.append("speculative=draft_model needs a draft model: list it under draft_models in the search "
-                       "space (or tune --draft-model DIR)")
-    elif spec_method == "draft_model" and is_derived(spec["draft_model"]):
-        if make_checkpoint is None:
-            reasons.append(f"draft_model={spec['draft_model']} is derived from the model and cannot be made here")
-        else:
-            spec["draft_model"] = make_checkpoint(str(spec["draft_model"]))
-    if spec.get("prompt_lookup_max") is not None:
-        spec.setdefault("prompt_lookup_min", 1)
-
+    spec = _speculative(settings, reasons, platform=platform, make_checkpoint=make_checkpoint, flags=flags)
     config_fields = {**settings, "model": model, "speculative": spec}
     if quantization is not None:
         config_fields["quantization"] = quantization
@@ -136,6 +119,36 @@ def to_engine_config(
     if problems:
         raise Rejected(problems)
     return config
+
+
+def _speculative(settings: dict[str, Any], reasons: list[str], *, platform: Platform,
+                 make_checkpoint: CheckpointMaker | None, flags: frozenset[str] | None) -> dict[str, Any]:
+    """The SpeculativeConfig fields, popped from `settings`; why they cannot run appended to
+    `reasons`. A derived draft is made here (`make_checkpoint`)."""
+    spec_method = settings.pop("speculative", "none")
+    spec: dict[str, Any] = {"method": spec_method}
+    for key in ("num_speculative_tokens", "prompt_lookup_max", "draft_model"):
+        if key in settings:
+            value = settings.pop(key)
+            if spec_method != "none" and (key != "draft_model" or spec_method == "draft_model"):
+                spec[key] = value
+    if spec_method == "draft_model" and "draft_model" not in spec:
+        reasons.append("speculative=draft_model needs a draft model: list it under draft_models in the search "
+                       "space (or tune --draft-model DIR)")
+    elif spec_method == "draft_model" and is_derived(spec["draft_model"]):
+        name = str(spec["draft_model"])
+        scheme = QUANTIZED_DRAFTS.get(name)  # the model's own quantized checkpoint, shared with weight_bits
+        problem = cpu_scheme_problem(scheme, cpu_flags() if flags is None else flags) \
+            if scheme and platform is Platform.CPU else None
+        if problem:
+            reasons.append(f"draft_model={name}: {problem}")
+        elif make_checkpoint is None:
+            reasons.append(f"draft_model={name} is derived from the model and cannot be made here")
+        else:
+            spec["draft_model"] = make_checkpoint(scheme or name)
+    if spec.get("prompt_lookup_max") is not None:
+        spec.setdefault("prompt_lookup_min", 1)
+    return spec
 
 
 def reference_config(*, fixed: dict[str, Any], model_dir: Path, base: dict[str, Any] | None = None) -> VLLMConfig:

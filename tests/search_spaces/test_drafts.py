@@ -106,9 +106,16 @@ def test_derived_drafts_are_made_through_the_checkpoint_maker():
     assert own.speculative.draft_model == Path("/d/own") and made == ["derived:layers-4"]
     with pytest.raises(Rejected, match="cannot be made here"):
         to_engine_config(values, fixed={}, platform=Platform.CPU, model_dir=Path("/m"))
+    w8 = to_engine_config({**values, "draft_model": "derived:w8a8"}, fixed={}, platform=Platform.CPU,
+                          model_dir=Path("/m"), make_checkpoint=make)
+    assert made[-1] == "W8A8"  # the model's own W8A8 checkpoint, the one weight_bits=8 uses
+    with pytest.raises(Rejected, match=r"draft_model=derived:w4a16: .*only in its AVX512 build"):
+        to_engine_config({**values, "draft_model": "derived:w4a16"}, fixed={}, platform=Platform.CPU,
+                         model_dir=Path("/m"), make_checkpoint=make, flags=frozenset({"avx2"}))
+    made.clear()
     ngram = to_engine_config({**values, "speculative": "ngram"}, fixed={}, platform=Platform.CPU, model_dir=Path("/m"),
                              make_checkpoint=make)
-    assert ngram.speculative.draft_model is None and made == ["derived:layers-4"]
+    assert ngram.speculative.draft_model is None and made == [] and w8.speculative.draft_model is not None
 
 
 def test_a_draft_with_another_vocabulary_is_refused_naming_both(tmp_path):
@@ -124,6 +131,7 @@ def test_a_draft_with_another_vocabulary_is_refused_naming_both(tmp_path):
         check_draft(target, tmp_path / "missing")
     with pytest.raises(DraftError, match="below the target's 3 layers"):
         check_draft(target, "derived:layers-3")
+    check_draft(target, "derived:w8a8")
     assert issubclass(DraftError, InputError)
 
 
@@ -144,7 +152,7 @@ def test_derived_names(name, expected):
 
 @pytest.mark.parametrize("name", ["derived:layers-0", "derived:layers-30", "derived:half", "layers-4", "derived:ends-1"])
 def test_bad_derived_names(name):
-    with pytest.raises(DraftError, match="derived:layers-4"):
+    with pytest.raises(DraftError, match="e.g. derived:w8a8"):
         derived_layers(name, 30)
 
 
