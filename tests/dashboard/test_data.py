@@ -189,6 +189,15 @@ def test_cdf_and_latency_cdfs(study):
     assert cdfs["e2e"][1][-1] == 1.0
 
 
+def test_a_long_cdf_is_thinned_to_evenly_spaced_ranks_keeping_the_tail():
+    """600 requests x 255 gaps: the ITL CDF drawn from 400 ranks, not 153,000 (Trial detail's weight)."""
+    values = [float(v) for v in range(153_000)]
+    xs, ys = records.cdf(reversed(values))
+    assert len(xs) == records.CDF_POINTS and xs[0] == 0.0 and xs[-1] == 152_999.0 and ys[-1] == 1.0
+    assert ys == sorted(ys) and ys[0] == pytest.approx(1 / 153_000)
+    assert max(b - a for a, b in zip(xs, xs[1:])) <= 153_000 / (records.CDF_POINTS - 1) + 1  # evenly spaced
+
+
 def test_timeline_sorted_by_send_time(study):
     rows = records.timeline(records.request_records(study.trial(1)))
     assert [r["send_s"] for r in rows] == sorted(r["send_s"] for r in rows)
