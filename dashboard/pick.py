@@ -125,7 +125,7 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
     """The chosen configuration's quality cost against vLLM's defaults (perplexity change with its
     interval, KLD, top-1 agreement), whether the study's quality gate holds it (or that no gate was
     set), and, for a rule (`--best`/`--pick`), the better trade the gate turned down."""
-    from tracetune.tuner.quality_gate import DEFAULT_GATE, cost_text, parse_gate
+    from tracetune.tuner.quality_gate import cost_text
 
     if trial.is_reference:
         lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
@@ -136,8 +136,8 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
     measured = bool(trial.quality and trial.quality.get("ppl_change"))
     lines = ["quality cost vs vLLM's defaults: " + (cost_text(trial.quality) if measured else "not measured")]
     gate = study.quality_gate
-    if gate is None:
-        default = parse_gate(DEFAULT_GATE)
+    if gate is None:  # the page judges by the default gate then (`StudyView.shown_gate`): so does the export
+        default = study.shown_gate
         judged = ("" if not measured else f"; it is within the default gate ({default})"
                   if default.violation(trial.quality) <= 0 else
                   f"; it is OUTSIDE the default gate ({default}): not recommended unless that loss is acceptable "
@@ -155,17 +155,14 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
 
 
 def _turned_down(study: StudyView, chosen: TrialView, rule: PickRule | None) -> list[str]:
-    """The trial the quality gate alone turned down (every SLO kept, every request served; the
-    gate is a study's last constraint, as `tuner.front.trials_beyond_only_the_gate` reads it) that
-    would beat `chosen` by the rule, with its cost."""
+    """The trial the quality gate alone turned down (`TrialView.only_the_gate`: every SLO kept, every
+    request served) that would beat `chosen` by the rule, with its cost."""
     from tracetune.tuner.quality_gate import cost_text
 
     if rule is None or study.quality_gate is None:
         return []
     sign = 1 if rule.goal == "max" else -1
-    beyond = [t for t in study.trials if t.measured and t.state == "COMPLETE" and not t.feasible and t.constraints
-              and t.constraints[-1] > 0 and all(c <= 0 for c in t.constraints[:-1])
-              and not (t.summary or {}).get("error_rate") and all(c.holds(t.metric(c.metric)) for c in rule.where)
+    beyond = [t for t in study.trials if t.only_the_gate and all(c.holds(t.metric(c.metric)) for c in rule.where)
               and sign * t.metric(rule.metric) > sign * chosen.metric(rule.metric)]
     if not beyond:
         return []

@@ -60,7 +60,7 @@ def test_the_cost_is_said_in_the_one_vocabulary_with_the_gates_word(study):
 
 
 def test_with_the_gate_off_the_default_gate_judges_in_words(study):
-    off = dc.replace(study, quality_gate=None)
+    off = dc.replace(study, quality_gate=None, max_quality_loss=None)  # a study run with --max-quality-loss none
     lossy, lossless = choice_notes(off, off.trial(1))[1], choice_notes(off, off.trial(0))[1]
     assert lossy.startswith("this study set no quality gate") and "OUTSIDE the default gate (ppl<=+1%)" in lossy
     assert "not recommended unless that loss is acceptable" in lossy
