@@ -163,16 +163,30 @@ def reference_config(*, fixed: dict[str, Any], model_dir: Path, base: dict[str, 
 def unrunnable_choices(space: SpaceView, *, platform: Platform, model_dir: Path, flags: frozenset[str] | None = None,
                        base: dict[str, Any] | None = None) -> Unrunnable:
     """Categorical choices this platform can never run, whatever the other parameters are:
-    {parameter: {choice: reason}}. Each choice is checked alone on top of the fixed settings."""
+    {parameter: {choice: reason}}. Each choice is checked on top of the fixed settings, with the
+    values its condition needs; a choice other parameters exist for (speculative=draft_model and its
+    draft models) is unrunnable only when it is with every one of their choices."""
     out: Unrunnable = {}
     for name, p in space.parameters.items():
-        if p.choices is None or p.when:
-            continue
-        for choice in p.choices:
-            try:
-                to_engine_config({name: choice}, fixed=space.fixed, platform=platform, model_dir=model_dir,
-                                 quantized_checkpoints=space.quantized_checkpoints,
-                                 make_checkpoint=lambda scheme: model_dir, base=base, flags=flags)
-            except Rejected as exc:
-                out.setdefault(name, {})[choice] = str(exc)
+        for choice in p.choices or []:
+            reasons = []
+            for values in _alone(space, name, choice):
+                try:
+                    to_engine_config(values, fixed=space.fixed, platform=platform, model_dir=model_dir,
+                                     quantized_checkpoints=space.quantized_checkpoints,
+                                     make_checkpoint=lambda scheme: model_dir, base=base, flags=flags)
+                    break
+                except Rejected as exc:
+                    reasons.append(str(exc))
+            else:
+                out.setdefault(name, {})[choice] = reasons[0]
     return out
+
+
+def _alone(space: SpaceView, name: str, choice: Any) -> list[dict[str, Any]]:
+    """The value sets that try `choice` of `name` alone: with the first value each of its conditions
+    allows, and, where categorical parameters exist only for it, with each of their choices."""
+    values = {name: choice, **{other: allowed[0] for other, allowed in (space.parameters[name].when or {}).items()}}
+    extra = [(n, c) for n, q in space.parameters.items() if q.when and choice in q.when.get(name, [])
+             for c in q.choices or []]
+    return [{**values, n: c} for n, c in extra] or [values]

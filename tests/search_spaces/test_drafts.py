@@ -180,3 +180,15 @@ def test_a_derived_draft_is_made_once_and_cached(tmp_path, monkeypatch):
     assert derived_draft(target, "derived:layers-2", said.append) == first
     assert len([m for m in said if m.startswith("deriving")]) == 1
     assert json.loads((first / "tracetune-draft.json").read_text())["layers"] == [0, 1]
+
+
+def test_draft_model_is_runnable_with_its_drafts_and_a_draft_the_cpu_cannot_run_is_removed():
+    from tracetune.engine_adapter.vllm.translate import unrunnable_choices
+
+    space = SearchSpace.for_knobs({"parameters": SPEC, "draft_models": ["derived:w8a8", "derived:w4a16"]})
+    never = unrunnable_choices(space, platform=Platform.CPU, model_dir=Path("/m"), flags=frozenset({"avx2"}))
+    assert list(never) == ["draft_model"] and list(never["draft_model"]) == ["derived:w4a16"]
+    assert space.without(never).draft_models() == ["derived:w8a8"]
+    only_w4 = SearchSpace.for_knobs({"parameters": SPEC, "draft_models": ["derived:w4a16"]})
+    never = unrunnable_choices(only_w4, platform=Platform.CPU, model_dir=Path("/m"), flags=frozenset({"avx2"}))
+    assert "AVX512" in never["speculative"]["draft_model"]
