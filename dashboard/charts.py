@@ -99,7 +99,9 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
                       dict(width=1.5, color="#7f1d1d") if category == "outside_gate" else dict(width=0))
         name = _outside_gate_name(study) if category == "outside_gate" else style["name"]
         common = dict(mode="markers+text", name=f"{name} ({len(trials)})",
-                      text=[f"{t.number}" for t in trials], textposition="top center",
+                      text=[f"{t.number}" for t in trials],
+                      # a tie often sits on the point it ties with: its label goes below, the other's above
+                      textposition="bottom center" if category == "tie" else "top center",
                       hovertext=[_hover(study, t) for t in trials], hoverinfo="text",
                       customdata=[t.number for t in trials])
         if z:

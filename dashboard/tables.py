@@ -179,11 +179,11 @@ def front_table(study: StudyView) -> list[dict[str, Any]]:
     rows = front_rows(study)
     out = []
     for t in rows:
-        row: dict[str, Any] = {"trial": t.label, "standing": standing(study, t, rows)}
+        row: dict[str, Any] = {"trial": t.label, "standing": standing(study, t, rows),
+                               "statistically": apart_text(study, t, rows)}
         for o in study.objectives:
             row[o] = " ".join(filter(None, (display_value(o, t.metric(o)), display_interval(o, t.interval(o)))))
         row["quality vs defaults"] = "the reference itself" if t.is_reference else quality_text(t.quality)
-        row["statistically"] = apart_text(study, t, rows)
         row["differs from reference"] = "(vLLM's defaults)" if t.is_reference else diff_text(t.diff)
         out.append(row)
     return out
