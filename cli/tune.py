@@ -18,6 +18,8 @@ the main job:
   tune --trace traffic.jsonl --space my_space.yaml --slo "ttft:p99<500ms,tpot:p50<50ms" --max-quality-loss 0.05
   tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40
   tune --trace traffic.jsonl --study nightly          # run again: resumes the study, does not start over
+  # draft models searched too: a small model of the family, and the model's own 8-bit checkpoint
+  tune --trace t.jsonl --model /models/SmolLM2-1.7B --draft-model /models/SmolLM2-135M --draft-model derived:w8a8
   # one worker per GPU of this host, one study (0+1: a worker on two GPUs, for --tensor-parallel-size 2)
   tune --trace traffic.jsonl --gpus 0,1 --slo "ttft:p99<1s,tpot:p99<50ms" --trials 24
   # several workers (any hosts) on one study: same --study and --storage, one engine each
