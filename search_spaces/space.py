@@ -224,6 +224,9 @@ class SearchSpace(BaseModel):
         draft_model parameter."""
         if not drafts:
             return self
+        if "draft_model" in self.fixed:
+            raise SpaceError(f"search space {self.name!r} fixes draft_model={self.fixed['draft_model']}, so "
+                             f"--draft-model cannot add drafts to it; list them under draft_models instead")
         params = {n: p.model_dump(by_alias=True, exclude_none=True) for n, p in self.parameters.items()}
         if self.fixed.get("speculative") != "draft_model":
             spec = params.setdefault("speculative", {"choices": ["none"]})
@@ -244,7 +247,12 @@ class SearchSpace(BaseModel):
                 ordered["draft_model"] = {**draft, "when": {"speculative": ["draft_model"]}}
         if "speculative" not in ordered:
             ordered = {"draft_model": draft, **ordered}
-        return SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": ordered}, self._knobs)
+        try:
+            return SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": ordered},
+                                         self._knobs)
+        except ValidationError as exc:
+            raise SpaceError(f"search space {self.name!r} with --draft-model {' '.join(drafts)}: "
+                             f"{exc.errors()[0]['msg']}") from None
 
     def draft_models(self) -> list[Any]:
         """Every draft model the space can give a trial (fixed, or choices of draft_model)."""

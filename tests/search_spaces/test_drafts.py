@@ -88,6 +88,10 @@ def test_draft_model_flags_join_the_default_space():
     assert space.with_drafts(["/d/b", "/d/c"]).draft_models() == ["derived:layers-4", "/d/b", "/d/c"]
     bare = SearchSpace.for_knobs({"parameters": {"max_num_seqs": {"choices": [4, 8]}}}).with_drafts(["/d/a"])
     assert bare.parameters["speculative"].choices == ["none", "draft_model"]
+    fixed = SearchSpace.for_knobs({"fixed": {"speculative": "draft_model", "draft_model": "/d/a"},
+                                   "parameters": {"max_num_seqs": {"choices": [4, 8]}}})
+    with pytest.raises(SpaceError, match="fixes draft_model=/d/a, so --draft-model cannot add drafts"):
+        fixed.with_drafts(["/d/b"])
 
 
 def test_derived_drafts_are_made_through_the_checkpoint_maker():
