@@ -437,6 +437,11 @@ def page_export(study: data.StudyView) -> None:
         except TuneError as exc:
             st.error(str(exc))
             return
+    if trial.outside_gate or trial.violations:
+        st.warning(f"{trial.title[:1].upper()}{trial.title[1:]} is outside "
+                   + ("; ".join(trial.violations) if trial.violations else
+                      f"{study.gate_words}: {metrics.quality_text(trial.quality)}")
+                   + ". Deploy it only if that is acceptable for this model and traffic.", icon=":material/report:")
     fmt = st.radio("Format", list(FORMATS), horizontal=True, key="export_format")
     with st.expander("Deployment settings"):
         d1, d2, d3, d4 = st.columns(4)

@@ -132,3 +132,14 @@ def test_gated_verdict_names_the_trade_the_gate_turned_down(monkeypatch, decisio
     at = open_app(monkeypatch, decision_url, "gated", "Pareto")
     assert not any(w.value.startswith("No quality gate") for w in at.sidebar.warning)
     assert any("Outside the quality gate (ppl<=+1%): trial 1 reaches" in w.value for w in at.warning)
+
+
+def test_export_names_a_trial_outside_the_gate_before_its_export(monkeypatch, decision_url):
+    from tests.dashboard.test_app import open_app
+
+    at = open_app(monkeypatch, decision_url, "nogate", "Export")
+    at.selectbox(key="export_trial").set_value(1).run()
+    assert any(w.value.startswith("Trial 1 is outside the default quality gate ppl<=+1% (this study set none): "
+                                  "perplexity +13.40%") for w in at.warning)
+    at.selectbox(key="export_trial").set_value(0).run()
+    assert not any("is outside" in w.value for w in at.warning)
