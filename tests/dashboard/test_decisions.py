@@ -143,3 +143,19 @@ def test_export_names_a_trial_outside_the_gate_before_its_export(monkeypatch, de
                                   "perplexity +13.40%") for w in at.warning)
     at.selectbox(key="export_trial").set_value(0).run()
     assert not any("is outside" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("name", ["nogate", "gated"])
+def test_every_page_renders_for_the_decision_studies(monkeypatch, decision_url, name):
+    from tests.dashboard.test_app import open_app
+    from tracetune.dashboard.views import PAGES
+
+    at = open_app(monkeypatch, decision_url, name)
+    for page in PAGES:
+        at.sidebar.radio(key="page").set_value(page).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        assert not at.error, (page, [e.value for e in at.error])
+    at.sidebar.radio(key="page").set_value("Trials").run()
+    table = at.dataframe[0].value
+    assert table.loc[table["trial"] == "5", "category"].item() == "queued"
+    assert table.loc[table["trial"] == "4", "why"].item().startswith("interrupted: its worker stopped sending")
