@@ -18,8 +18,8 @@ def fmt_objective(name: str, value: float) -> str:
         return f"{value:.3g} req/s"
     if name.endswith(("_p50", "_p90", "_p99", "_mean")):
         return f"{value * 1000:.0f} ms"
-    if name == "quality_loss":
-        return f"{value:+.4f}"
+    if name == "quality_loss":  # nats per token, shown as the perplexity change it means
+        return f"ppl {math.expm1(value) * 100:+.2f}%"
     return f"{value:.2f}"
 
 
@@ -69,6 +69,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
             if c.label == REFERENCE else results.get(c.label, {})
         rows.append(_row(c.label, dict(zip(objectives, c.values)), result, ref_config, args))
     console.print(_front_table(rows, objectives, name, len(study.trials), args))
+    for line in config_lines(rows):
+        console.print(line, highlight=False, markup=False)
     _print_quality_floor(reference, results, console)
     console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
     if decision.dominated_by_reference:
@@ -114,7 +116,6 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
     on_front = sum(r["trial"] != "reference" for r in rows)
     table = Table(title=f"Pareto front of study {name} ({on_front} of {n_trials} trials + vLLM's defaults)")
     table.add_column("trial", justify="right")
-    table.add_column("differs from reference", overflow="fold")
     for objective in objectives:
         table.add_column(objective, justify="right")
     if has_capacity:
@@ -150,11 +151,21 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
             cells.append(units_text(r["quality"]) if r["trial"] != "reference" else "-")
         if has_spec:
             cells.append(spec_text(r["summary"].get("engine")))
-        label = "ref" if r["trial"] == "reference" else str(r["trial"])
-        diff = "(vLLM's defaults)" if r["trial"] == "reference" else \
-            ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
-        table.add_row(label, diff, *cells)
+        table.add_row("ref" if r["trial"] == "reference" else str(r["trial"]), *cells)
     return table
+
+
+def config_lines(rows: list[dict]) -> list[str]:
+    """Below the table, what each row's configuration changes from vLLM's defaults, one line each
+    (wrapped at commas): a table column of these folded them letter by letter at 80 columns."""
+    out = []
+    for r in rows:
+        if r["trial"] == "reference":
+            out.append("  ref: vLLM's defaults")
+            continue
+        diff = ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
+        out.append(f"  {r['trial']}: {diff}")
+    return ["configurations (what differs from vLLM's defaults):", *out]
 
 
 def spec_text(engine: dict | None) -> str:

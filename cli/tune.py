@@ -181,6 +181,20 @@ def _no_gate_on_random_weights(args: argparse.Namespace, console) -> None:
                   "quality gate applies")
 
 
+def _no_quality_on_random_weights(args: argparse.Namespace, objectives: list[str], console) -> list[str]:
+    """Random weights' quality numbers mean nothing: quality_loss leaves the default objectives (no
+    probe runs), and asking for it by name is an error."""
+    from tracetune.errors import InputError
+
+    if "quality_loss" not in objectives:
+        return objectives
+    if args.objectives:
+        raise InputError(f"--objectives {args.objectives}: random weights (--load-format dummy) have no output "
+                         f"quality to measure; drop quality_loss, or measure quality on the real weights")
+    console.print("[dim]·[/] objectives: quality_loss left out (random weights)", highlight=False)
+    return [o for o in objectives if o != "quality_loss"]
+
+
 def _no_speculation_on_random_weights(space: Any, console) -> None:
     """Random weights make a draft's acceptance meaningless: say so when the space speculates (its
     trials are measured, flagged and kept off the front: `tuner.front.not_meaningful`)."""
@@ -250,6 +264,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     space = _with_drafts(space, args.draft_model or [], model_dir)
     if "dummy" in (base_config.load_format, space.fixed.get("load_format")):
         gate = _no_gate_on_random_weights(args, console)
+        objectives = _no_quality_on_random_weights(args, objectives, console)
         _no_speculation_on_random_weights(space, console)
     api_key = _api_key(args, base_config)
     # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the

@@ -112,3 +112,49 @@ def test_random_weights_get_no_quality_gate_and_refuse_one_asked_for():
     assert "output quality is not measurable, so no quality gate applies" in " ".join(out.getvalue().split())
     with pytest.raises(InputError, match=r"--max-quality-loss ppl:\+2%: random weights .* have no output quality"):
         _no_gate_on_random_weights(argparse.Namespace(max_quality_loss="ppl:+2%"), Console(file=out))
+
+
+def test_random_weights_leave_quality_out_of_the_objectives_and_refuse_it_by_name():
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from tracetune.cli.tune import _no_quality_on_random_weights
+    from tracetune.errors import InputError
+
+    out = io.StringIO()
+    defaulted = argparse.Namespace(objectives=None)
+    assert _no_quality_on_random_weights(defaulted, ["ttft_p99", "capacity", "quality_loss"], Console(file=out)) == \
+        ["ttft_p99", "capacity"]
+    assert "quality_loss left out (random weights)" in out.getvalue()
+    assert _no_quality_on_random_weights(defaulted, ["ttft_p99"], Console(file=out)) == ["ttft_p99"]
+    with pytest.raises(InputError, match=r"--objectives ttft_p99,quality_loss: random weights .* no output quality"):
+        _no_quality_on_random_weights(argparse.Namespace(objectives="ttft_p99,quality_loss"),
+                                      ["ttft_p99", "quality_loss"], Console(file=out))
+
+
+def test_front_table_fits_80_columns_and_lists_configurations_below_it():
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from tracetune.cli.results import _front_table, config_lines
+
+    args = argparse.Namespace(gpu_hour_cost=None, target_rate=None)
+    rows = [{"trial": "reference", "values": {"ttft_p99": 0.2, "quality_loss": 0.0}, "summary": {}, "quality": {},
+             "capacity": None, "economics": {}, "differs_from_reference": {}},
+            {"trial": 2, "values": {"ttft_p99": 0.14, "quality_loss": 0.0335}, "summary": {}, "quality": {},
+             "capacity": None, "economics": {},
+             "differs_from_reference": {"quantization": "fp8", "max_num_seqs": 512, "max_num_batched_tokens": 2048}}]
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    console.print(_front_table(rows, ["ttft_p99", "quality_loss"], "s", 3, args))
+    for line in config_lines(rows):
+        console.print(line, markup=False)
+    text = out.getvalue()
+    assert max(map(len, text.splitlines())) <= 80
+    assert "ppl +3.41%" in text  # nats shown as the perplexity change they mean
+    assert "  2: quantization=fp8, max_num_seqs=512, max_num_batched_tokens=2048" in text
+    assert "  ref: vLLM's defaults" in text
