@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU host (after device_setup.sh). One step per run, each inside a 10-minute
 # limit; studies resume across runs (same --study and storage). Results go to $OUT.
-#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity|mooncake|start-cost|sustained [seconds] [tune options...]
-# CONFIG=default|best|fp8|gated picks the configuration of the `sustained` step.
+#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity|mooncake|start-cost|sustained|workers|tp [seconds] [tune options...]
+# CONFIG=default|best|fp8|gated picks the configuration of the `sustained` step; GPUS=0,1 (default) or 0
+# the workers of the `workers` step (a host with two GPUs; its one-GPU baseline with GPUS=0).
 # STOP_SIGNAL=INT|TERM|KILL (default TERM): how the time limit stops the tuner; after every step the
 # GPU's processes and memory are printed (the kill tests read them).
 set -uo pipefail
@@ -86,6 +87,25 @@ case $step in
       --max-requests 300 --warmup 8 --max-duration 100000 --slo "$CHAT_SLO" --attainment 0.95 --precision 0.1 \
       --start-scale $start --json "$OUT/sustained_${CONFIG:-default}.json" --out "/root/runs/sustained-${CONFIG:-default}" \
       "${extra[@]}" 2>&1 | tee -a "$OUT/sustained_${CONFIG:-default}.txt" ;;
+  workers|tp)
+    # Two GPUs of one host. `workers`: one study, one worker per GPU (`--gpus 0,1`; GPUS=0 for the one-GPU
+    # baseline of trials per GPU-hour), sustained capacity at the chat SLO. `tp`: one worker holding both
+    # GPUs (`--gpus 0+1`), tensor parallel 1 vs 2 in the space, capacity compared per GPU. Both GPUs'
+    # utilisation is sampled every 5 s into gpu_util_STEP.csv (both busy, or not).
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 5 > "$OUT/gpu_util_$step.csv" &
+    sampler=$!
+    if [ "$step" = workers ]; then
+      gpus=${GPUS:-0,1}; study=h200-workers-${gpus//,/-}; space=(--space scripts/gpu/space_a.yaml --trials 6)
+    else
+      gpus=0+1; study=h200-tp; space=(--space scripts/gpu/space_tp.yaml --trials 4 --no-presets
+        --try '{"tensor_parallel_size": 1, "weight_bits": 16}' --try '{"tensor_parallel_size": 2, "weight_bits": 16}'
+        --try '{"tensor_parallel_size": 1, "weight_bits": 8}' --try '{"tensor_parallel_size": 2, "weight_bits": 8}')
+    fi
+    "${stop[@]}" $TUNE --trace scripts/gpu/data/azure_conv_600.jsonl --study $study --run-dir /root/runs/$study \
+      --gpus "$gpus" "${CAPACITY[@]}" "${space[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/$study.txt"
+    kill $sampler 2>/dev/null
+    cp /root/runs/$study/study.db "$OUT/study_${study#h200-}.db"
+    cp /root/runs/$study/pareto.json "$OUT/pareto_${study#h200-}.json" 2>/dev/null ;;
   start-cost)
     # Engine start of the 8B shape with vLLM's defaults: on a fresh machine (cold compile caches), again
     # (warm), and warm with CUDA graphs captured only up to 256 (the trace's batches; vLLM's default is
