@@ -409,7 +409,9 @@ def explain(study: StudyView, only_gate: set[int]) -> None:
         lost = gate.violation(t.quality)
         t.outside_gate = math.isfinite(lost) and lost > 0
         if not t.feasible:
-            t.violations = violations(t.summary, t.quality, study.parsed_slos, study.quality_gate, t.constraints)
+            # speculation on random weights: measured, kept off the front for the reason the tuner stored
+            t.violations = [t.failure_reason] if (t.failure_reason or "").startswith("not meaningful") else \
+                violations(t.summary, t.quality, study.parsed_slos, study.quality_gate, t.constraints)
             # `tuner.front.trials_beyond_only_the_gate`, with every request served (as the verdict counts them)
             t.only_the_gate = t.number in only_gate and not (t.summary or {}).get("error_rate")
 

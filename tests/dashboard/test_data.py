@@ -371,3 +371,33 @@ def test_a_pruned_trial_is_its_own_category_listed_with_why_never_plotted(tmp_pa
     assert pruned.category == "pruned" and pruned.objective_values == {}
     assert [c["status"] for c in tables.failure_causes([pruned])] == ["pruned"]
     assert number not in {t.number for t in view.front}
+
+
+def test_speculation_on_random_weights_says_why_it_is_off_the_front(tmp_path):
+    """The tuner keeps such a trial measured but infeasible (`tuner.front.not_meaningful`); the
+    dashboard gives its reason, not a constraint it never broke."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tests.dashboard.synthetic import config, make_study, quality, summary
+    from tracetune.tuner.front import not_meaningful
+    from tracetune.tuner.storage import ResultStore
+
+    url = make_study(tmp_path / "s.db")
+    study = optuna.load_study(study_name="synth", storage=url)
+    cfg = {**config(max_num_seqs=4), "load_format": "dummy", "speculative": {"method": "ngram"}}
+    reason = not_meaningful(cfg)
+    params = {"max_num_seqs": 4}
+    number = len(study.trials)
+    ResultStore(url).save_trial("synth", number, "measured", values=params, config=cfg,
+                                summary=summary(0.1, 90.0), quality=quality(0.0), failure_reason=reason)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[0.1, 90.0, 0.0], params=params,
+                                 distributions={"max_num_seqs": IntDistribution(1, 128)},
+                                 user_attrs={"values": params, "status": "measured", "feasible": False,
+                                             "not_meaningful": reason, "failure_reason": reason,
+                                             "constraints": [-0.7, -0.05]}))
+    view = data.load_study(url, "synth")
+    trial = view.trial(number)
+    assert trial.category == "infeasible" and trial.violations == [reason]
+    assert "random weights" in tables.why(view, trial)
