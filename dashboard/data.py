@@ -78,6 +78,7 @@ class TrialView:
     engine: dict[str, Any] | None = None
     requests_jsonl: str | None = None
     failure_reason: str | None = None
+    not_meaningful: str | None = None  # why the tuner keeps it off every front (`tuner.front.not_meaningful`)
     log_tail: str | None = None
     startup_s: float | None = None
     wall_s: float | None = None
@@ -340,7 +341,7 @@ def load_study(url: str, name: str | None = None) -> StudyView:
             params=dict(ua.get("values") or ft.params),
             config=config, diff=config_diff(config, ref_config) if config and ref_config else {},
             summary=row.get("summary"), quality=row.get("quality"), engine=row.get("engine"),
-            requests_jsonl=row.get("requests_jsonl"), failure_reason=reason,
+            requests_jsonl=row.get("requests_jsonl"), failure_reason=reason, not_meaningful=ua.get("not_meaningful"),
             log_tail=row.get("log_tail") or ua.get("log_tail"),
             startup_s=row.get("startup_s"), wall_s=row.get("wall_s")))
     probe = (reference or {}).get("probe")
@@ -410,7 +411,7 @@ def explain(study: StudyView, only_gate: set[int]) -> None:
         t.outside_gate = math.isfinite(lost) and lost > 0
         if not t.feasible:
             # speculation on random weights: measured, kept off the front for the reason the tuner stored
-            t.violations = [t.failure_reason] if (t.failure_reason or "").startswith("not meaningful") else \
+            t.violations = [t.not_meaningful] if t.not_meaningful else \
                 violations(t.summary, t.quality, study.parsed_slos, study.quality_gate, t.constraints)
             # `tuner.front.trials_beyond_only_the_gate`, with every request served (as the verdict counts them)
             t.only_the_gate = t.number in only_gate and not (t.summary or {}).get("error_rate")

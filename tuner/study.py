@@ -203,8 +203,8 @@ class Tuner:
             (Status.MEASURED, None)
         if status == Status.MEASURED and (summary.capacity or {}).get("verdict") == "pruned":
             status, reason = Status.PRUNED, self._pruned_reason(summary.capacity)
-        elif status == Status.MEASURED and not_meaningful(config_json):
-            reason = not_meaningful(config_json)  # stored and shown; the front never takes it
+        elif status == Status.MEASURED and (why := not_meaningful(config_json)):
+            reason = why  # stored and shown; the front never takes it
             trial.set_user_attr("not_meaningful", reason)
             trial.set_user_attr("failure_reason", reason)
         self.store.save_trial(self.s.study_name, trial.number, status, values=values, config=config_json,

@@ -97,9 +97,9 @@ def quantize_to(model_dir: Path, scheme: str, out_dir: Path) -> int:
 def quantized_checkpoint(model_dir: Path, scheme: str, progress: Callable[[str], None] = lambda m: None) -> Path:
     """The cached `scheme` checkpoint of `model_dir`, made on first use; a derived draft's name
     (`derived:layers-N`, `draft.py`) gives that draft, made the same way."""
-    if scheme.startswith("derived:"):
-        from tracetune.engine_adapter.vllm.draft import derived_draft
+    from tracetune.engine_adapter.vllm.draft import derived_draft, is_derived
 
+    if is_derived(scheme):
         return derived_draft(model_dir, scheme, progress)
     if scheme not in SCHEMES:
         raise ModelError(f"unknown quantization scheme {scheme!r}; tracetune makes {list(SCHEMES)}")
