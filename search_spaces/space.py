@@ -148,15 +148,7 @@ class SearchSpace(BaseModel):
         if not offered:
             raise ValueError("draft_models are only used when speculative can be draft_model: add draft_model "
                              "to the choices of the 'speculative' parameter")
-        draft: dict[str, Any] = {"choices": drafts}
-        if "speculative" in params:
-            draft["when"] = {"speculative": ["draft_model"]}
-        ordered: dict[str, Any] = {}
-        for name, param in params.items():
-            ordered[name] = param
-            if name == "speculative":
-                ordered["draft_model"] = draft
-        data["parameters"] = ordered if "speculative" in params else {"draft_model": draft, **params}
+        data["parameters"] = _with_draft_parameter(params, drafts)
         return data
 
     # The knob table the space was checked against (validation context "knobs"; else the default engine's).
@@ -239,14 +231,7 @@ class SearchSpace(BaseModel):
                         and set(when["speculative"]) - {"none"}:
                     when["speculative"] = [*when["speculative"], "draft_model"]
         known = params.pop("draft_model", {}).get("choices", [])
-        draft: dict[str, Any] = {"choices": [*known, *(d for d in drafts if d not in known)]}
-        ordered: dict[str, Any] = {}
-        for name, data in params.items():
-            ordered[name] = data
-            if name == "speculative":
-                ordered["draft_model"] = {**draft, "when": {"speculative": ["draft_model"]}}
-        if "speculative" not in ordered:
-            ordered = {"draft_model": draft, **ordered}
+        ordered = _with_draft_parameter(params, [*known, *(d for d in drafts if d not in known)])
         try:
             return SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": ordered},
                                          self._knobs)
@@ -479,3 +464,18 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
 
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default.yaml"
+
+
+def _with_draft_parameter(params: dict[str, Any], drafts: list[Any]) -> dict[str, Any]:
+    """`params` (raw parameter definitions) with the parameter draft_model choosing among `drafts`:
+    right after speculative and existing only when it is draft_model, or first when the space has no
+    speculative parameter (it is fixed)."""
+    draft: dict[str, Any] = {"choices": drafts}
+    if "speculative" not in params:
+        return {"draft_model": draft, **params}
+    ordered: dict[str, Any] = {}
+    for name, param in params.items():
+        ordered[name] = param
+        if name == "speculative":
+            ordered["draft_model"] = {**draft, "when": {"speculative": ["draft_model"]}}
+    return ordered
