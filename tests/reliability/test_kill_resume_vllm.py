@@ -47,14 +47,18 @@ def scenario(tmp_path_factory, default_model):
     store = ResultStore(f"sqlite:///{run_dir / 'study.db'}")
     out: dict = {"run_dir": run_dir, "tag": tag}
 
-    # 1. SIGKILL while trial 1's engine is starting (trial 0 measured). Trial 0's engine may still be
-    # stopping then: wait for trial 1's own (max_num_seqs 4), started by this tuner.
+    # 1. SIGKILL while trial 1's engine is starting (trial 0 run to its end). Trial 0's engine may still
+    # be stopping then: wait for trial 1's own (max_num_seqs 4), started by this tuner. Waiting for "a
+    # measured trial" instead raced on a loaded machine: trial 0 found unmeasurable (the client's lag),
+    # trial 1 measured, and its engine was gone before the wait for it began (CI, stop 30).
     t = Tune(args, run_dir / "run1.log")
-    wait_for(lambda: any(r["status"] == "measured" for r in store.trials("rel")) or t.proc.poll() is not None,
-             600, "trial 0 to be measured")
+    wait_for(lambda: engines_of(tag, t.proc.pid, "--max-num-seqs 4") or t.proc.poll() is not None
+             or store.trials("rel", 1), 720, "trial 1's engine")
     assert t.proc.poll() is None, t.output()[-3000:]
-    wait_for(lambda: engines_of(tag, t.proc.pid, "--max-num-seqs 4"), 120, "trial 1's engine")
-    out["trial0_before"] = store.trials("rel")[0]
+    assert not store.trials("rel", 1), f"trial 1 ended before its engine was seen:\n{t.output()[-3000:]}"
+    trial0 = store.trials("rel", 0)
+    assert trial0, f"trial 1's engine started with no stored trial 0:\n{t.output()[-3000:]}"
+    out["trial0_before"] = trial0[0]
     t.signal(signal.SIGKILL)
     t.wait(30)
     out["sigkill_cleanup_s"] = cleanup(tag, 60, out, "sigkill")
@@ -106,8 +110,8 @@ def test_resume_keeps_completed_trials_retries_the_killed_one_and_finishes(scena
     study, rows = scenario["study"], scenario["rows"]
     assert counted(study) == 3
     trials = {t.number: t for t in study.trials}
-    # Trial 0 was measured before the kill: still there, never measured again.
-    assert trials[0].user_attrs["status"] == "measured"
+    # Trial 0 ran to its end before the kill: still there, never measured again.
+    assert ended(trials[0]), trials[0].user_attrs
     assert rows[0]["created_at"] == scenario["trial0_before"]["created_at"]
     # Trial 1 was killed: FAIL in Optuna, then retried with the same parameters and run to its end.
     assert trials[1].state == optuna.trial.TrialState.FAIL
