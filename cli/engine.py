@@ -19,7 +19,7 @@ console = Console()
 
 
 def _progress(message: str) -> None:
-    console.print(f"[dim]·[/] {message}")
+    console.print(f"[dim]·[/] {message}", soft_wrap=True)  # a path is never cut into lines
 
 
 def model_prepare(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def model_prepare(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with console.status("preparing model…"):
         path = resolve_model(args.model, _progress)
-    console.print(f"model directory: [bold]{path}[/] ({time.perf_counter() - t0:.1f}s)")
+    console.print(f"model directory: [bold]{path}[/] ({time.perf_counter() - t0:.1f}s)", soft_wrap=True)
     return 0
 
 

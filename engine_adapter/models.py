@@ -11,8 +11,10 @@ Models never come from a hub at run time.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -113,6 +115,19 @@ def _fetch_gguf(workdir: Path, progress: Progress) -> Path:
     return gguf
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Hold back what transformers prints to stderr (three progress bars for a 2-3 s conversion;
+    the progress line says what runs); shown when the block fails."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            yield
+    except BaseException:
+        sys.stderr.write(printed.getvalue())
+        raise
+
+
 def convert_gguf(gguf: Path, out_dir: Path, progress: Progress) -> None:
     """Dequantize a GGUF checkpoint to bf16 safetensors plus tokenizer in `out_dir`."""
     progress("dequantizing GGUF to bf16 safetensors (transformers + gguf)")
@@ -124,11 +139,12 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: Progress) -> None:
             f"Converting the default model needs torch, transformers and gguf ({exc}). "
             f"Install them with scripts/install.sh or `pip install 'tracetune[cpu]'`."
         ) from exc
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
-        quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
-    )
+    with _quiet():
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+        )
     not_dense = [name for name, p in model.named_parameters() if p.dtype != torch.bfloat16]
     if not_dense:
         raise ModelError(f"GGUF conversion left {len(not_dense)} packed tensors (e.g. {not_dense[0]})")
@@ -138,7 +154,8 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: Progress) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.dtype = torch.bfloat16
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+    with _quiet():
+        model.save_pretrained(str(out_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))
 
 

@@ -98,3 +98,15 @@ def test_real_default_model_is_prepared_and_checked(default_model):
     assert meta["gguf_sha256"] == models.DEFAULT_GGUF_SHA256
     config = json.loads((d / "config.json").read_text())
     assert "quantization_config" not in config and config["dtype"] == "bfloat16"
+
+
+def test_conversion_chatter_is_held_back_and_shown_when_it_fails(capsys):
+    import sys
+
+    with models._quiet():
+        sys.stderr.write("Loading weights: 100%\n")
+    assert capsys.readouterr().err == ""
+    with pytest.raises(RuntimeError), models._quiet():
+        sys.stderr.write("Converting tensors: 40%\n")
+        raise RuntimeError("broken GGUF")
+    assert capsys.readouterr().err == "Converting tensors: 40%\n"
