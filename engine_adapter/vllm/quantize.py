@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tracetune.engine_adapter.models import build_model_dir, check_model_dir, tracetune_home, weights_digest
+from tracetune.engine_adapter.vllm.draft import derived_draft, is_derived
 from tracetune.errors import ModelError
 
 SCHEMES = ("W8A8", "W4A16")
@@ -97,8 +98,6 @@ def quantize_to(model_dir: Path, scheme: str, out_dir: Path) -> int:
 def quantized_checkpoint(model_dir: Path, scheme: str, progress: Callable[[str], None] = lambda m: None) -> Path:
     """The cached `scheme` checkpoint of `model_dir`, made on first use; a derived draft's name
     (`derived:layers-N`, `draft.py`) gives that draft, made the same way."""
-    from tracetune.engine_adapter.vllm.draft import derived_draft, is_derived
-
     if is_derived(scheme):
         return derived_draft(model_dir, scheme, progress)
     if scheme not in SCHEMES:
