@@ -192,12 +192,15 @@ def export_command(args: argparse.Namespace, console) -> int:
     from tracetune.dashboard.export import FILE_NAMES, ExportOptions, export
     from tracetune.dashboard.pick import best_rule, choice_notes, parse_pick, select_trial
     from tracetune.dashboard.storage import storage_url
+    from tracetune.files import write_atomic
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,
                             vllm_version=args.vllm_version, allow_dummy_weights=args.allow_dummy_weights,
                             cpu=args.cpu, memory=args.memory, shm_gib=args.shm_gib)
-    study = load_study(storage_url(args.storage), args.study)
+    url = storage_url(args.storage)
+    out = None if args.output is None else export_target(args.output, FILE_NAMES[args.fmt], url)
+    study = load_study(url, args.study)
     trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick, reference=args.reference)
     options.chosen_by = best_rule(study) if args.best else parse_pick(args.pick) if args.pick else None
     text = export(study, trial, args.fmt, options)
@@ -207,11 +210,21 @@ def export_command(args: argparse.Namespace, console) -> int:
                     f"exporting the defaults")
     for line in choice_notes(study, trial, options.chosen_by):
         notes.print(line, markup=False)
-    if args.output is None:
+    if out is None:
         sys.stdout.write(text)
         return 0
-    out = args.output / FILE_NAMES[args.fmt] if args.output.is_dir() else args.output
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_atomic(out, text)
     console.print(f"wrote {out} (study {study.name}, trial {trial.number}, {args.fmt})", highlight=False)
     return 0
+
+
+def export_target(output: Path, file_name: str, url: str) -> Path:
+    """The file `tune export -o OUTPUT` writes (`file_name` inside OUTPUT when it is a folder), or an
+    `InputError` before anything is read when writing there would destroy the study's database (or
+    its journal), another database, or something that is not a regular file."""
+    from tracetune.dashboard.storage import sqlite_path
+    from tracetune.files import database_files, refuse_overwrite
+
+    db = sqlite_path(url)
+    out = output / file_name if output.is_dir() else output
+    return refuse_overwrite(out, flag="-o", protected=database_files(db) if db is not None else ())

@@ -73,7 +73,10 @@ def engine_check(args: argparse.Namespace) -> int:
     from tracetune.engine_adapter.openai_client import new_session
     from tracetune.engine_adapter.registry import make_engine
     from tracetune.errors import EngineError
+    from tracetune.files import refuse_overwrite, write_atomic
 
+    if args.json:  # refused before minutes of engine start, not after
+        refuse_overwrite(args.json, flag="--json")
     config = _config_from(args)
     prompt = args.prompt or _default_check_prompt()
     server = make_engine("vllm", args.run_dir)
@@ -132,8 +135,7 @@ def engine_check(args: argparse.Namespace) -> int:
             f"{name.removesuffix('_s').replace('_', ' ')} {value:.1f}s" if isinstance(value, float)
             else f"{name.replace('_', ' ')} {value}" for name, value in phases.items() if value is not None))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        write_atomic(args.json, json.dumps({
             "config": json.loads(config.model_dump_json()),
             "platform": server.platform.value,
             "startup_s": startup_s,

@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tracetune.files import write_atomic
+
 
 def fmt_objective(name: str, value: float) -> str:
     """An objective's value as the console shows it."""
@@ -77,15 +79,15 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
         console.print(f"  vLLM's defaults beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
                       f"objective: they are not on the front.", highlight=False)
     _print_failures(study, console)
-    (run_dir / "pareto.json").write_text(json.dumps({"study": name, "objectives": objectives, "trials": rows,
-                                                     "verdict": decision.verdict()}, indent=2, default=str))
+    write_atomic(run_dir / "pareto.json", json.dumps({"study": name, "objectives": objectives, "trials": rows,
+                                                   "verdict": decision.verdict()}, indent=2, default=str))
     if decision.best is None:
         console.print("no feasible measured trial yet: nothing on the front.")
         return
     best = next(r for r in rows if r["trial"] == decision.best.label)
     best = {**best, "verdict": decision.verdict(), "by": decision.by,
             "reference_is_best": decision.reference_is_best}
-    (run_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
+    write_atomic(run_dir / "best.json", json.dumps(best, indent=2, default=str))
     which = "vLLM's defaults (the reference)" if decision.reference_is_best else f"trial {best['trial']}"
     if not decision.reference_feasible and decision.reference_is_best:
         which += ", which break the SLO themselves"

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from tracetune.errors import InputError, opened_input
+from tracetune.files import open_atomic, refuse_overwrite
 
 MAX_LINE_BYTES = 64 * 2**20
 # Far beyond any model's context; a larger length is a corrupt line, and synthesising its prompt
@@ -212,15 +213,14 @@ def load_trace(path: str | Path) -> Trace:
         return parse_lines(f, str(path))
 
 
-def write_trace(records: Iterable[TraceRecord], path: str | Path) -> int:
-    """Write records as JSONL (unset fields left out); return how many were written."""
+def write_trace(records: Iterable[TraceRecord], path: str | Path, *, protected: Iterable[str | Path] = ()) -> int:
+    """Write records as JSONL (unset fields left out), whole or not at all; return how many were
+    written. Refused (`InputError`) where `path` is one of `protected` (the trace read), a database,
+    a link or a device: a converted trace never replaces what it was made from."""
+    refuse_overwrite(path, flag="output trace", protected=protected)
     n = 0
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open_atomic(path) as f:
         for record in records:
             f.write(record.model_dump_json(exclude_none=True) + "\n")
             n += 1
-    tmp.replace(path)
     return n

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
+from tracetune.files import open_atomic
 
 
 @dataclasses.dataclass
@@ -109,8 +110,8 @@ class ReplayResult:
     connection_limit: int = 0
 
     def write_records(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
+        """Every record as JSONL, whole or not at all (a reader never sees half a file)."""
+        with open_atomic(path) as f:
             for record in self.records:
                 f.write(record.to_json() + "\n")
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from tracetune.engine_adapter.models import build_model_dir, check_model_dir, tracetune_home, weights_digest
 from tracetune.errors import InputError, ModelError
+from tracetune.files import write_atomic
 
 DERIVED_PREFIX = "derived:"
 MARKER = "tracetune-draft.json"
@@ -160,7 +161,7 @@ def truncate_to(model_dir: Path, keep: list[int], out_dir: Path) -> int:
     config["num_hidden_layers"] = len(keep)
     for key in ("layer_types", "_model_name_or_path"):  # per-layer lists would not match the new depth
         config.pop(key, None)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    write_atomic(out_dir / "config.json", json.dumps(config, indent=2))
     for path in model_dir.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json",) \
                 and not path.name.startswith("tracetune-") and not path.name.endswith(".index.json"):
