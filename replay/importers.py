@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from tracetune.errors import InputError
 from tracetune.replay.synth import PromptSynthesizer, implied_reuse_ratio, prefix_reuse_ratio
-from tracetune.replay.trace import Message, TraceRecord
+from tracetune.replay.trace import MAX_TOKENS, Message, TraceRecord
 
 FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -154,6 +154,7 @@ def _bad(path: Path, line: int, field: str, message: str) -> InputError:
 
 
 def _int_field(path: Path, line: int, row: dict[str, Any], field: str, *, minimum: int = 0) -> int:
+    """A token count: a whole number from `minimum` to MAX_TOKENS (a larger one is a corrupt row)."""
     value = row.get(field)
     try:
         number = int(value) if not isinstance(value, bool) and float(value) == int(float(value)) else None
@@ -163,6 +164,9 @@ def _int_field(path: Path, line: int, row: dict[str, Any], field: str, *, minimu
         raise _bad(path, line, field, f"expected an integer, got {value!r}")
     if number < minimum:
         raise _bad(path, line, field, f"must be >= {minimum}, got {number}")
+    if number > MAX_TOKENS:
+        raise _bad(path, line, field, f"must be <= {MAX_TOKENS:,} tokens (far beyond any model's context), "
+                                      f"got {value!r}; fix or remove the line")
     return number
 
 
