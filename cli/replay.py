@@ -240,7 +240,9 @@ def print_summary(summary, console) -> None:
             f"({e['prefix_cache_hits']:.0f}/{e['prefix_cache_queries']:.0f} tokens) · speculative acceptance "
             f"{'-' if math.isnan(acc) else f'{acc:.1%}'} · preemptions {e['preemptions']:.0f}", highlight=False)
     for example in summary.error_examples:
-        console.print(f"[red]error example:[/] {example}", highlight=False, markup=True)
+        from rich.markup import escape  # the example quotes the server's answer: its brackets are text
+
+        console.print(f"[red]error example:[/] {escape(example)}", highlight=False, markup=True)
 
 
 @contextlib.contextmanager
@@ -360,4 +362,9 @@ def replay_command(args: argparse.Namespace, console) -> int:
     (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, default=str))
     print_summary(summary, console)
     console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'requests.jsonl'}")
+    from tracetune.replay.metrics import endpoint_warning
+
+    if (warning := endpoint_warning(summary)) is not None:
+        console.print(f"error: {warning}", style="bold red", markup=False, highlight=False)
+        return 1
     return 0

@@ -12,6 +12,12 @@ detected before the request is sent, or, when the close crosses the request, the
 once more on a new connection (only when no byte of the answer came back, so the server never saw
 it). The number of open connections is capped below the process's file-descriptor limit: past the
 cap, requests wait for a connection (which shows as schedule lag) instead of failing.
+
+An answer is read as events only when it is one: HTTP 200 with content-type text/event-stream. Any
+other answer's body is kept (its first bytes) for the caller to judge. In an event stream, a line
+that is not an SSE field (`data:`, `event:`, `id:`, `retry:`, a `:` comment, a blank line) and a
+line longer than MAX_SSE_LINE are `BadStream` errors, as is anything the caller's `on_data`
+raises: the exchange fails with it, never the event loop.
 """
 
 from __future__ import annotations
@@ -29,12 +35,21 @@ from collections.abc import Callable
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
 # File descriptors kept free for everything else the process opens (logs, pipes, the database).
 FD_RESERVE = 64
+# The longest SSE line (and, times four, the longest event) read: an answer past it is not a stream
+# of completion events, and is not held in memory to find out where it ends.
+MAX_SSE_LINE = 1 << 20
+MAX_SSE_EVENT = 4 * MAX_SSE_LINE
+# Bytes kept of a body that is not an event stream: an error's first 4 KiB says what it is; a 200
+# JSON completion (asked for without streaming) is read whole up to MAX_SSE_LINE.
+ERROR_BODY_KEPT = 4096
+SSE_FIELDS = frozenset({b"event", b"id", b"retry"})
 
 
-def sse_payloads(events: bytes) -> tuple[list[bytes], bytes]:
+def sse_payloads(events: bytes, strict: bool = False) -> tuple[list[bytes], bytes]:
     """Server-sent events -> (the `data:` payload of each complete event, the bytes of an event still
     arriving after the last blank line). CRLF line ends are read as LF (a CR at the very end waits
-    for its LF); an event's several `data:` lines are joined with a newline."""
+    for its LF); an event's several `data:` lines are joined with a newline. `strict`: a line that
+    is no SSE field (not `data:`, `event:`, `id:`, `retry:` or a `:` comment) raises `BadStream`."""
     if b"\r" in events:
         events = events.replace(b"\r\n", b"\n")
     blocks = events.split(b"\n\n")
@@ -44,10 +59,30 @@ def sse_payloads(events: bytes) -> tuple[list[bytes], bytes]:
         if block.startswith(b"data:") and b"\n" not in block:
             payloads.append(block[5:].strip())
         else:
-            data_lines = [line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:")]
+            data_lines = []
+            for line in block.split(b"\n"):
+                if line.startswith(b"data:"):
+                    data_lines.append(line[5:].strip())
+                elif strict and line and not line.startswith(b":") and line.split(b":", 1)[0] not in SSE_FIELDS:
+                    raise BadStream(f"not an OpenAI stream: a line without 'data:': {shown(line)}")
             if data_lines:
                 payloads.append(b"\n".join(data_lines))
     return payloads, rest
+
+
+def shown(data: bytes, limit: int = 60) -> str:
+    """The first `limit` characters of some bytes of an answer, quoted, for an error message."""
+    text = data[:limit * 4].decode("utf-8", errors="replace")
+    return repr(text[:limit] + ("…" if len(text) > limit or len(data) > limit * 4 else ""))
+
+
+def check_sse_sizes(payloads: list[bytes], rest: bytes) -> None:
+    """`BadStream` when an event's line (complete, or still arriving in `rest`) is longer than
+    MAX_SSE_LINE or an event still arriving is longer than MAX_SSE_EVENT."""
+    if len(rest) - rest.rfind(b"\n") - 1 > MAX_SSE_LINE or any(len(p) > MAX_SSE_LINE for p in payloads):
+        raise BadStream(f"SSE line too long: over {MAX_SSE_LINE >> 20} MiB; not a stream of completion events")
+    if len(rest) > MAX_SSE_EVENT:
+        raise BadStream(f"SSE event too long: over {MAX_SSE_EVENT >> 20} MiB without a blank line")
 
 
 class ClientSideError(Exception):
@@ -60,6 +95,16 @@ class ServerClosed(ConnectionError):
 
 class ProtocolError(ValueError):
     """The server's answer is not valid HTTP/1.1."""
+
+
+def protocol_error(exc: Exception) -> ProtocolError:
+    """An error met while reading an answer, as the `ProtocolError` it is."""
+    return exc if isinstance(exc, ProtocolError) else ProtocolError(f"{type(exc).__name__}: {exc}")
+
+
+class BadStream(ProtocolError):
+    """The answer is HTTP but not a well-formed OpenAI completion stream; the message is the reason,
+    as a user reads it (it starts with what went wrong, e.g. "not an OpenAI stream: text/html")."""
 
 
 def raise_fd_limit() -> int:
@@ -106,9 +151,11 @@ class Origin:
 class Exchange:
     """Parser of one HTTP response, fed with the bytes as they arrive.
 
-    A 200 answer's body goes to `on_data` as lists of server-sent events' payloads (the bytes after
-    `data:`), the complete events of each read at once; any other status collects its body for the
-    error message. `done` resolves when the response is complete (or with the exception that ended it).
+    A 200 answer of content-type text/event-stream (`sse`) goes to `on_data` as lists of server-sent
+    events' payloads (the bytes after `data:`), the complete events of each read at once; any other
+    answer keeps its body's first bytes in `body` (`body_cut` when there was more). `done` resolves
+    when the response is complete (or with the exception that ended it: an exception `on_data`
+    raises ends it too, as a `ProtocolError`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_data: Callable[[list[bytes]], None]) -> None:
@@ -117,7 +164,11 @@ class Exchange:
         self.status = 0
         self.keep_alive = True
         self.received = False
-        self.error_body = bytearray()
+        self.content_type = ""
+        self.sse = False
+        self.body = bytearray()
+        self.body_cut = False
+        self._body_limit = ERROR_BODY_KEPT
         self._head = True
         self._pending = b""
         self._chunked = False
@@ -129,6 +180,9 @@ class Exchange:
 
     def feed(self, data: bytes) -> None:
         self.received = True
+        if self.done.done():  # bytes after the answer ended (or failed): the connection is not reused
+            self.keep_alive = False
+            return
         buf = self._pending + data if self._pending else data
         self._pending = b""
         try:
@@ -146,9 +200,8 @@ class Exchange:
                     self._finish()
             else:
                 self._body(buf)
-        except (ProtocolError, ValueError) as exc:
-            self.keep_alive = False
-            self._fail(exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc)))
+        except Exception as exc:  # noqa: BLE001 (a bad answer fails this exchange, never the event loop)
+            self._fail(protocol_error(exc))
 
     def eof(self, exc: BaseException | None = None) -> None:
         """The connection closed: a body read to the close ends here; anything else was cut short."""
@@ -156,7 +209,10 @@ class Exchange:
         if self.done.done():
             return
         if not self._head and not self._chunked and self._length is None:
-            self._finish()
+            try:
+                self._finish()
+            except Exception as exc:  # noqa: BLE001 (the last event of a body read to the close)
+                self._fail(protocol_error(exc))
         else:
             self._fail(ServerClosed("the server closed the connection before the response was complete"
                                     + (f" ({exc})" if exc else "")))
@@ -186,7 +242,12 @@ class Exchange:
                 self._length = int(value)
             elif name == "connection" and "close" in value:
                 self.keep_alive = False
+            elif name == "content-type":
+                self.content_type = value
         self._head = False
+        if self.status == 200:
+            self.sse = self.content_type.split(";", 1)[0].strip() == "text/event-stream"
+            self._body_limit = MAX_SSE_LINE
         if self._length is None and not self._chunked:
             self.keep_alive = False  # the body runs to the close
         rest = buf[end + 4:]
@@ -246,10 +307,15 @@ class Exchange:
     def _body(self, data: bytes) -> None:
         if not data:
             return
-        if self.status != 200:
-            self.error_body += data[:4096 - len(self.error_body)]
+        if not self.sse:
+            room = self._body_limit - len(self.body)
+            self.body += data[:max(room, 0)]
+            self.body_cut = self.body_cut or len(data) > room
             return
-        payloads, self._events = sse_payloads(self._events + data if self._events else data)
+        events = self._events + data if self._events else data
+        payloads, self._events = sse_payloads(events, strict=True)
+        if len(events) > MAX_SSE_LINE:
+            check_sse_sizes(payloads, self._events)
         if payloads:
             self.on_data(payloads)
 
@@ -261,6 +327,7 @@ class Exchange:
             self.done.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
+        self.keep_alive = False
         if not self.done.done():
             self.done.set_exception(exc)
 
@@ -330,7 +397,8 @@ class Session:
     async def stream(self, base_url: str, path: str, body: bytes, on_data: Callable[[list[bytes]], None],
                      headers: dict[str, str] | None = None) -> Exchange:
         """POST `body` (JSON) to base_url + path; feed each SSE payload of a 200 answer to `on_data`.
-        Returns the finished exchange (its `status`, `error_body`); raises on transport errors."""
+        Returns the finished exchange (its `status`, `sse`, `body`); raises on transport errors and
+        on a `ProtocolError` (the answer is not HTTP, or not the event stream it claims to be)."""
         origin = origin_of(base_url)
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)

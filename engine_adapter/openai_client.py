@@ -10,6 +10,16 @@ text. Timing uses a monotonic clock (`time.perf_counter()` unless a scripted clo
 failed request is returned as data (`success=False, error=...`, and `client_error=True` when this
 machine, not the server, failed it), never raised, so a replay of thousands of requests survives a
 few bad ones.
+
+A request succeeds only on an answer that is what it claims to be: HTTP 200, an event stream
+(text/event-stream; a JSON body only where the request asked for no stream) whose events are JSON
+objects of a completion's shape, ended by a finish reason or `[DONE]`, with valid token counts in
+its `usage`, and, when `ignore_eos` forced `max_tokens` tokens, that many tokens or a finish
+reason saying why not. Anything else is that request's failure, its reason starting with one of
+STREAM_FAULTS ("not an OpenAI stream: text/html ...", "truncated stream: 3 of 8 tokens ...").
+The events the fast path reads without parsing are those shaped as an engine's common event (a
+JSON object `{...}` whose text is a string or null, no usage, no finish reason); every other
+event is parsed and checked in full.
 """
 
 from __future__ import annotations
@@ -21,7 +31,39 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tracetune.engine_adapter.http_stream import ClientSideError, ProtocolError, ServerClosed, Session
+from tracetune.engine_adapter.http_stream import (
+    BadStream,
+    ClientSideError,
+    Exchange,
+    ProtocolError,
+    ServerClosed,
+    Session,
+    shown,
+)
+
+# A token count above this in a `usage` is not one (no model has a context of ten million tokens).
+MAX_TOKEN_COUNT = 10_000_000
+# How the reason of a request failed by an answer that is not a well-formed OpenAI stream begins.
+STREAM_FAULTS = ("not an OpenAI stream", "malformed SSE event", "SSE line too long", "SSE event too long",
+                 "bad usage", "truncated stream", "ProtocolError")
+
+
+def stream_fault(error: str) -> bool:
+    """Whether a request's `error` says its answer was not a well-formed OpenAI stream."""
+    return error.startswith(STREAM_FAULTS)
+
+
+def token_count(usage: dict[str, Any], key: str) -> int | None:
+    """`usage[key]` as a token count (None when absent); `BadStream` when it is not a whole number
+    from 0 to MAX_TOKEN_COUNT (a string, a fraction, a negative, an overflow such as 1e400)."""
+    value = usage.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:  # noqa: E721 (bool is an int subclass and no token count)
+        raise BadStream(f"bad usage: {key} {json.dumps(value)[:40]} is not a whole number of tokens")
+    if not 0 <= value <= MAX_TOKEN_COUNT:
+        raise BadStream(f"bad usage: {key} {value} is outside 0..{MAX_TOKEN_COUNT:,}")
+    return value
 
 
 @dataclasses.dataclass
@@ -113,14 +155,18 @@ class EventReader:
         self.parse_all = keep_text or on_text is not None
         self.on_text, self.on_first_output = on_text, on_first_output
         self.parts: list[str] = []
+        self.ended = False  # [DONE] arrived
+        self.server_error = ""  # an error event's message
 
     def __call__(self, payloads: list[bytes]) -> None:
         clock, t0, key = self.clock, self.t0, self.key
         for payload in payloads:
             if payload == b"[DONE]":
+                self.ended = True
                 continue
             now = clock() - t0
-            plain = None if self.parse_all else self._plain_text(payload, key)
+            plain = None if self.parse_all or not (payload.startswith(b"{") and payload.endswith(b"}")) \
+                else self._plain_text(payload, key)
             if plain is None:
                 self._parse(payload, now)
             elif plain:
@@ -150,21 +196,58 @@ class EventReader:
             self.on_first_output()
         self.out.chunk_times_s.append(now)
 
-    def _parse(self, payload: bytes, now: float) -> None:
-        event = json.loads(payload)
-        usage = event.get("usage")
+    def _parse(self, payload: bytes, now: float, message: str = "delta") -> None:
+        """Read one event (or, `message="message"`, a whole completion answered without streaming)
+        in full; `BadStream` when it is not a JSON object of a completion chunk's shape."""
+        what = "malformed SSE event" if message == "delta" else "not an OpenAI stream: JSON body"
+        try:
+            event = json.loads(payload)
+        except ValueError as exc:  # invalid JSON or UTF-8
+            raise BadStream(f"{what} ({getattr(exc, 'msg', exc)}): {shown(payload)}") from None
+        if not isinstance(event, dict):
+            raise BadStream(f"{what}: not a JSON object: {shown(payload)}")
+        if event.get("error"):
+            error = event["error"]
+            self.server_error = str(error.get("message", error) if isinstance(error, dict) else error)[:300]
+        choices, usage = event.get("choices") or [], event.get("usage")
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise BadStream(f"{what}: 'choices' is not a list of objects: {shown(payload)}")
+        if usage is not None and not isinstance(usage, dict):
+            raise BadStream(f"{what}: 'usage' is not an object: {shown(payload)}")
         if usage:
-            self.out.prompt_tokens = usage.get("prompt_tokens")
-            self.out.output_tokens = usage.get("completion_tokens")
-        for choice in event.get("choices") or ():
-            piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+            self.out.prompt_tokens = token_count(usage, "prompt_tokens")
+            self.out.output_tokens = token_count(usage, "completion_tokens")
+        for choice in choices:
+            part = (choice.get(message) or {}) if self.chat else choice
+            piece = part.get("content" if self.chat else "text") if isinstance(part, dict) else part
+            reason = choice.get("finish_reason")
+            if not isinstance(part, dict) or not isinstance(piece, str | None) or not isinstance(reason, str | None):
+                raise BadStream(f"{what}: a choice's text or finish reason is not a string: {shown(payload)}")
             if piece:
                 self.parts.append(piece)
                 self._output(now)
                 if self.on_text:
                     self.on_text(piece)
-            if choice.get("finish_reason"):
-                self.out.finish_reason = choice["finish_reason"]
+            if reason:
+                self.out.finish_reason = reason
+
+    def read_body(self, body: bytes, now: float) -> None:
+        """A completion answered in one JSON body (the request asked for no stream)."""
+        self._parse(body, now, message="message")
+        self.ended = True
+
+    def unfinished(self, forced_tokens: int | None) -> str:
+        """Why the stream read so far is not a complete answer ('' when it is): it ended with
+        neither a finish reason nor [DONE], or with fewer than the `forced_tokens` (ignore_eos)
+        and no finish reason to say why."""
+        out = self.out
+        if out.finish_reason:
+            return ""
+        tokens = out.output_tokens if out.output_tokens is not None else len(out.chunk_times_s)
+        missing = "no finish reason" + ("" if self.ended else ", no [DONE]")
+        if forced_tokens is not None and tokens < forced_tokens:
+            return f"truncated stream: {tokens} of {forced_tokens} tokens ({missing})"
+        return "" if self.ended else f"truncated stream: {tokens} tokens, then the end ({missing})"
 
 
 async def stream_completion(
@@ -190,7 +273,9 @@ async def stream_completion(
 
     `keep_text=False` skips collecting the text (a replay needs only timings and counts);
     `on_first_output` is called when the first output text arrives; `body`, if given, is the
-    request already encoded by `encoded_request` (a replay encodes before its clock starts)."""
+    request already encoded by `encoded_request` (a replay encodes before its clock starts; pass
+    its `max_tokens` and `ignore_eos` too: with ignore_eos, fewer tokens than `max_tokens` and no
+    finish reason is a truncated stream)."""
     path = _CHAT_PATH if messages is not None else _COMPLETION_PATH
     if body is None:
         body = encoded_request(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
@@ -204,19 +289,44 @@ async def stream_completion(
     try:
         async with asyncio.timeout(timeout_s):
             exchange = await session.stream(base_url, path, body, reader, headers)
-        if exchange.status != 200:
-            out.error = f"HTTP {exchange.status}: {bytes(exchange.error_body).decode('utf-8', errors='replace')[:500]}"
-        else:
-            out.success = True
+        out.error = answer_error(exchange, reader, body, lambda: clock() - t0, max_tokens if ignore_eos else None)
+        out.success = not out.error
     except TimeoutError:
         out.error = f"timed out after {timeout_s}s"
     except ClientSideError as exc:
         out.error, out.client_error = str(exc), True
-    except (ServerClosed, ProtocolError, json.JSONDecodeError, OSError) as exc:
+    except BadStream as exc:
+        out.error = str(exc)
+    except (ServerClosed, ProtocolError, OSError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     out.end_time_s = clock() - t0
     out.text = "".join(reader.parts)
     return out
+
+
+def answer_error(exchange: Exchange, reader: EventReader, body: bytes, now: Callable[[], float],
+                 forced_tokens: int | None) -> str:
+    """Why a finished exchange is not a complete OpenAI answer to the request `body` ('' when it
+    is one): an HTTP error, a body that is no event stream (a JSON completion only where `body`
+    asked for no stream, read at time `now()`; `BadStream` when it is not a completion), an error
+    event, or an unfinished stream (`EventReader.unfinished`)."""
+    if exchange.status != 200:
+        return f"HTTP {exchange.status}: {bytes(exchange.body).decode('utf-8', errors='replace')[:500]}"
+    if not exchange.sse:
+        media = exchange.content_type.split(";", 1)[0].strip()
+        if media == "application/json" and not exchange.body_cut and _unstreamed(body):
+            reader.read_body(bytes(exchange.body), now())
+        else:
+            return f"not an OpenAI stream: {media or 'no content-type'} (HTTP 200, body {shown(exchange.body)})"
+    if reader.server_error:
+        return f"error event in the stream: {reader.server_error}"
+    return reader.unfinished(forced_tokens)
+
+
+def _unstreamed(body: bytes) -> bool:
+    """Whether a request's JSON body asked for no stream (`"stream": false`; a string in a prompt
+    cannot match, its quotes are escaped)."""
+    return b'"stream": false' in body or b'"stream":false' in body
 
 
 def encoded_request(*, model: str, prompt: str | None, messages: list[dict[str, Any]] | None, max_tokens: int,

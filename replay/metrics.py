@@ -10,7 +10,10 @@ Definitions (per request, successful requests only unless said otherwise):
 - Goodput: requests per second that met *every* per-request SLO threshold (per-request
   attainment); `slo_met` separately says whether each percentile target held on the aggregate.
 - Errors: requests the engine failed (HTTP errors, broken streams, timeouts). Requests this
-  machine failed (out of file descriptors or ports) are `client_errors`, counted apart.
+  machine failed (out of file descriptors or ports) are `client_errors`, counted apart. Of the
+  errors, `stream_faults` are answers that were not well-formed OpenAI streams (an HTML page, a
+  truncated stream, a malformed event, a bad token count: `openai_client.stream_fault`); when they
+  are most of the replay, `endpoint_warning` says the endpoint is not what it seems.
 - Client overloaded: the replay measured its client, not the engine, when the schedule lag's
   p99 passes `lag_bound_s` or any request failed on the client's side. Such a replay is a
   verdict, not a datum: the tuner and the capacity search never charge it to the engine.
@@ -26,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tracetune.engine_adapter.openai_client import stream_fault
 from tracetune.errors import InputError
 from tracetune.replay.types import ReplayResult, RequestRecord
 
@@ -210,6 +214,8 @@ class Summary:
     lag_bound_s: float = LAG_BOUND_S
     connection_waits: int = 0  # requests that waited for one of `connection_limit` connections
     connection_limit: int = 0
+    stream_faults: int = 0  # errors whose answer was not a well-formed OpenAI stream
+    first_stream_fault: str = ""  # the reason of the first of them (in trace order)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -217,6 +223,7 @@ class Summary:
             "client_errors": self.client_errors, "client_overloaded": self.client_overloaded,
             "lag_bound_s": self.lag_bound_s, "connection_waits": self.connection_waits,
             "connection_limit": self.connection_limit, "error_rate": self.error_rate, "duration_s": self.duration_s,
+            "stream_faults": self.stream_faults, "first_stream_fault": self.first_stream_fault,
             "request_throughput_rps": self.request_throughput_rps.as_dict(),
             "output_throughput_tps": self.output_throughput_tps.as_dict(),
             "latency_s": {m: {s: e.as_dict() for s, e in stats.items()} for m, stats in self.latency.items()},
@@ -246,6 +253,16 @@ def stats_of(metric: str, slos: Sequence[SLO] = ()) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*STATS, *(s.stat for s in slos if s.metric == metric)]))
 
 
+def endpoint_warning(summary: Summary) -> str | None:
+    """The line a replay prints when most of its requests were answered with something other than
+    an OpenAI stream (None otherwise): its numbers would describe that something, not an engine."""
+    if not summary.requests or 2 * summary.stream_faults <= summary.requests:
+        return None
+    return (f"the endpoint is not what it seems: {summary.stream_faults} of {summary.requests} responses were "
+            f"not OpenAI streams (first reason: {summary.first_stream_fault}); check that --endpoint is the "
+            f"root URL of an OpenAI-compatible server (e.g. http://HOST:8000)")
+
+
 def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) -> Summary:
     records = result.records
     n = len(records)
@@ -262,6 +279,7 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
     pad = np.zeros(n - len(ok))
     client_errors = sum(r.client_error for r in records)
     engine_errors = n - len(ok) - client_errors
+    faults = [r.error for r in records if not r.success and stream_fault(r.error)]
     summary = Summary(
         requests=n, succeeded=len(ok), errors=engine_errors, error_rate=engine_errors / n if n else 0.0,
         client_errors=client_errors, client_overloaded=client_overloaded(records, slos),
@@ -271,6 +289,7 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
         output_throughput_tps=_rate_ci(np.concatenate([tokens, pad]), duration, seed),
         latency=latency, schedule_lag=lag,
         error_examples=sorted({r.error for r in records if not r.success})[:5],
+        stream_faults=len(faults), first_stream_fault=faults[0] if faults else "",
     )
     if slos:
         good = np.asarray([meets_slos(r, slos) for r in records], dtype=float)

@@ -51,7 +51,8 @@ class Replayer:
                     on_first_output: Callable[[], None] | None = None) -> StreamedCompletion:
         return await stream_completion(
             session, self.base_url, model=self.model, prompt=request.prompt, messages=request.messages,
-            body=body, timeout_s=self.options.request_timeout_s, headers=self.headers, clock=self.clock,
+            body=body, max_tokens=request.max_tokens, ignore_eos=self.options.ignore_eos,
+            timeout_s=self.options.request_timeout_s, headers=self.headers, clock=self.clock,
             keep_text=self.options.keep_text, on_first_output=on_first_output,
         )
 

@@ -1,6 +1,8 @@
 """The replay's HTTP/1.1 client: response parsing however the bytes are split, the event reader's
-JSON-free path against a full parse, keep-alive reuse, a stale idle connection, and the line
-between the client's own failures and the server's."""
+JSON-free path against a full parse, keep-alive reuse, a stale idle connection, the line
+between the client's own failures and the server's, and answers that are not event streams (an
+HTML page, lines without `data:`, an endless line, an event the reader cannot read) failing
+their exchange, never the event loop."""
 
 from __future__ import annotations
 
@@ -10,7 +12,15 @@ import json
 
 import pytest
 
-from tracetune.engine_adapter.http_stream import ClientSideError, Exchange, Session
+from tracetune.engine_adapter.http_stream import (
+    MAX_SSE_LINE,
+    BadStream,
+    ClientSideError,
+    Exchange,
+    ProtocolError,
+    Session,
+    sse_payloads,
+)
 from tracetune.engine_adapter.openai_client import EventReader, StreamedCompletion, new_session, stream_completion
 
 EVENTS = [b'{"id":"c","choices":[{"index":0,"text":"Hel","logprobs":null,"finish_reason":null}]}',
@@ -52,12 +62,13 @@ def test_chunked_sse_parses_the_same_however_the_bytes_arrive(step):
 @pytest.mark.parametrize("step", [1, 5, 100000])
 def test_content_length_and_read_to_close_bodies(step):
     body = b"data: " + EVENTS[0] + b"\r\n\r\ndata: [DONE]\r\n\r\n"  # CRLF event separators too
-    exchange, got = parse(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body, step)
-    assert got == [EVENTS[0], b"[DONE]"] and exchange.keep_alive
-    exchange, got = parse(b"HTTP/1.0 200 OK\r\n\r\n" + body, step)
+    sse = b"Content-Type: text/event-stream; charset=utf-8\r\n"
+    exchange, got = parse(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (sse, len(body)) + body, step)
+    assert got == [EVENTS[0], b"[DONE]"] and exchange.keep_alive and exchange.sse
+    exchange, got = parse(b"HTTP/1.0 200 OK\r\n" + sse + b"\r\n" + body, step)
     assert got == [EVENTS[0], b"[DONE]"] and not exchange.keep_alive and exchange.done.exception() is None
     exchange, _ = parse(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\nbad request", step)
-    assert exchange.status == 400 and bytes(exchange.error_body) == b"bad request"
+    assert exchange.status == 400 and bytes(exchange.body) == b"bad request" and not exchange.sse
 
 
 def test_a_body_cut_short_is_an_error():
@@ -192,3 +203,66 @@ def test_request_body_is_sent_once_encoded():
     head, body = seen[0]
     assert head.startswith(b"POST /prefix/v1/completions HTTP/1.1\r\n") and b"Authorization: Bearer k" in head
     assert body["prompt"] == "p" and body["stream"] is True and out.text == 'Hel"lo'
+
+
+def sse_answer(body: bytes, content_type: bytes = b"text/event-stream") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (content_type, len(body)) + body
+
+
+@pytest.mark.parametrize("step", [1, 100000])
+def test_a_200_answer_that_is_not_an_event_stream_is_kept_as_a_body_not_read_as_events(step):
+    page = b"<html><body>data: {}\n\n</body></html>"  # even one that looks like an event inside
+    exchange, got = parse(sse_answer(page, b"text/html; charset=utf-8"), step)
+    assert exchange.done.exception() is None and got == [] and not exchange.sse
+    assert bytes(exchange.body) == page and exchange.content_type == "text/html; charset=utf-8"
+    exchange, got = parse(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(page) + page, step)
+    assert got == [] and not exchange.sse and exchange.content_type == ""  # no content-type: no stream
+
+
+def test_sse_fields_and_comments_are_read_and_any_other_line_fails_the_exchange():
+    fine = b": keep-alive\n\nevent: message\nid: 7\nretry: 100\ndata: {\"a\": 1}\n\nid\ndata: [DONE]\n\n"
+    exchange, got = parse(sse_answer(fine), 3)
+    assert exchange.done.exception() is None and got == [b'{"a": 1}', b"[DONE]"]
+    exchange, got = parse(sse_answer(b'data: {"a": 1}\n\n{"choices": []}\n\ndata: [DONE]\n\n'), 5)
+    error = exchange.done.exception()
+    assert isinstance(error, BadStream) and not exchange.keep_alive
+    assert str(error) == "not an OpenAI stream: a line without 'data:': '{\"choices\": []}'"
+    # Recorded traffic (replay.recorded) is read leniently: the same line is skipped there.
+    assert sse_payloads(b'{"choices": []}\n\ndata: x\n\n') == ([b"x"], b"")
+
+
+@pytest.mark.parametrize("extra,fails", [(-100, False), (100, True)])
+def test_an_sse_line_longer_than_the_bound_fails_without_waiting_for_its_end(extra, fails):
+    line = b"data: " + b"x" * (MAX_SSE_LINE - 6 + extra)
+    loop = asyncio.new_event_loop()
+    try:
+        exchange = Exchange(loop, lambda payloads: None)
+        exchange.feed(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(line), 65536):  # the line arrives as reads do, and never ends
+            piece = line[i:i + 65536]
+            exchange.feed(b"%x\r\n%s\r\n" % (len(piece), piece))
+        assert exchange.done.done() == fails
+        if fails:
+            assert str(exchange.done.exception()).startswith("SSE line too long: over 1 MiB")
+            assert len(exchange._events) <= MAX_SSE_LINE + 65536  # what it held, not more
+    finally:
+        loop.close()
+
+
+def test_an_error_in_the_event_reader_fails_the_exchange_not_the_event_loop():
+    def broken(payloads):
+        raise AttributeError("'list' object has no attribute 'get'")
+
+    to_close = b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: [1, 2]"  # read to the close
+    for raw in (sse_answer(b"data: [1, 2]\n\ndata: [DONE]\n\n"), to_close):
+        loop = asyncio.new_event_loop()
+        try:
+            exchange = Exchange(loop, broken)
+            exchange.feed(raw)  # raises nothing
+            assert exchange.done.done() == (raw != to_close)
+            exchange.eof()  # the last event of a body read to the close (no blank line after it) is read here
+            exchange.feed(b"more bytes after the failure")
+            error = exchange.done.exception()
+            assert isinstance(error, ProtocolError) and "AttributeError" in str(error) and not exchange.keep_alive
+        finally:
+            loop.close()

@@ -36,6 +36,7 @@ class SSEServer:
             chat = request.path.endswith("chat/completions")
             for i in range(n):
                 choice = {"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "}
+                choice["finish_reason"] = "length" if i == n - 1 else None  # a stream ends with its reason
                 await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
                 if self.gap_s:
                     await asyncio.sleep(self.gap_s)
