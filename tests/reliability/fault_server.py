@@ -45,7 +45,8 @@ def token_events(n: int, chat: bool) -> list[str]:
 def usage_event(n: int, completion_tokens: str | None = None) -> str:
     """The usage chunk: 5 prompt tokens and `completion_tokens` (raw JSON text; default N)."""
     count = completion_tokens if completion_tokens is not None else str(n)
-    return '{"id": "f", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": %s}}' % count
+    return json.dumps({"id": "f", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": "@"}}).replace(
+        '"@"', count)
 
 
 class FaultServer:
