@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from tracetune.cli.options import positive_float
 from tracetune.errors import InputError
 
 B = argparse.BooleanOptionalAction
@@ -39,7 +40,7 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
                                       help="skip compilation/graph capture: starts ~3x faster on CPU, serves slower")),
     ("max_model_len", "--max-model-len", dict(type=int, metavar="N")),
     ("gpu_memory_utilization", "--gpu-memory-utilization", dict(type=float, metavar="F")),
-    ("kv_cache_space_gib", "--kv-cache-gib", dict(type=float, metavar="GIB", help="explicit KV-cache size")),
+    ("kv_cache_space_gib", "--kv-cache-gib", dict(type=positive_float, metavar="GIB", help="explicit KV-cache size")),
     ("tensor_parallel_size", "--tensor-parallel-size", dict(type=int, metavar="N",
                                                             help="GPUs one replica spans (GPU)")),
     ("attention_backend", "--attention-backend", dict(metavar="NAME", help="GPU attention backend, e.g. FLASH_ATTN")),
@@ -61,7 +62,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine (vLLM) settings; unset ones keep vLLM's defaults")
     for _, flag, keywords in ENGINE_FLAGS:
         g.add_argument(flag, **keywords)
-    g.add_argument("--start-timeout", type=float, default=900.0, metavar="S",
+    g.add_argument("--start-timeout", type=positive_float, default=900.0, metavar="S",
                    help="seconds to wait for the server to become healthy (default 900)")
 
 

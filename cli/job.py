@@ -55,3 +55,58 @@ def make_tuner(request: TuneRequest, console) -> tuple[Any, Any]:
                   platform=request.platform, runner=runner, base=request.base, make_checkpoint=make_checkpoint,
                   report=reporter, engine=request.engine)
     return tuner, progress
+
+
+def check_storage(url: str, run_dir: Path) -> set[str]:
+    """The tables at the main job's storage (none for a SQLite file not made yet), or an InputError
+    naming --storage and what to do: a SQLite file in a folder that does not exist (other than
+    `run_dir`, which the job makes), a file that is not a database, a URL SQLAlchemy cannot read, a
+    server that does not answer. Read-only; checked before anything is created."""
+    from tracetune.dashboard.storage import database_tables, sqlite_path
+    from tracetune.errors import InputError
+    from tracetune.files import is_database
+    from tracetune.tuner.secrets import display_url
+
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        if not path.parent.is_dir() and path.parent.resolve() != run_dir.resolve():
+            raise InputError(f"--storage {display_url(url)}: the folder {str(path.parent)!r} does not exist; "
+                             f"create it first (mkdir -p {path.parent}) or name a file in an existing folder")
+        return set()
+    if path is not None and path.is_file() and path.stat().st_size == 0:
+        return set()  # SQLite takes an empty file as a new database
+    if path is not None and not is_database(path):
+        raise InputError(f"--storage {display_url(url)}: {str(path)!r} is not a SQLite database; name a new file "
+                         f"or the study.db of an earlier run")
+    return database_tables(url)
+
+
+def stored_study_attrs(url: str, name: str, tables: set[str]) -> dict[str, Any] | None:
+    """The user attributes of study `name` at `url` (whose `tables` `check_storage` read), read
+    without writing; None when there is no such study yet."""
+    from tracetune.dashboard.storage import STUDY_TABLES, optuna_storage
+
+    if not STUDY_TABLES <= tables:
+        return None
+    storage = optuna_storage(url)
+    try:
+        return storage.get_study_user_attrs(storage.get_study_id_from_name(name))
+    except KeyError:
+        return None
+    finally:
+        storage.engine.dispose()
+
+
+def check_resume(request: TuneRequest, attrs: dict[str, Any] | None, console) -> None:
+    """Resuming a study (its user attributes `attrs`; None for a new study) only under the rules it
+    was measured under (`tuner.settings.check_rules`): an InputError naming both otherwise. A study
+    from before tracetune kept its rules resumes, with a line saying they could not be checked."""
+    from tracetune.tuner.settings import check_rules, study_rules
+
+    if attrs is None:
+        return
+    rules = study_rules(request.settings, engine=request.engine.name, model_dir=request.model_dir)
+    if not check_rules(request.settings.study_name, attrs, rules):
+        console.print(f"[yellow]![/] study {request.settings.study_name!r} was made before tracetune kept the "
+                      f"rules it was measured under (SLO, attainment, trace, engine, model): they could not be "
+                      f"checked against this run's", highlight=False)

@@ -31,14 +31,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
     """The main job's options, on the root parser (`tune --help` lists them)."""
     from tracetune.cli.capacity import add_capacity_options
     from tracetune.cli.engine_options import add_engine_options
-    from tracetune.cli.options import add_slo_option, add_trace_option
-    from tracetune.cli.replay import add_client_options
+    from tracetune.cli.options import add_slo_option, add_trace_option, positive_float, positive_int
     from tracetune.tuner.objectives import DEFAULT_SAMPLER, SAMPLERS
 
     add_trace_option(p, help="native JSONL trace: runs the main job")
     p.add_argument("--space", type=Path, metavar="FILE", help="search-space YAML (default: search_spaces/default.yaml)")
-    p.add_argument("--trials", type=int, default=6, metavar="N", help="total trials in the study (default 6)")
-    p.add_argument("--timeout", type=float, metavar="S", help="stop starting new trials after S seconds")
+    p.add_argument("--trials", type=positive_int, default=6, metavar="N", help="total trials in the study (default 6)")
+    p.add_argument("--timeout", type=positive_float, metavar="S", help="stop starting new trials after S seconds")
     p.add_argument("--no-presets", dest="presets", action="store_false",
                    help="no informed first trials (8-bit weights and KV cache; ngram speculation when the trace's "
                         "outputs copy their prompts): the sampler proposes every trial")
@@ -46,7 +45,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="try first the configurations an earlier study on the same model and platform found best "
                         "(another trace or SLO), measured again here")
     p.add_argument("--warm-start-storage", metavar="URL", help="where that study is (default: this study's --storage)")
-    p.add_argument("--patience", type=int, metavar="N",
+    p.add_argument("--patience", type=positive_int, metavar="N",
                    help="stop early once N measured trials in a row leave the front (vLLM's defaults included) "
                         "unchanged; --trials stays the cap")
     p.add_argument("--no-prune", dest="prune", action="store_false",
@@ -68,11 +67,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="default: ttft_p99,capacity,quality_loss with --slo (ttft_p99,output_tps,quality_loss "
                         "without); also goodput, request_tps, tpot_p50, e2e_p99, ...")
     add_capacity_options(p)
-    p.add_argument("--max-duration", type=float, metavar="S",
+    p.add_argument("--max-duration", type=positive_float, metavar="S",
                    help="measure only the requests of the trace's first S seconds (after --time-scale)")
-    p.add_argument("--gpu-hour-cost", type=float, metavar="USD",
+    p.add_argument("--gpu-hour-cost", type=positive_float, metavar="USD",
                    help="price of one GPU hour: adds $ per 1M output (and input) tokens at capacity")
-    p.add_argument("--target-rate", type=float, metavar="RPS",
+    p.add_argument("--target-rate", type=positive_float, metavar="RPS",
                    help="requests/s of this traffic to serve: adds the replicas and GPUs each config needs")
     p.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
                    help=f"how trials are proposed after the first ones (default {DEFAULT_SAMPLER}: it measured best in "
@@ -80,22 +79,33 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine", dest="engine_type", choices=["vllm", "openai"], default="vllm",
                    help="vllm (tracetune starts each config) or openai (a running endpoint: cannot be tuned)")
-    p.add_argument("--probe-prompts", type=int, default=64, metavar="N",
+    _add_trial_options(p)
+    add_engine_options(p)
+
+
+def _add_trial_options(p: argparse.ArgumentParser) -> None:
+    """How each trial is measured: its quality probe, its replay, its worker."""
+    from tracetune.cli.options import nonnegative_int, port, positive_float, positive_int
+    from tracetune.cli.replay import add_client_options
+
+    p.add_argument("--probe-prompts", type=positive_int, default=64, metavar="N",
                    help="quality probe size: texts, each a trace prompt and a continuation the reference "
                         "samples (default 64, prompts repeated when the trace has fewer)")
-    p.add_argument("--probe-tokens", type=int, default=1024, metavar="N",
+    p.add_argument("--probe-tokens", type=positive_int, default=1024, metavar="N",
                    help="tokens per probe continuation (default 1024; the probe scores ~60k tokens: +-0.3 "
                         "points of perplexity on the bundled model)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="F", help="multiply inter-arrival times by F")
-    p.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests per trial")
-    p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured warm-up requests per trial")
-    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+    p.add_argument("--time-scale", type=positive_float, default=1.0, metavar="F",
+                   help="multiply inter-arrival times by F")
+    p.add_argument("--max-requests", type=positive_int, metavar="N", help="measure at most N requests per trial")
+    p.add_argument("--warmup", type=nonnegative_int, default=2, metavar="N",
+                   help="unmeasured warm-up requests per trial")
+    p.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
                    help="a request not finished after S seconds counts as failed (default 600)")
     add_client_options(p)
-    p.add_argument("--heartbeat", type=int, default=30, metavar="S",
+    p.add_argument("--heartbeat", type=positive_int, default=30, metavar="S",
                    help="liveness mark in the study database every S seconds; a worker silent for 2*S is "
                         "considered dead and its trial is re-run (default 30)")
-    p.add_argument("--engine-port", type=int, metavar="N",
+    p.add_argument("--engine-port", type=port, metavar="N",
                    help="port for this worker's engines (default: a free port)")
     p.add_argument("--api-key-env", metavar="NAME",
                    help="start engines that require the API key in environment variable NAME and send it "
@@ -103,7 +113,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--try", dest="try_first", action="append", default=[], metavar="JSON",
                    help="search-space values to try first, e.g. '{\"max_num_seqs\": 32}' (repeatable; "
                         "unset parameters are sampled)")
-    add_engine_options(p)
 
 
 def _default_study_name(trace: Path) -> str:
@@ -136,14 +145,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     if not engine_kind(args.engine_type).tunable:
         raise InputError(f"--engine {args.engine_type} is an endpoint tracetune cannot reconfigure, so there is "
                          f"nothing to search; measure it with `tune replay --trace FILE --endpoint URL`")
-    for flag, value, low in (("--trials", args.trials, 1), ("--heartbeat", args.heartbeat, 1),
-                             ("--patience", args.patience, 1)):
-        if value is not None and value < low:
-            raise InputError(f"{flag} must be >= {low}, got {value}")
-    for flag, value in (("--request-timeout", args.request_timeout), ("--gpu-hour-cost", args.gpu_hour_cost),
-                        ("--target-rate", args.target_rate), ("--max-duration", args.max_duration)):
-        if value is not None and not value > 0:
-            raise InputError(f"{flag} must be > 0, got {value}")
+    # Numeric flags are checked as they are read (their argparse types, cli/options.py).
 
 
 def _api_key(args: argparse.Namespace, base_config: Any) -> str | None:
@@ -236,7 +238,8 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     import os
 
     from tracetune.cli.engine_options import engine_config_from_args
-    from tracetune.engine_adapter.models import resolve_model
+    from tracetune.cli.job import check_resume, check_storage, stored_study_attrs
+    from tracetune.engine_adapter.models import resolve_model, sha256_file
     from tracetune.engine_adapter.platform import detect_platform
     from tracetune.engine_adapter.registry import engine_kind
     from tracetune.replay.metrics import parse_slos
@@ -255,7 +258,8 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     space = load_space(args.space or DEFAULT_SPACE, engine)
     study_name = args.study or _default_study_name(args.trace)
     run_dir = args.run_dir or Path("runs") / study_name
-    storage = args.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
+    storage = _storage_url(args.storage, run_dir)
+    tables = check_storage(storage, run_dir)  # before the run folder is made or a model prepared
     platform = detect_platform()
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
     # --draft-model (repeatable) joins the space's draft models; the base takes no draft of its own
@@ -272,15 +276,24 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     secrets = secret_values(env=base_config.env, process_env=dict(os.environ), args=base_config.extra_args,
                             urls=[storage], extra=[api_key] if api_key else [])
     settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
-                         enqueue=enqueue, secrets=secrets, api_key=api_key)
+                         enqueue=enqueue, secrets=secrets, api_key=api_key, trace_sha256=sha256_file(args.trace))
     request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
                           run_dir=run_dir, base=base, storage_shown=display_url(storage), engine=engine)
     request.space = _runnable_space(request, console)
+    check_resume(request, stored_study_attrs(storage, study_name, tables), console)
     return request
 
 
+def _storage_url(given: str | None, run_dir: Path) -> str:
+    """--storage as a SQLAlchemy URL: a plain path is a SQLite file (as `tune export` and `tune
+    dashboard` take it); none given, the run folder's study.db."""
+    if given is None:
+        given = str(run_dir / "study.db")
+    return given if "://" in given else f"sqlite:///{Path(given).resolve()}"
+
+
 def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list,
-              gate: Any, enqueue: list, secrets: list[str], api_key: str | None) -> Any:
+              gate: Any, enqueue: list, secrets: list[str], api_key: str | None, trace_sha256: str) -> Any:
     from tracetune.replay.types import ReplayOptions
     from tracetune.tuner.study import StudySettings
 
@@ -301,7 +314,7 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
                          warm_start=(args.warm_start_storage or storage, args.warm_start) if args.warm_start else None,
                          probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
-                         api_key=api_key, client_procs=args.client_procs)
+                         api_key=api_key, client_procs=args.client_procs, trace_sha256=trace_sha256)
 
 
 def _runnable_space(request: TuneRequest, console) -> Any:
@@ -337,6 +350,24 @@ def _check_tries(enqueue: list[dict], space: Any, never: dict, platform: Any) ->
                 why = never.get(name, {}).get(value)
                 where = f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"
                 raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}{where}")
+            if choices is None and (why := _off_range(space.parameters[name], value)):
+                raise InputError(f"--try {name}={value!r}: {why} of the search space {space.name!r}")
+
+
+def _off_range(param: Any, value: Any) -> str | None:
+    """Why `value` is not a value numeric parameter `param` can take (None when it is one)."""
+    import math
+
+    kind = "a number" if param.float_ else "a whole number"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or (not param.float_ and value != int(value)):
+        return f"expected {kind}, as in the range [{param.low:g}, {param.high:g}]"
+    if not param.low <= value <= param.high:
+        return f"outside the range [{param.low:g}, {param.high:g}]"
+    if param.step and not math.isclose((value - param.low) / param.step, round((value - param.low) / param.step),
+                                       abs_tol=1e-9):
+        return f"not on the steps of {param.step:g} from {param.low:g} in the range [{param.low:g}, {param.high:g}]"
+    return None
 
 
 def _run_study(tuner: Any, progress: Any, request: TuneRequest, console) -> Any:

@@ -57,7 +57,7 @@ def check_storage(url: str) -> None:
         if not _is_sqlite(path):
             raise InputError(f"--storage {url}: {str(path)!r} is not a SQLite database; give the study.db a "
                              f"`tune --trace` run wrote (runs/STUDY/study.db)")
-    tables = _tables_once(url)
+    tables = database_tables(url)
     missing = sorted(STUDY_TABLES - tables)
     if missing:
         shown = display_url(url)
@@ -86,9 +86,10 @@ def _is_sqlite(path: Path) -> bool:
         return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
 
 
-def _tables_once(url: str) -> set[str]:
+def database_tables(url: str) -> set[str]:
     """The tables of the database at `url`, read through one read-only connection, so a bad URL or a
-    server that does not answer is one clear error here, not a traceback from deep inside a query."""
+    server that does not answer is one clear error here, not a traceback from deep inside a query
+    (also the main job's check of its --storage, before it creates anything)."""
     import sqlalchemy
     from sqlalchemy import exc
 

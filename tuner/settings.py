@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+from tracetune.errors import InputError
 from tracetune.replay.capacity import CapacityOptions
 from tracetune.replay.metrics import SLO
 from tracetune.replay.types import ReplayOptions
@@ -42,6 +44,7 @@ class StudySettings:
     engine_port: int | None = None  # fixed port for this worker's engines (default: a free one)
     secrets: list[str] = dataclasses.field(default_factory=list, repr=False)  # never stored
     api_key: str | None = dataclasses.field(default=None, repr=False)  # sent to our own engines
+    trace_sha256: str | None = None  # the trace file's content hash: one of the study's rules (`study_rules`)
 
     @property
     def grace_s(self) -> int:
@@ -54,3 +57,48 @@ class StudySettings:
     @property
     def constraint_names(self) -> list[str]:
         return constraint_names(self.slos, self.max_quality_loss)
+
+
+# The rules a study's trials are measured and ranked under, and the flag that sets each. They are kept
+# with the study when it is created (the "objectives" user attribute, the rest under "rules") and
+# checked when it is resumed (`check_rules`): trials measured under other rules never share a front.
+RULE_FLAGS = {"objectives": "--objectives", "slo": "--slo", "attainment": "--attainment",
+              "precision": "--precision", "trace_sha256": "--trace", "engine": "--engine", "model": "--model"}
+RULES_ATTR = "rules"
+
+
+def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) -> dict[str, Any]:
+    """This run's rules (`RULE_FLAGS`): attainment and precision only where a capacity search uses
+    them; the model by its directory's name (workers on other hosts keep it elsewhere)."""
+    capacity = settings.capacity
+    return {"objectives": list(settings.objectives), "slo": ",".join(str(s) for s in settings.slos),
+            "attainment": capacity.attainment if capacity else None,
+            "precision": capacity.precision if capacity else None,
+            "trace_sha256": settings.trace_sha256, "engine": engine, "model": Path(str(model_dir)).name}
+
+
+def _shown(name: str, value: Any) -> str:
+    if value is None or value == "":
+        return f"no {RULE_FLAGS[name]}"
+    if name == "trace_sha256":
+        return f"a --trace of sha256 {value[:12]}"
+    if name == "objectives":
+        value = ",".join(value)
+    return f"{RULE_FLAGS[name]} {value}"
+
+
+def check_rules(study_name: str, attrs: dict[str, Any], rules: dict[str, Any]) -> bool:
+    """Refuse (InputError, exit 2) to resume study `study_name`, whose user attributes are `attrs`,
+    under `rules` (`study_rules`) that differ from those it was measured under, naming both. False
+    when the study predates kept rules (only its objectives could be checked), True otherwise."""
+    kept = attrs.get(RULES_ATTR)
+    stored = dict(kept or {})
+    if attrs.get("objectives") is not None:  # kept by every tracetune, before the other rules were
+        stored["objectives"] = attrs["objectives"]
+    differ = [name for name in RULE_FLAGS if name in stored and stored[name] != rules.get(name)]
+    if differ:
+        before = ", ".join(_shown(name, stored[name]) for name in differ)
+        now = ", ".join(_shown(name, rules.get(name)) for name in differ)
+        raise InputError(f"study {study_name!r} was measured under {before}; this run asks {now}. Resume with "
+                         f"the same rules, or start a new study: --study NEW")
+    return kept is not None

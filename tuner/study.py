@@ -64,7 +64,7 @@ from tracetune.tuner.quality_gate import QualityGate
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, QualityProbe, TrialRunner
 from tracetune.tuner.secrets import Redactor
-from tracetune.tuner.settings import StudySettings
+from tracetune.tuner.settings import RULES_ATTR, StudySettings, check_rules, study_rules
 from tracetune.tuner.storage import REFERENCE_RUN, ResultStore, Status
 
 __all__ = ["Measurement", "NullReporter", "Reporter", "StudySettings", "TrialRunner", "Tuner", "config_diff"]
@@ -389,8 +389,9 @@ class Tuner:
         if [d.name.lower() for d in study.directions] != directions:
             raise InputError(f"study {self.s.study_name!r} exists with objectives in other directions; "
                              f"use another --study name or the same --objectives")
-        stored = study.user_attrs.get("objectives")
-        if stored is None:
+        rules = study_rules(self.s, engine=self.engine.name, model_dir=self.model_dir)
+        if study.user_attrs.get("objectives") is None:
+            study.set_user_attr(RULES_ATTR, {k: v for k, v in rules.items() if k != "objectives"})
             study.set_user_attr("objectives", self.s.objectives)
             study.set_user_attr("slos", [str(s) for s in self.s.slos])
             gate = self.s.max_quality_loss
@@ -403,9 +404,8 @@ class Tuner:
             study.set_user_attr("platform", self.platform.value)
             study.set_user_attr("vllm_version", installed_vllm_version())
             study.set_user_attr("heartbeat_s", self.s.heartbeat_s)  # silent for twice this: its worker is gone
-        elif stored != self.s.objectives:
-            raise InputError(f"study {self.s.study_name!r} was created with objectives {stored}; "
-                             f"resume it with the same --objectives or pick a new --study")
+        else:  # the command line checked this already, before it wrote anything (cli.job.check_resume)
+            check_rules(self.s.study_name, study.user_attrs, rules)
         return study, storage
 
     def _trials(self, study: Any, storage: Any) -> None:
