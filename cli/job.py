@@ -107,6 +107,5 @@ def check_resume(request: TuneRequest, attrs: dict[str, Any] | None, console) ->
         return
     rules = study_rules(request.settings, engine=request.engine.name, model_dir=request.model_dir)
     if not check_rules(request.settings.study_name, attrs, rules):
-        console.print(f"[yellow]![/] study {request.settings.study_name!r} was made before tracetune kept the "
-                      f"rules it was measured under (SLO, attainment, trace, engine, model): they could not be "
-                      f"checked against this run's", highlight=False)
+        console.print(f"[yellow]![/] study {request.settings.study_name!r} predates kept rules (SLO, trace, "
+                      f"model, ...): this run's could not be checked against them", highlight=False)

@@ -95,7 +95,8 @@ def check_rules(study_name: str, attrs: dict[str, Any], rules: dict[str, Any]) -
     stored = dict(kept or {})
     if attrs.get("objectives") is not None:  # kept by every tracetune, before the other rules were
         stored["objectives"] = attrs["objectives"]
-    differ = [name for name in RULE_FLAGS if name in stored and stored[name] != rules.get(name)]
+    # A rule kept as None was not known when the study was made (a Tuner given no trace hash): unchecked.
+    differ = [name for name in RULE_FLAGS if stored.get(name) is not None and stored[name] != rules.get(name)]
     if differ:
         before = ", ".join(_shown(name, stored[name]) for name in differ)
         now = ", ".join(_shown(name, rules.get(name)) for name in differ)

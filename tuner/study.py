@@ -391,6 +391,7 @@ class Tuner:
                              f"use another --study name or the same --objectives")
         rules = study_rules(self.s, engine=self.engine.name, model_dir=self.model_dir)
         if study.user_attrs.get("objectives") is None:
+            # The rules first: a worker that finds the objectives (a study made) finds its rules too.
             study.set_user_attr(RULES_ATTR, {k: v for k, v in rules.items() if k != "objectives"})
             study.set_user_attr("objectives", self.s.objectives)
             study.set_user_attr("slos", [str(s) for s in self.s.slos])

@@ -173,8 +173,8 @@ def test_a_study_from_before_kept_rules_resumes_with_a_warning(folder):
     request = request_of(flags(folder, "--slo", "ttft:p99<1s"), out)  # another SLO: nothing to check it against
     assert request.settings.study_name == STUDY
     lines = [line for line in out.getvalue().splitlines() if "could not be checked" in line]
-    assert lines == [f"! study '{STUDY}' was made before tracetune kept the rules it was measured under (SLO, "
-                     f"attainment, trace, engine, model): they could not be checked against this run's"]
+    assert lines == [f"! study '{STUDY}' predates kept rules (SLO, trace, model, ...): this run's could not be "
+                     f"checked against them"]
 
 
 def test_a_study_from_before_kept_rules_still_checks_its_objectives():
@@ -184,6 +184,14 @@ def test_a_study_from_before_kept_rules_still_checks_its_objectives():
                                          "--objectives ttft_p99,capacity"):
         check_rules("old", attrs, rules)
     assert check_rules("old", attrs, {**rules, "objectives": ["ttft_p99", "output_tps"]}) is False
+
+
+def test_a_rule_kept_as_unknown_is_not_checked_and_the_others_are():
+    attrs = {"objectives": ["ttft_p99"], "rules": {"slo": "", "trace_sha256": None, "engine": "vllm"}}
+    asked = {"objectives": ["ttft_p99"], "slo": "", "trace_sha256": "ab" * 32, "engine": "vllm"}
+    assert check_rules("s", attrs, asked) is True
+    with pytest.raises(InputError, match="measured under no --slo; this run asks --slo ttft:p99<1000ms"):
+        check_rules("s", attrs, {**asked, "slo": "ttft:p99<1000ms"})
 
 
 def test_a_new_study_keeps_its_rules(measured):
