@@ -6,7 +6,8 @@
 
 `timestamp` is in seconds, relative to the trace start or absolute (epoch seconds): absolute
 timestamps are shifted so the first request is at 0. Timestamps must not decrease: an earlier
-timestamp than the line before is an error (the importers of `tune trace convert` sort public traces).
+timestamp than the line before is an error (the importers of `tune trace convert` sort public traces),
+and so is a gap of more than a day (relative and epoch seconds mixed) or a span of more than 31 days.
 Exactly one of `prompt`, `messages` or `input_length` says what is sent. Records with only
 `input_length` get prompts synthesised from real text (see `replay.synth`). Numbers are JSON
 numbers (not strings or booleans), finite, and lengths at most MAX_TOKENS; blank lines are skipped.
@@ -31,6 +32,10 @@ MAX_LINE_BYTES = 64 * 2**20
 # Far beyond any model's context; a larger length is a corrupt line, and synthesising its prompt
 # would exhaust memory.
 MAX_TOKENS = 10_000_000
+# No recorded traffic pauses for a day between two requests, nor spans more than a month: such a
+# timestamp is a mix of relative and epoch seconds (or a typo), and a replay would sleep through it.
+MAX_GAP_S = 86_400.0
+MAX_SPAN_S = 31 * 86_400.0
 
 
 class TraceError(InputError):
@@ -151,6 +156,21 @@ def _unencodable(data: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_gap(where: str, timestamp: float, previous: float, first: float) -> None:
+    """A replay sleeps through every gap of its trace: a gap over MAX_GAP_S (typically relative and
+    epoch timestamps mixed in one file) or a trace over MAX_SPAN_S is refused, not slept through."""
+    if timestamp - previous > MAX_GAP_S:
+        raise TraceError(
+            f"{where}: field 'timestamp': {timestamp} comes {timestamp - previous:.6g} s after the previous "
+            f"line's {previous}, a gap of more than a day (relative and epoch timestamps mixed?); write every "
+            f"timestamp the same way: seconds from the trace start, or all epoch seconds")
+    if timestamp - first > MAX_SPAN_S:
+        raise TraceError(
+            f"{where}: field 'timestamp': {timestamp} is {(timestamp - first) / 86400:.3g} days after the first "
+            f"line's {first}, more than the {MAX_SPAN_S / 86400:g} days a trace may span; keep the part "
+            f"to replay in the file, or check its timestamps")
+
+
 def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
     """Validate JSONL lines; raise TraceError at the first bad one."""
     records: list[TraceRecord] = []
@@ -195,6 +215,8 @@ def parse_lines(lines: Iterable[bytes], source: str) -> Trace:
                 f"{where}: field 'timestamp': {record.timestamp} is earlier than the previous line's "
                 f"{previous}; timestamps must not decrease (sort the file by timestamp)"
             )
+        if records:
+            _check_gap(where, record.timestamp, previous, records[0].timestamp)
         previous = record.timestamp
         records.append(record)
     if not records:

@@ -408,6 +408,23 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _composed(text: str) -> Any:
+    """The YAML node tree of a space file, aliases refused (a YAMLError at the alias): a space is
+    short enough to write out, and a few nested aliases (the "billion laughs") expand 600 bytes into
+    more values than validation could walk in a lifetime."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, f"alias '*{event.anchor}' refused: write the values "
+                                                  f"out (aliases can expand into billions of them)", event.start_mark)
+            return super().compose_node(parent, index)
+
+    return yaml.compose(text, Loader=NoAliases)
+
+
 def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
     """Load and validate a search-space YAML file for engine `kind` (None: the default engine);
     errors name file, line and field."""
@@ -423,8 +440,8 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise SpaceError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from None
     try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
+        root = _composed(text)
+        data = yaml.safe_load(text)  # no alias is left to expand (`_composed` refuses them)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         if mark is not None:
