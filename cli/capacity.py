@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,20 +30,22 @@ hits). Capacity is the highest passing k, reported with its bracket.
 
 def add_capacity_options(parser: argparse.ArgumentParser) -> None:
     """How a capacity search judges a load level and when it stops (`tune capacity`, `tune --trace --slo`)."""
+    from tracetune.cli.checks import non_negative_float, ratio, share
+    from tracetune.cli.options import nonnegative_int
     from tracetune.replay.capacity import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
 
-    parser.add_argument("--attainment", type=float, default=0.95, metavar="F",
+    parser.add_argument("--attainment", type=share, default=0.95, metavar="F",
                         help="capacity: share of requests that must meet every --slo threshold at a passing load "
                              "level (default 0.95)")
-    parser.add_argument("--precision", type=float, default=0.05, metavar="F",
+    parser.add_argument("--precision", type=ratio, default=0.05, metavar="F",
                         help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
-    parser.add_argument("--level-seconds", type=float, default=LEVEL_SECONDS, metavar="S",
+    parser.add_argument("--level-seconds", type=non_negative_float, default=LEVEL_SECONDS, metavar="S",
                         help=f"capacity: a load level lasts at least S seconds, the trace replayed end to end again "
                              f"where it is shorter (default {LEVEL_SECONDS:g})")
-    parser.add_argument("--level-lifetimes", type=float, default=LEVEL_LIFETIMES, metavar="K",
+    parser.add_argument("--level-lifetimes", type=non_negative_float, default=LEVEL_LIFETIMES, metavar="K",
                         help=f"capacity: ... and at least K request lifetimes (the longest a median request may "
                              f"live within the SLO, or its measured median E2E; default {LEVEL_LIFETIMES:g})")
-    parser.add_argument("--level-requests", type=int, default=LEVEL_REQUESTS, metavar="N",
+    parser.add_argument("--level-requests", type=nonnegative_int, default=LEVEL_REQUESTS, metavar="N",
                         help=f"capacity: ... and at least N requests (default {LEVEL_REQUESTS})")
 
 
@@ -57,7 +60,7 @@ def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from tracetune.cli.engine_options import add_engine_options
-    from tracetune.cli.options import add_slo_option, add_trace_option
+    from tracetune.cli.options import add_slo_option, add_trace_option, nonnegative_int, positive_float, positive_int
     from tracetune.cli.replay import add_target_options
 
     cp = sub.add_parser("capacity", help="highest request rate a configuration serves within the SLO",
@@ -65,48 +68,103 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_trace_option(cp, required=True)
     add_slo_option(cp, required=True)
     add_capacity_options(cp)
-    cp.add_argument("--start-scale", type=float, default=1.0, metavar="K",
+    cp.add_argument("--start-scale", type=positive_float, default=1.0, metavar="K",
                     help="first load level, as a multiple of the trace's rate (default 1)")
-    cp.add_argument("--max-scale", type=float, default=256.0, metavar="K", help="highest level tried (default 256)")
-    cp.add_argument("--min-scale", type=float, default=0.125, metavar="K",
+    cp.add_argument("--max-scale", type=positive_float, default=256.0, metavar="K",
+                    help="highest level tried (default 256)")
+    cp.add_argument("--min-scale", type=positive_float, default=0.125, metavar="K",
                     help="lowest level tried (default 0.125); a config failing there has capacity 0")
-    cp.add_argument("--max-requests", type=int, metavar="N", help="at most N requests of the trace per level")
-    cp.add_argument("--max-duration", type=float, default=60.0, metavar="S",
+    cp.add_argument("--max-requests", type=positive_int, metavar="N", help="at most N requests of the trace per level")
+    cp.add_argument("--max-duration", type=positive_float, default=60.0, metavar="S",
                     help="replay the first S seconds of the trace (its own time) at every level (default 60)")
-    cp.add_argument("--warmup", type=int, default=2, metavar="N",
+    cp.add_argument("--warmup", type=nonnegative_int, default=2, metavar="N",
                     help="requests sent once before the first level, unmeasured (default 2)")
     cp.add_argument("--no-repeat", action="store_true", help="do not confirm the highest passing level")
     cp.add_argument("--no-abandon", action="store_true", help="replay every level to the end")
-    cp.add_argument("--max-output-tokens", type=int, metavar="N", help="cap each request's output length")
-    cp.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
+    cp.add_argument("--max-output-tokens", type=positive_int, metavar="N", help="cap each request's output length")
+    cp.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
+                    help="seconds one request may take before it counts as failed (default 600)")
     add_target_options(cp)
-    cp.add_argument("--json", type=Path, metavar="FILE", help="write the result (every level) as JSON")
-    cp.add_argument("--out", type=Path, metavar="DIR", help="engine logs (default runs/capacity-TIMESTAMP)")
+    cp.add_argument("--json", type=Path, metavar="FILE",
+                    help="write the result (every level) as JSON; interrupted: the levels done, marked so")
+    cp.add_argument("--out", type=Path, metavar="DIR",
+                    help="every request's record (requests.jsonl, with its load level) and engine logs "
+                         "(default runs/capacity-TIMESTAMP; one holding an earlier run's is kept, DIR-2 used)")
     add_engine_options(cp)
 
 
 def capacity_command(args: argparse.Namespace, console) -> int:
-    from tracetune.cli.replay import prepare_run, prepared_requests
+    """`tune capacity`: each request's record is on disk as it finishes; Ctrl-C or SIGTERM stops the
+    search and keeps the levels done (in --json, marked interrupted): exit 130 / 143."""
+    from tracetune.cli.run_files import interruptible
+
+    run = CapacityRun()
+    with interruptible() as caught:
+        try:
+            return _capacity(args, console, run)
+        except KeyboardInterrupt:
+            run.interrupted(args, caught, console)
+            return caught.exit_code
+        finally:
+            if run.log is not None:
+                run.log.close()
+
+
+@dataclasses.dataclass
+class CapacityRun:
+    """What a capacity search has so far: its records (on disk as they come) and the levels done."""
+
+    log: Any = None  # a `cli.run_files.RecordLog` once the results folder is known
+    runner: Any = None  # the `LevelRunner`, once the search starts
+    payload: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def record(self, scale: float, record: Any) -> None:
+        """One request's record, with its load level (the search's n-th replay) and scale."""
+        self.log(record, level=len(self.runner.measured) + 1, scale=scale)
+
+    def interrupted(self, args: argparse.Namespace, caught: Any, console) -> None:
+        """Keep what an interrupted search measured: the records are on disk; the levels done go to --json."""
+        if self.log is not None:
+            self.log.close()
+        if self.runner is None:
+            console.print(f"\ninterrupted ({caught.name}) before the search started; nothing was written",
+                          highlight=False)
+            return
+        steps = [step.as_dict() for step, _ in self.runner.measured]
+        kept = [f"{len(steps)} load levels done", f"the {len(self.log.records)} requests' records in {self.log.path}"]
+        if args.json is not None:
+            write_json(args.json, {**self.payload, "interrupted": True, "steps": steps})
+            kept.append(f"the levels in {args.json} (marked interrupted)")
+        console.print(f"\ninterrupted ({caught.name}): kept " + "; ".join(kept), highlight=False)
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    from tracetune.files import write_atomic
+
+    write_atomic(path, json.dumps(payload, indent=2, default=str))
+
+
+def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
+    from tracetune.cli.replay import engine_cores, prepare_run, prepared_requests, serving_target
+    from tracetune.cli.run_files import RECORDS_FILE, RecordLog
     from tracetune.errors import InputError
+    from tracetune.files import refuse_overwrite
     from tracetune.replay.levels import LevelRunner, settle
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.types import ReplayOptions
 
     options = capacity_options(args, parse_slos(args.slo), start_scale=args.start_scale, max_scale=args.max_scale,
                                min_scale=args.min_scale, confirm=not args.no_repeat, abandon=not args.no_abandon)
-    if args.max_duration is not None and not args.max_duration > 0:
-        raise InputError(f"--max-duration must be > 0, got {args.max_duration}")
     replay_options = ReplayOptions(max_requests=args.max_requests, max_duration_s=args.max_duration,
                                    warmup_requests=args.warmup, max_output_tokens=args.max_output_tokens,
                                    request_timeout_s=args.request_timeout)
+    if args.json is not None:
+        refuse_overwrite(args.json, flag="--json", protected=[args.trace])
     trace, config, out_dir = prepare_run(args, replay_options, console)
-    if args.json is not None and args.json.is_dir():
-        raise InputError(f"--json {args.json}: is a directory; name a file")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    from tracetune.cli.replay import engine_cores, serving_target
-
+    run.log = RecordLog(out_dir / RECORDS_FILE)
     with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
-        everything = prepared_requests(trace, replay_options, tokenizer_dir, console)
+        everything = prepared_requests(trace, replay_options, tokenizer_dir, console,
+                                       flag="--tokenizer" if args.endpoint else "--model")
         n_warm = min(args.warmup, len(everything))
         if len(everything) - n_warm < 2:
             raise InputError(f"{args.trace}: a capacity search needs at least 2 measured requests; lower --warmup "
@@ -121,19 +179,21 @@ def capacity_command(args: argparse.Namespace, console) -> int:
         console.print(f"searching the capacity of {engine_info.get('endpoint') or 'vLLM'} at SLO {args.slo} "
                       f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)
         with _level_progress(console) as (on_progress, on_level, progress_print):
-            runner = LevelRunner(engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:],
-                                 replay_options, options, warmup=everything[:n_warm], engine=None,
-                                 headers=engine.endpoint.headers or None, before_level=before_level,
-                                 on_level=on_level, on_progress=on_progress, client_procs=args.client_procs,
-                                 engine_cores=engine_cores(args, engine_info, config))
+            run.runner = runner = LevelRunner(
+                engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:], replay_options, options,
+                warmup=everything[:n_warm], engine=None, headers=engine.endpoint.headers or None,
+                before_level=before_level, on_level=on_level, on_progress=on_progress, on_record=run.record,
+                client_procs=args.client_procs, engine_cores=engine_cores(args, engine_info, config))
+            run.payload = {"trace": str(args.trace), **engine_info, "slo": args.slo,
+                           "attainment_target": options.attainment, "precision": options.precision}
             progress_print(runner.describe())
             result = runner.search(gpus=config.gpus() if config is not None else 1)
     console.print(f"[bold]{result.headline()}[/]", highlight=False)
-    payload = {"trace": str(args.trace), **engine_info, **result.as_dict()}
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2, default=str))
-        console.print(f"wrote {args.json}")
+        write_json(args.json, {"trace": str(args.trace), **engine_info, **result.as_dict()})
+        console.print(f"wrote {args.json} and {run.log.path}")
+    else:
+        console.print(f"wrote {run.log.path}")
     return 0
 
 

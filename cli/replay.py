@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -31,8 +32,11 @@ examples:
 
 def add_target_options(parser: argparse.ArgumentParser) -> None:
     """What to measure: a running endpoint, or an engine tracetune starts (see `serving_target`)."""
+    from tracetune.cli.checks import endpoint_url
+
     target = parser.add_mutually_exclusive_group()
-    target.add_argument("--endpoint", metavar="URL", help="an already running OpenAI-compatible server")
+    target.add_argument("--endpoint", type=endpoint_url, metavar="URL",
+                        help="an already running OpenAI-compatible server")
     target.add_argument("--engine", choices=["vllm"], default=None, help="start this engine (default: vllm)")
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
     parser.add_argument("--served-model", metavar="NAME",
@@ -85,28 +89,33 @@ def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from tracetune.cli.engine_options import add_engine_options
-    from tracetune.cli.options import add_slo_option, add_trace_option
+    from tracetune.cli.options import add_slo_option, add_trace_option, nonnegative_int, positive_float, positive_int
 
     rp = sub.add_parser("replay", help="replay a trace against an engine and measure latency/throughput/goodput",
                         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trace_option(rp, required=True)
     add_target_options(rp)
-    rp.add_argument("--time-scale", type=float, default=None, metavar="F",
+    rp.add_argument("--time-scale", type=positive_float, default=None, metavar="F",
                     help="multiply inter-arrival times by F (0.5 = twice the recorded rate)")
-    rp.add_argument("--rate-scale", type=float, default=None, metavar="R", help="multiply the request rate by R")
-    rp.add_argument("--max-requests", type=int, metavar="N", help="measure at most N requests")
-    rp.add_argument("--max-duration", type=float, metavar="S", help="only requests scheduled in the first S seconds")
-    rp.add_argument("--warmup", type=int, default=2, metavar="N",
+    rp.add_argument("--rate-scale", type=positive_float, default=None, metavar="R",
+                    help="multiply the request rate by R")
+    rp.add_argument("--max-requests", type=positive_int, metavar="N", help="measure at most N requests")
+    rp.add_argument("--max-duration", type=positive_float, metavar="S",
+                    help="only requests scheduled in the first S seconds")
+    rp.add_argument("--warmup", type=nonnegative_int, default=2, metavar="N",
                     help="send the first N requests before measuring "
                          "(default 2; a cold engine's first request is slow)")
     rp.add_argument("--mode", choices=["open", "closed"], default="open")
-    rp.add_argument("--concurrency", type=int, default=1, metavar="N", help="closed-loop workers")
-    rp.add_argument("--max-output-tokens", type=int, metavar="N", help="cap each request's output length")
+    rp.add_argument("--concurrency", type=positive_int, default=1, metavar="N", help="closed-loop workers")
+    rp.add_argument("--max-output-tokens", type=positive_int, metavar="N", help="cap each request's output length")
     rp.add_argument("--no-ignore-eos", action="store_true",
                     help="let requests stop at EOS (lengths then differ from the trace)")
-    rp.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
+    rp.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
+                    help="seconds one request may take before it counts as failed (default 600)")
     add_slo_option(rp, help="e.g. 'ttft:p99<500ms,tpot:p50<50ms' (goodput counts requests meeting all)")
-    rp.add_argument("--out", type=Path, metavar="DIR", help="results directory (default runs/replay-TIMESTAMP)")
+    rp.add_argument("--out", type=Path, metavar="DIR",
+                    help="results directory (default runs/replay-TIMESTAMP; one holding an earlier run's "
+                         "results is kept, and DIR-2 beside it used)")
     rp.add_argument("--keep-text", action="store_true", help="store each response's text in requests.jsonl")
     add_engine_options(rp)
 
@@ -118,16 +127,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cv.add_argument("input", type=Path)
     cv.add_argument("output", type=Path)
     cv.add_argument("--model", metavar="DIR", help="model whose tokenizer counts tokens (default: bundled)")
-    cv.add_argument("--limit", type=int, metavar="N", help="first N requests only")
-    cv.add_argument("--length-scale", type=float, default=1.0, metavar="F",
+    cv.add_argument("--limit", type=positive_int, metavar="N", help="first N requests only")
+    cv.add_argument("--length-scale", type=positive_float, default=1.0, metavar="F",
                     help="multiply input lengths (and Mooncake block size) by F, e.g. to fit a small model")
-    cv.add_argument("--max-input-tokens", type=int, metavar="N",
+    cv.add_argument("--max-input-tokens", type=positive_int, metavar="N",
                     help="context limit for inputs (default: model context minus --max-output-tokens or 1024)")
     cv.add_argument("--overlong", choices=["truncate", "drop", "scale", "error"], default="truncate",
                     help="what to do with inputs over the limit (scale: shrink all lengths so the longest fits)")
-    cv.add_argument("--max-output-tokens", type=int, metavar="N", help="cap output lengths")
-    cv.add_argument("--rate", type=float, default=1.0, help="sharegpt: Poisson arrival rate, requests/s")
-    cv.add_argument("--output-length", type=int, default=128, help="sharegpt: output tokens when no reply is recorded")
+    cv.add_argument("--max-output-tokens", type=positive_int, metavar="N", help="cap output lengths")
+    cv.add_argument("--rate", type=positive_float, default=1.0, help="sharegpt: Poisson arrival rate, requests/s")
+    cv.add_argument("--output-length", type=positive_int, default=128,
+                    help="sharegpt: output tokens when no reply is recorded")
     cv.add_argument("--spread-arrivals", action="store_true",
                     help="arrival times recorded on a coarse grid (Mooncake: 3 s): spread each instant's requests "
                          "uniformly over the step instead of sending them as one burst (seeded by --seed)")
@@ -277,7 +287,10 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
 
 
 def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, Any, Path]:
-    """Checks every input before anything starts: (trace, engine config or None, results dir)."""
+    """Checks every input before anything starts or is created: (trace, engine config or None,
+    results dir: `--out`, or a new one beside it where it holds an earlier run's results)."""
+    from tracetune.cli.checks import check_listening, check_tokenizer_dir
+    from tracetune.cli.run_files import fresh_out_dir
     from tracetune.errors import InputError
     from tracetune.replay.trace import load_trace
 
@@ -286,19 +299,24 @@ def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, A
     if args.endpoint and needs_tokens and not args.tokenizer:
         raise InputError(f"{args.trace} has length-only requests: pass --tokenizer DIR (the served model's "
                          f"tokenizer) so prompts of the right token counts can be made")
+    if args.tokenizer:
+        check_tokenizer_dir(args.tokenizer)
     config = None
-    if not args.endpoint:  # a bad --model or engine flag fails here, before the results directory exists
+    if args.endpoint:  # a wrong host or port is named now, not after a minute of health checks
+        check_listening(args.endpoint)
+    else:  # a bad --model or engine flag fails here, before the results directory exists
         from tracetune.cli.engine_options import resolve_engine_config
 
         config = resolve_engine_config(args, lambda m: console.print(f"[dim]·[/] {m}"))
     out_dir = args.out or Path("runs") / f"{args.command}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir}: is a file, not a directory")
-    return trace, config, out_dir
+    return trace, config, fresh_out_dir(out_dir, console)
 
 
-def prepared_requests(trace: Any, options: Any, tokenizer_dir: Path | None, console) -> list:
-    """The trace's requests with their text (prompts synthesised for length-only requests)."""
+def prepared_requests(trace: Any, options: Any, tokenizer_dir: Path | None, console, *,
+                      flag: str = "--tokenizer") -> list:
+    """The trace's requests with their text (prompts synthesised for length-only requests, with the
+    tokenizer in `tokenizer_dir`, which `flag` named: one that does not load is an `InputError`)."""
+    from tracetune.errors import InputError
     from tracetune.replay.runner import prepare
 
     synthesizer = None
@@ -306,7 +324,13 @@ def prepared_requests(trace: Any, options: Any, tokenizer_dir: Path | None, cons
         from tracetune.replay.synth import PromptSynthesizer
 
         with console.status("synthesising prompts for length-only requests…"):
-            synthesizer = PromptSynthesizer(_tokenizer(tokenizer_dir))
+            try:
+                tokenizer = _tokenizer(tokenizer_dir)
+            except Exception as exc:  # transformers raises many kinds for a folder that is not a tokenizer
+                why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise InputError(f"{flag} {tokenizer_dir}: no tokenizer loads from it ({why}); name the served "
+                                 f"model's folder") from None
+            synthesizer = PromptSynthesizer(tokenizer)
     return prepare(trace, options, synthesizer)
 
 
@@ -320,28 +344,95 @@ def engine_with_metrics(engine: Any) -> Any:
 
 
 def replay_command(args: argparse.Namespace, console) -> int:
+    """`tune replay`: every request's record is on disk as it finishes; Ctrl-C or SIGTERM stops
+    sending and keeps what finished, with a partial summary marked interrupted (exit 130 / 143)."""
+    from tracetune.cli.run_files import interruptible
+
+    run = ReplayRun()
+    with interruptible() as caught:
+        try:
+            return _replay(args, console, run)
+        except KeyboardInterrupt:
+            run.interrupted(caught, console)
+            return caught.exit_code
+        finally:
+            run.close()
+
+
+@dataclasses.dataclass
+class ReplayRun:
+    """What a replay has so far: its records (on disk as they come), and summary.json's fields."""
+
+    log: Any = None  # a `cli.run_files.RecordLog` once the results folder is known
+    payload: dict[str, Any] = dataclasses.field(default_factory=dict)  # set when sending starts
+    options: Any = None
+    slos: Sequence[Any] = ()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+    def write_summary(self, summary: Any, **more: Any) -> Path:
+        from tracetune.cli.run_files import SUMMARY_FILE
+        from tracetune.files import write_atomic
+
+        path = self.log.path.with_name(SUMMARY_FILE)
+        data = {**self.payload, **more, "summary": None if summary is None else summary.as_dict()}
+        write_atomic(path, json.dumps(data, indent=2, default=str))
+        return path
+
+    def interrupted(self, caught: Any, console) -> None:
+        """Keep what an interrupted replay measured: its records are on disk; add a partial summary."""
+        self.close()
+        if not self.payload:
+            console.print(f"\ninterrupted ({caught.name}) before any request was sent; nothing was written",
+                          highlight=False)
+            return
+        records = sorted(self.log.records, key=lambda r: r.index)
+        summary = None
+        with contextlib.suppress(Exception):  # the records matter more than a summary of them
+            summary = summarize_records(records, self.options, self.slos) if records else None
+        path = self.write_summary(summary, interrupted=True, requests_finished=len(records))
+        kept = f"the {len(records)} requests that finished are in {self.log.path}, and" if records else \
+            "no request had finished;"
+        console.print(f"\ninterrupted ({caught.name}): {kept} a partial summary marked interrupted is in {path}",
+                      highlight=False)
+
+
+def summarize_records(records: Sequence[Any], options: Any, slos: Sequence[Any]) -> Any:
+    """The summary of the records an interrupted replay kept, over the time they span."""
+    from tracetune.replay.metrics import summarize
+    from tracetune.replay.types import ReplayResult
+
+    duration = max(r.send_s + r.e2e_s for r in records)
+    return summarize(ReplayResult(records=list(records), duration_s=duration, options=options,
+                                  sent=len(records), planned=len(records)), slos)
+
+
+def _replay(args: argparse.Namespace, console, run: ReplayRun) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tracetune.errors import InputError
+    from tracetune.cli.run_files import RECORDS_FILE, RecordLog
+    from tracetune.errors import InputError, TuneError
     from tracetune.replay.metrics import parse_slos, summarize
     from tracetune.replay.runner import replay
     from tracetune.replay.types import ReplayOptions
 
-    slos = parse_slos(args.slo)
+    run.slos = slos = parse_slos(args.slo)
     if args.time_scale is not None and args.rate_scale is not None:
         raise InputError("give --time-scale or --rate-scale, not both")
-    if args.rate_scale is not None and not args.rate_scale > 0:
-        raise InputError(f"--rate-scale must be > 0, got {args.rate_scale}")
     time_scale = args.time_scale if args.time_scale is not None else 1.0 / (args.rate_scale or 1.0)
-    options = ReplayOptions(time_scale=time_scale, max_requests=args.max_requests, max_duration_s=args.max_duration,
-                            warmup_requests=args.warmup, mode=args.mode, concurrency=args.concurrency,
-                            ignore_eos=not args.no_ignore_eos, max_output_tokens=args.max_output_tokens,
-                            request_timeout_s=args.request_timeout, keep_text=args.keep_text)
+    run.options = options = ReplayOptions(
+        time_scale=time_scale, max_requests=args.max_requests, max_duration_s=args.max_duration,
+        warmup_requests=args.warmup, mode=args.mode, concurrency=args.concurrency, ignore_eos=not args.no_ignore_eos,
+        max_output_tokens=args.max_output_tokens, request_timeout_s=args.request_timeout, keep_text=args.keep_text)
     trace, config, out_dir = prepare_run(args, options, console)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    run.log = RecordLog(out_dir / RECORDS_FILE)
     with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
-        requests = prepared_requests(trace, options, tokenizer_dir, console)
+        requests = prepared_requests(trace, options, tokenizer_dir, console,
+                                     flag="--tokenizer" if args.endpoint else "--model")
         measured = max(len(requests) - options.warmup_requests, 0)
+        procs = client_procs(args, requests[options.warmup_requests:], engine_info, config)
         with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                       TimeElapsedColumn(), console=console, transient=False, refresh_per_second=4) as progress:
             task = progress.add_task("replay", total=measured, info="warming up")
@@ -349,19 +440,20 @@ def replay_command(args: argparse.Namespace, console) -> int:
             def on_progress(done: int, total: int, in_flight: int) -> None:
                 progress.update(task, completed=done, info=f"in flight {in_flight}")
 
-            procs = client_procs(args, requests[options.warmup_requests:], engine_info, config)
+            run.payload = {"trace": str(args.trace), **engine_info,
+                           "options": vars(options) | {"slo": args.slo, "client_procs": procs}}
             result = replay(engine.endpoint.base_url, engine.endpoint.model, requests, options,
                             engine=engine_with_metrics(engine), headers=engine.endpoint.headers or None,
-                            on_progress=on_progress, client_procs=procs)
-
-    summary = summarize(result, slos)
-    result.write_records(out_dir / "requests.jsonl")
-    payload = {"trace": str(args.trace), "options": vars(options) | {"slo": args.slo, "client_procs": procs},
-               **engine_info,
-               "summary": summary.as_dict()}
-    (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, default=str))
+                            on_progress=on_progress, client_procs=procs, on_record=run.log)
+    run.close()
+    try:
+        summary = summarize(result, slos)
+    except Exception as exc:  # a bug, or a value no one foresaw: the records are on disk all the same
+        raise TuneError(f"the replay's summary failed ({type(exc).__name__}: {exc}); the {len(result.records)} "
+                        f"measured requests are kept in {run.log.path}") from exc
+    path = run.write_summary(summary)
     print_summary(summary, console)
-    console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'requests.jsonl'}")
+    console.print(f"wrote {path} and {run.log.path}")
     from tracetune.replay.metrics import endpoint_warning
 
     if (warning := endpoint_warning(summary)) is not None:

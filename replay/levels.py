@@ -62,6 +62,7 @@ class LevelRunner:
     before_level: Callable[[], None] | None = None
     on_level: Callable[[Step], None] | None = None
     on_progress: Callable[[int, int, int], None] | None = None
+    on_record: Callable[[float, Any], None] | None = None  # (level, a request's record) as each finishes
     results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)  # one replay per level
     measured: list[tuple[Step, ReplayResult]] = dataclasses.field(default_factory=list)  # every replay, in order
     client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
@@ -156,7 +157,8 @@ class LevelRunner:
         t0 = time.perf_counter()
         result = replay(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
                         headers=self.headers, on_progress=self.on_progress,
-                        stop_when=certain if use_abandon else None, pool=self._pool_of(procs))
+                        stop_when=certain if use_abandon else None, pool=self._pool_of(procs),
+                        on_record=None if self.on_record is None else lambda r: self.on_record(scale, r))
         step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
                      misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
         step.client_procs = procs

@@ -24,13 +24,15 @@ class Replayer:
 
     def __init__(self, base_url: str, model: str, options: ReplayOptions, *, headers: dict[str, str] | None = None,
                  clock: Clock = time.perf_counter,
-                 on_progress: Callable[[int, int, int], None] | None = None) -> None:
+                 on_progress: Callable[[int, int, int], None] | None = None,
+                 on_record: Callable[[RequestRecord], None] | None = None) -> None:
         self.base_url = base_url
         self.model = model
         self.options = options
         self.headers = headers
         self.clock = clock
         self.on_progress = on_progress
+        self.on_record = on_record  # called with each record as its request finishes (to keep it on disk)
         self._done = 0
         self._in_flight = 0
         self.live: dict[int, InFlight] = {}  # requests in flight, by trace index
@@ -85,6 +87,8 @@ class Replayer:
             text=out.text if self.options.keep_text else None, client_error=out.client_error,
         )
         self.finished.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
         return record
 
     async def warmup(self, session, requests: Sequence[PreparedRequest]) -> int:
@@ -115,17 +119,26 @@ class Replayer:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         sender = asyncio.create_task(send_all())
-        if stop_when is None:
-            await sender
-        else:
+
+        async def stop_all() -> None:
+            sender.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(sender, *tasks, return_exceptions=True)
+
+        try:
+            if stop_when is None:
+                await sender
             while not sender.done():
                 await asyncio.wait({sender}, timeout=0.05)
                 if not sender.done() and stop_when(self.finished, list(self.live.values()), self.clock()):
                     self.abandoned = True
-                    sender.cancel()
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(sender, *tasks, return_exceptions=True)
+                    await stop_all()
+        except asyncio.CancelledError:
+            # Ctrl-C or SIGTERM: the requests in flight are cancelled too, before the session closes
+            # under them (a request cut off by that close would be recorded as a truncated stream).
+            await stop_all()
+            raise
 
     async def run(self, requests: Sequence[PreparedRequest], between: Callable[[], Any] | None = None,
                   stop_when: StopWhen | None = None) -> tuple[list[RequestRecord], float, int]:

@@ -57,23 +57,26 @@ def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> li
 def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], options: ReplayOptions, *,
            engine: Any = None, headers: dict[str, str] | None = None,
            on_progress: Callable[[int, int, int], None] | None = None,
-           stop_when: StopWhen | None = None, client_procs: int = 1, pool: Any = None) -> ReplayResult:
+           stop_when: StopWhen | None = None, client_procs: int = 1, pool: Any = None,
+           on_record: Callable[[RequestRecord], None] | None = None) -> ReplayResult:
     """Run a replay to completion, or until `stop_when` says its outcome is certain (uvloop when
     available). `engine`, if given, supplies `metrics()` snapshots taken after the warm-up and at
     the end. An open-loop replay with `client_procs` > 1 (or a `replay.workers.ClientPool`) is sent
-    by that many client processes; the warm-up is sent from this one."""
+    by that many client processes; the warm-up is sent from this one. `on_record` is called with
+    each measured request's record as it finishes (a caller keeps them on disk as they come)."""
     if pool is None and client_procs > 1 and options.mode == "open":
         from tracetune.replay.workers import ClientPool
 
         with ClientPool(client_procs) as own:
             return replay(base_url, model, requests, options, engine=engine, headers=headers,
-                          on_progress=on_progress, stop_when=stop_when, pool=own)
+                          on_progress=on_progress, stop_when=stop_when, pool=own, on_record=on_record)
     if pool is not None and options.mode == "open":
-        return _pooled(base_url, model, requests, options, engine, headers, on_progress, stop_when, pool)
-    return _single(base_url, model, requests, options, engine, headers, on_progress, stop_when)
+        return _pooled(base_url, model, requests, options, engine, headers, on_progress, stop_when, pool, on_record)
+    return _single(base_url, model, requests, options, engine, headers, on_progress, stop_when, on_record)
 
 
-def _pooled(base_url, model, requests, options, engine, headers, on_progress, stop_when, pool) -> ReplayResult:
+def _pooled(base_url, model, requests, options, engine, headers, on_progress, stop_when, pool,
+            on_record=None) -> ReplayResult:
     warm, measured = split_warmup(requests, options)
     replayer = Replayer(base_url, model, options, headers=headers)
 
@@ -86,15 +89,17 @@ def _pooled(base_url, model, requests, options, engine, headers, on_progress, st
         return failed, before
 
     warm_failed, before = loop_runner()(warm_up())
-    run = pool.run(base_url, model, measured, options, headers=headers, stop_when=stop_when, on_progress=on_progress)
+    run = pool.run(base_url, model, measured, options, headers=headers, stop_when=stop_when, on_progress=on_progress,
+                   on_record=on_record)
     delta = engine.metrics().delta(before) if engine is not None and before is not None else None
     return ReplayResult(records=run.records, duration_s=run.duration_s, options=options, engine_delta=delta,
                         warmup_errors=warm_failed, abandoned=run.abandoned, sent=run.sent, planned=len(measured),
                         connection_waits=run.connection_waits, connection_limit=connection_budget())
 
 
-def _single(base_url, model, requests, options, engine, headers, on_progress, stop_when) -> ReplayResult:
-    replayer = Replayer(base_url, model, options, headers=headers, on_progress=on_progress)
+def _single(base_url, model, requests, options, engine, headers, on_progress, stop_when,
+            on_record=None) -> ReplayResult:
+    replayer = Replayer(base_url, model, options, headers=headers, on_progress=on_progress, on_record=on_record)
     before: list[EngineMetrics] = []
 
     async def snapshot() -> None:

@@ -20,6 +20,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, Req
 RATE_PER_PROCESS = 2000.0
 REPORT_EVERY_S = 0.05
 START_MARGIN_S = 0.05  # from the parent's "go" to the shared start: every worker has its message
+STOP_DRAIN_S = 2.0  # after an interrupt: how long the workers' last reports are waited for
 
 
 def cores() -> int:
@@ -112,8 +114,11 @@ class ClientPool:
     def run(self, base_url: str, model: str, measured: Sequence[PreparedRequest], options: ReplayOptions, *,
             headers: dict[str, str] | None, stop_when: StopWhen | None = None,
             on_progress: Callable[[int, int, int], None] | None = None,
+            on_record: Callable[[RequestRecord], None] | None = None,
             clock: Callable[[], float] = time.perf_counter) -> PoolRun:
-        """Replay `measured` (warm-up already done) across the pool."""
+        """Replay `measured` (warm-up already done) across the pool; `on_record` sees each record as
+        its worker reports it. Interrupted (Ctrl-C, SIGTERM), every worker is told to stop and what
+        they finished is still handed to `on_record` before the interrupt goes on."""
         n = len(self.conns)
         t_first = measured[0].scheduled_s
         for i, conn in enumerate(self.conns):
@@ -123,31 +128,71 @@ class ClientPool:
         start = clock() + START_MARGIN_S
         for conn in self.conns:
             conn.send(("go", start))
-        finished: list[RequestRecord] = []
-        in_flight: dict[int, list[InFlight]] = {}
-        sent = [0] * n
-        waits = 0
-        pending = set(range(n))
+        run = _Collect(n, on_record)
         stopped = False
-        while pending:
-            ready = multiprocessing.connection.wait([self.conns[i] for i in pending], timeout=REPORT_EVERY_S)
-            for conn in ready:
-                i = self.conns.index(conn)
-                kind, records, live, count, conn_waits = _receive(conn, i)
-                finished += records
-                in_flight[i], sent[i] = live, count
-                if kind == "done":
-                    pending.discard(i)
-                    in_flight[i] = []
-                    waits += conn_waits
-            if on_progress:
-                on_progress(len(finished), len(measured), sum(len(v) for v in in_flight.values()))
-            if stop_when and not stopped and pending and \
-                    stop_when(finished, [x for v in in_flight.values() for x in v], clock()):
-                stopped = True
-                for i in pending:
-                    self.conns[i].send(("stop",))
-        return PoolRun(sorted(finished, key=lambda r: r.index), clock() - start, sum(sent), stopped, waits)
+        try:
+            while run.pending:
+                run.take(self.conns, REPORT_EVERY_S)
+                if on_progress:
+                    on_progress(len(run.finished), len(measured), run.live())
+                if stop_when and not stopped and run.pending and \
+                        stop_when(run.finished, run.in_flight_now(), clock()):
+                    stopped = True
+                    self._stop(run.pending)
+        except BaseException:
+            self._stop(run.pending)
+            run.drain(self.conns, deadline=time.monotonic() + STOP_DRAIN_S)
+            raise
+        return PoolRun(sorted(run.finished, key=lambda r: r.index), clock() - start, sum(run.sent), stopped, run.waits)
+
+    def _stop(self, workers: set[int]) -> None:
+        for i in workers:
+            try:
+                self.conns[i].send(("stop",))
+            except (OSError, ValueError):  # that worker is gone already
+                pass
+
+
+class _Collect:
+    """What the workers of one run reported: records finished, requests in flight and sent, per worker."""
+
+    def __init__(self, n: int, on_record: Callable[[RequestRecord], None] | None) -> None:
+        self.finished: list[RequestRecord] = []
+        self.in_flight: dict[int, list[InFlight]] = {}
+        self.sent = [0] * n
+        self.waits = 0
+        self.pending = set(range(n))
+        self.on_record = on_record
+
+    def take(self, conns: list[multiprocessing.connection.Connection], timeout_s: float) -> None:
+        """Read every report that arrives within `timeout_s`."""
+        ready = multiprocessing.connection.wait([conns[i] for i in self.pending], timeout=timeout_s)
+        for conn in ready:
+            i = conns.index(conn)
+            kind, records, live, count, conn_waits = _receive(conn, i)
+            self.finished += records
+            self.in_flight[i], self.sent[i] = live, count
+            if self.on_record is not None:
+                for record in records:
+                    self.on_record(record)
+            if kind == "done":
+                self.pending.discard(i)
+                self.in_flight[i] = []
+                self.waits += conn_waits
+
+    def drain(self, conns: list[multiprocessing.connection.Connection], deadline: float) -> None:
+        """After a stop: the workers' last reports, until each is done or `deadline` (monotonic) passes."""
+        while self.pending and time.monotonic() < deadline:
+            try:
+                self.take(conns, REPORT_EVERY_S)
+            except Exception:  # a worker died on the way out (or its pipe broke): keep what was reported
+                return
+
+    def live(self) -> int:
+        return sum(len(v) for v in self.in_flight.values())
+
+    def in_flight_now(self) -> list[InFlight]:
+        return [x for v in self.in_flight.values() for x in v]
 
 
 @dataclasses.dataclass
@@ -170,7 +215,10 @@ def _receive(conn: multiprocessing.connection.Connection, i: int) -> tuple[str, 
 
 
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
-    """A client process: run each replay it is sent, reporting progress, until told to exit."""
+    """A client process: run each replay it is sent, reporting progress, until told to exit. Ctrl-C
+    reaches the whole process group: the parent decides (it stops the workers and keeps their
+    records), so a worker ignores SIGINT rather than die with a traceback mid-report."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     run_loop = loop_runner()
     while True:
         try:
