@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tracetune.errors import InputError
-from tracetune.replay import sustain
+from tracetune.replay import segments, sustain
 from tracetune.replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value, threshold
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayResult, RequestRecord
 
@@ -105,6 +105,12 @@ class Step:
     quarters: list[float] = dataclasses.field(default_factory=list)  # attainment per quarter of the window
     in_flight_trend: list[float] | None = None  # requests in flight at the end: slope/s, 95% low, high, end value
     ttft_trend: list[float] | None = None  # median TTFT at the end (s): slope/s, 95% low, high, end value
+    # A level of a long trace replays some of its windows (`replay.segments`): each with what it stands
+    # for and its own verdict; `trace_windows`: the windows the trace was cut into. None: the whole trace.
+    parts: list[dict[str, Any]] | None = None
+    trace_windows: int = 0
+    attainment_bounds: list[float] | None = None  # the whole trace's, [low, high], from the parts replayed
+    undecided: bool = False  # the bounds still straddled the target after the most parts: the estimate decided
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "outcome": self.outcome}
@@ -126,8 +132,22 @@ class Step:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
         passes = f", {self.passes} passes of the trace" if self.passes > 1 else ""
+        if self.parts is not None:
+            passes = f", {len(self.parts)} of {self.trace_windows} windows"
         return (f"{label + ': ' if label else ''}load {self.scale:.3g}x = {self.rps:.3g} req/s · {attained} · {verdict}"
-                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s{passes}{procs}")
+                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s{passes}{procs}{self.parts_text()}")
+
+    def parts_text(self) -> str:
+        """For a level of parts: a second line, each part's window and attainment, and the whole
+        trace's attainment bounds they give."""
+        if not self.parts:
+            return ""
+        texts = [f"{p['kind']} {segments.clock(p['start_s'])}-{segments.clock(p['end_s'])} "
+                 f"({p['rate_ratio']:.2g}x rate) {p['attainment']:.0%}" for p in self.parts]
+        low, high = self.attainment_bounds or (math.nan, math.nan)
+        undecided = ", undecided: the estimate decided" if self.undecided else ""
+        return (f"\n    {len(self.parts)} of {self.trace_windows} windows: " + ", ".join(texts)
+                + f"; whole trace [{low:.0%}, {high:.0%}]{undecided}")
 
     def why(self) -> str:
         """The test that decided, in a few words."""
@@ -405,3 +425,4 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
         step.ttft_trend = held.ttft.as_list() if held.ttft else None
         step.passed, step.decided_by = not held.failed, held.failed or "held"
     return step
+

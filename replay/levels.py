@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tracetune.errors import InputError
-from tracetune.replay import sustain
+from tracetune.replay import segments, sustain
 from tracetune.replay.capacity import (
     CapacityOptions,
     CapacityResult,
@@ -25,6 +25,7 @@ from tracetune.replay.capacity import (
     offered_rates,
 )
 from tracetune.replay.capacity_search import search_capacity
+from tracetune.replay.parts import PartOutcome, judge_parts, miss_budget
 from tracetune.replay.runner import replay
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult
 
@@ -68,7 +69,18 @@ class LevelRunner:
     client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
     engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
     lifetime_s: float = 0.0  # a request's lifetime the windows are sized for (the SLO's bound, or measured)
+    # A trace longer than a few windows: each level replays the windows `replay.segments` picks (True),
+    # or the whole trace (False: costs the trace's length a level).
+    representative: bool = True
+    send: Callable[..., ReplayResult] = replay  # replays one schedule (`replay.runner.replay`'s signature)
     _pool: Any = dataclasses.field(default=None, init=False, repr=False)
+    _warmed: bool = dataclasses.field(default=False, init=False, repr=False)
+
+    def _warmup_once(self) -> list[PreparedRequest]:
+        """The warm-up requests before the first replay of this runner, none after."""
+        warmup = [] if self._warmed else list(self.warmup)
+        self._warmed = True
+        return warmup
 
     def __post_init__(self) -> None:
         bound = sustain.lifetime_bound(self.options.slos, [r.max_tokens for r in self.requests])
@@ -108,19 +120,39 @@ class LevelRunner:
                             min_requests=o.level_requests, lifetime_s=self.lifetime_s)
 
     def describe(self) -> str:
-        """The window rule this runner applies, in one sentence."""
+        """The window rule this runner applies, in a sentence or two."""
         o = self.options
-        return sustain.describe(self.requests, seconds=o.level_seconds, lifetimes=o.level_lifetimes,
-                                min_requests=o.level_requests, lifetime_s=self.lifetime_s)
+        whole = self.windows(o.start_scale) is None
+        text = sustain.describe(self.requests, seconds=o.level_seconds, lifetimes=o.level_lifetimes,
+                                min_requests=o.level_requests, lifetime_s=self.lifetime_s, looped=whole)
+        return text if whole else f"{text}; {segments.describe_rule(len(self.requests))}"
+
+    def windows(self, scale: float) -> segments.Windows | None:
+        """The trace cut into windows of level `scale`'s length (`replay.segments`), or None when the
+        level replays the whole trace: it is no longer than a few windows, or this runner replays the
+        whole trace at every level."""
+        if not self.representative:
+            return None
+        o = self.options
+        need_s = sustain.needed_seconds(self.requests, scale, seconds=o.level_seconds, lifetimes=o.level_lifetimes,
+                                        min_requests=o.level_requests, lifetime_s=self.lifetime_s)
+        return segments.cut(self.requests, need_s * scale)
 
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
-        """Measure level `scale` over its window. A passing level whose requests lived longer than the
-        window was sized for (the SLO bounds no lifetime, or the engine is slower) is measured once
-        more, over a window sized by its measured median E2E latency."""
-        window = self.window(scale)
-        step, result = self._replay_level(scale, window, repeat, abandon)
+        """Measure level `scale` over its window: the whole trace (looped where shorter), or the parts
+        `selection` picks. A passing level whose requests lived longer than the window was sized for
+        (the SLO bounds no lifetime, or the engine is slower) is measured once more, over a window
+        sized by its measured median E2E latency."""
+        windows = self.windows(scale)
+        if windows is None:
+            window = self.window(scale)
+            step, result = self._replay_level(scale, window, repeat, abandon)
+            window_s = window.seconds
+        else:
+            step, result = self._replay_parts(scale, windows, repeat, abandon)
+            window_s = windows.length_s / scale
         lifetime = median_e2e(result.records)
-        short = step.passed and self.options.level_lifetimes * lifetime > window.seconds * (1 + 1e-6)
+        short = step.passed and self.options.level_lifetimes * lifetime > window_s * (1 + 1e-6)
         if lifetime > self.lifetime_s and step.passed:
             self.lifetime_s = lifetime
         if short:
@@ -133,7 +165,7 @@ class LevelRunner:
     def _replay_level(self, scale: float, window: sustain.Window, repeat: bool,
                       abandon: bool | None) -> tuple[Step, ReplayResult]:
         requests = at_scale(sustain.looped(self.requests, window.passes), scale)
-        warmup = list(self.warmup) if not self.results else []
+        warmup = self._warmup_once()
         if self.before_level is not None:
             self.before_level()
         opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
@@ -155,7 +187,7 @@ class LevelRunner:
 
         procs = self._procs(requests, repeat)
         t0 = time.perf_counter()
-        result = replay(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
+        result = self.send(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
                         headers=self.headers, on_progress=self.on_progress,
                         stop_when=certain if use_abandon else None, pool=self._pool_of(procs),
                         on_record=None if self.on_record is None else lambda r: self.on_record(scale, r))
@@ -163,6 +195,78 @@ class LevelRunner:
                      misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
         step.client_procs = procs
         return step, result
+
+    def _replay_parts(self, scale: float, windows: segments.Windows, repeat: bool,
+                      abandon: bool | None) -> tuple[Step, ReplayResult]:
+        """Replay windows of the trace one after another (`replay.segments`: the busiest first, then
+        by load) until the whole trace's attainment bounds decide the level, and judge them as one
+        (`replay.parts.judge_parts`). Abandoned once the misses certain in a window leave the whole
+        trace's high bound short of the target."""
+        use_abandon = self.options.abandon if abandon is None else abandon
+        target = self.options.attainment
+        measured: dict[int, float] = {}
+        done: list[PartOutcome] = []
+        results: list[ReplayResult] = []
+        queue = segments.first_parts(windows)
+        undecided = None  # the windows still to learn about (None: all)
+        while len(done) < segments.MAX_PARTS:
+            part = queue.pop(0) if queue else segments.next_part(windows, measured, undecided)
+            if part is None:
+                break
+            budget = miss_budget(windows, measured, part.cell, part.requests, target) if use_abandon else None
+            outcome, result = self._replay_part(scale, part, segments.LEAD_IN * windows.length_s, repeat, budget)
+            done.append(outcome)
+            results.append(result)
+            measured[part.cell] = outcome.step.attainment
+            if outcome.step.abandoned:
+                break
+            decided, undecided = segments.decision(windows, measured, target)
+            if not queue and decided:
+                break
+        abandoned = any(d.step.abandoned for d in done)
+        step = judge_parts(scale, done, windows, self.options, base_rates=self.base_rates, abandoned=abandoned)
+        step.repeat = repeat
+        step.client_procs = max((d.step.client_procs for d in done), default=1)
+        merged = ReplayResult(records=[r for d in done for r in d.records],
+                              duration_s=sum(r.duration_s for r in results), options=results[0].options,
+                              abandoned=abandoned, sent=step.requests, planned=step.planned)
+        return step, merged
+
+    def _replay_part(self, scale: float, part: segments.Part, lead_in_s: float, repeat: bool,
+                     budget: int | None) -> tuple[PartOutcome, ReplayResult]:
+        """One window after its lead-in, abandoned when more than `budget` of its requests certainly
+        missed; its records and requests with times from the window's start."""
+        schedule, n_lead = segments.schedule(self.requests, part, lead_in_s)
+        requests = at_scale(schedule, scale)
+        start = requests[n_lead].scheduled_s if n_lead < len(requests) else 0.0
+        own = [dataclasses.replace(r, scheduled_s=r.scheduled_s - start) for r in requests[n_lead:]]
+        misses = MissCounter(self.options.slos, last_from_s=start)
+
+        def certain(finished, in_flight, now) -> bool:
+            misses(finished, in_flight, now)
+            return budget is not None and misses.last > budget
+
+        warmup = self._warmup_once()
+        if self.before_level is not None:
+            self.before_level()
+        opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
+                                   max_duration_s=None, time_scale=1.0)
+        procs = self._procs(requests, repeat)
+        t0 = time.perf_counter()
+        result = self.send(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
+                           headers=self.headers, on_progress=self.on_progress,
+                           stop_when=certain if budget is not None else None, pool=self._pool_of(procs),
+                           on_record=None if self.on_record is None else lambda r: self.on_record(scale, r))
+        duration = time.perf_counter() - t0
+        ids = {r.index for r in own}
+        records = [dataclasses.replace(r, scheduled_s=r.scheduled_s - start, send_s=r.send_s - start)
+                   for r in result.records if r.index in ids]
+        sent_lead = sum(r.index not in ids for r in result.records)
+        sent = max((result.sent or len(result.records)) - sent_lead, len(records))
+        mine = dataclasses.replace(result, records=records, sent=sent, planned=len(own))
+        step = judge(mine, scale, own, self.options, duration, repeat=repeat, misses_at_stop=misses.last)
+        step.client_procs = procs
+        return PartOutcome(part, step, records, own), result
 
     def _record(self, scale: float, step: Step, result: ReplayResult) -> None:
         if scale not in self.results or not (step.client_overloaded and not step.passed):

@@ -17,6 +17,7 @@ from tracetune.engine_adapter.http_stream import connection_budget
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.engine_adapter.openai_client import new_session
 from tracetune.errors import InputError
+from tracetune.replay.profile import input_tokens
 from tracetune.replay.replayer import Replayer, loop_runner, quiet_gc, split_warmup
 from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
@@ -35,7 +36,8 @@ def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> li
         max_tokens = r.output_length
         if options.max_output_tokens is not None:
             max_tokens = min(max_tokens, options.max_output_tokens)
-        request = PreparedRequest(index=index, id=r.id, scheduled_s=scheduled, max_tokens=max_tokens)
+        request = PreparedRequest(index=index, id=r.id, scheduled_s=scheduled, max_tokens=max_tokens,
+                                  input_tokens=input_tokens(r)[0])
         if r.messages is not None:
             request.messages = [m.model_dump() for m in r.messages]
         elif r.prompt is not None:

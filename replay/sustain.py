@@ -82,14 +82,25 @@ def lifetime_bound(slos: Sequence[SLO], output_tokens: Sequence[int]) -> float:
     return bound if math.isfinite(bound) else 0.0
 
 
+def needed_seconds(requests: Sequence[PreparedRequest], scale: float, *, seconds: float, lifetimes: float,
+                   min_requests: int, lifetime_s: float) -> float:
+    """The shortest window level `scale` may last: every minimum met at the trace's mean rate (0 when
+    every request arrives at once)."""
+    trace_period = period(requests)
+    if trace_period <= 0:
+        return 0.0
+    rate = len(requests) / trace_period * scale
+    return max(seconds, lifetimes * lifetime_s, min_requests / rate)
+
+
 def plan(requests: Sequence[PreparedRequest], scale: float, *, seconds: float, lifetimes: float,
          min_requests: int, lifetime_s: float) -> Window:
-    """The window of level `scale`: whole passes of the trace, enough for every minimum."""
+    """The window of level `scale` replaying the whole trace: whole passes of it, enough for every minimum."""
     n, trace_period = len(requests), period(requests)
     if trace_period <= 0:
         return Window(1, 0.0, n)
-    rate = n / trace_period * scale
-    need_s = max(seconds, lifetimes * lifetime_s, min_requests / rate)
+    need_s = needed_seconds(requests, scale, seconds=seconds, lifetimes=lifetimes, min_requests=min_requests,
+                            lifetime_s=lifetime_s)
     passes = max(1, math.ceil(need_s * scale / trace_period - 1e-9))
     return Window(passes, passes * trace_period / scale, passes * n)
 
@@ -217,11 +228,14 @@ def held(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], s
 
 
 def describe(requests: Sequence[PreparedRequest], *, seconds: float, lifetimes: float, min_requests: int,
-             lifetime_s: float) -> str:
-    """The window rule in one sentence, for the start of a search."""
+             lifetime_s: float, looped: bool = True) -> str:
+    """The window rule in one sentence, for the start of a search (`looped`: the trace is replayed
+    whole, end to end as often as a level needs)."""
     lifetime = (f"{lifetimes:g} request lifetimes ({lifetime_s:.3g} s within the SLO)" if lifetime_s
                 else f"{lifetimes:g} measured request lifetimes")
+    text = f"each load level lasts >= {seconds:g} s, >= {lifetime} and >= {min_requests} requests"
+    if not looped:
+        return text
     trace = f"the trace's {len(requests)} measured requests ({period(requests):.3g} s)"
-    return (f"each load level lasts >= {seconds:g} s, >= {lifetime} and >= {min_requests} requests; {trace} are "
-            f"replayed end to end as often as a level needs, each later pass's prompts starting with "
-            f"'(pass N) ' so that it hits no prefix cached by an earlier pass")
+    return (f"{text}; {trace} are replayed end to end as often as a level needs, each later pass's prompts "
+            f"starting with '(pass N) ' so that it hits no prefix cached by an earlier pass")

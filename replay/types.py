@@ -50,6 +50,7 @@ class PreparedRequest:
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     extra_body: dict[str, Any] = dataclasses.field(default_factory=dict)
+    input_tokens: float = 0.0  # the trace's input length (estimated from characters for text): picks a level's parts
 
 
 @dataclasses.dataclass
