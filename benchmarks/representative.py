@@ -81,9 +81,9 @@ def bursty(seed: int, *, minutes: float = 30, quiet_rps: float = 1.0, burst_x: f
 
 def runner(requests, model: QueueModel, *, representative: bool, precision: float = 0.05,
            confirm: bool = True) -> LevelRunner:
-    options = CapacityOptions(slos=tuple(parse_slos(SLO)), precision=precision, confirm=confirm)
-    return LevelRunner("http://simulated", "model", requests, ReplayOptions(), options,
-                       representative=representative, send=model.send)
+    options = CapacityOptions(slos=tuple(parse_slos(SLO)), precision=precision, confirm=confirm,
+                              whole_trace=not representative)
+    return LevelRunner("http://simulated", "model", requests, ReplayOptions(), options, send=model.send)
 
 
 def truth(requests, model: QueueModel) -> float:

@@ -15,7 +15,7 @@ CAPACITY_EPILOG = """\
 examples:
   tune capacity --trace examples/traffic.jsonl --slo "ttft:p99<2s,tpot:p99<200ms" --eager --json cap.json
   tune capacity --trace t.jsonl --endpoint http://127.0.0.1:8000 --slo "ttft:p99<500ms" --attainment 0.99
-  tune capacity --trace t.jsonl --slo "e2e:p90<10s" --max-num-seqs 64 --precision 0.1 --max-duration 60
+  tune capacity --trace t.jsonl --slo "e2e:p90<10s" --max-num-seqs 64 --precision 0.1 --check-whole
   tune capacity --trace t.jsonl --slo "ttft:p95<1s,tpot:p95<50ms" --level-seconds 60 --precision 0.1
 
 A request is good when it meets every threshold of --slo (errors are misses); a load level (the
@@ -24,7 +24,9 @@ every percentile target holds, and the engine held it to the end: its last third
 --attainment too, and neither the requests in flight nor TTFT are still rising. A level lasts at
 least --level-seconds, --level-lifetimes request lifetimes and --level-requests requests; a
 shorter trace is replayed end to end again (later passes' prompts tagged: no extra prefix-cache
-hits). Capacity is the highest passing k, reported with its bracket.
+hits). A trace longer than 4 windows is not replayed whole at every level: a level replays its
+busiest window and others by load until they decide whether the whole trace would pass (said per
+level; --whole-trace replays all of it). Capacity is the highest passing k, with its bracket.
 """
 
 
@@ -47,6 +49,10 @@ def add_capacity_options(parser: argparse.ArgumentParser) -> None:
                              f"live within the SLO, or its measured median E2E; default {LEVEL_LIFETIMES:g})")
     parser.add_argument("--level-requests", type=nonnegative_int, default=LEVEL_REQUESTS, metavar="N",
                         help=f"capacity: ... and at least N requests (default {LEVEL_REQUESTS})")
+    parser.add_argument("--whole-trace", action="store_true",
+                        help="capacity: replay the whole trace at every load level (a one-hour trace costs an "
+                             "hour a level) instead of the windows that decide it, the default for a trace longer "
+                             "than 4 windows (docs/capacity.md, 'A long trace')")
 
 
 def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any) -> Any:
@@ -55,7 +61,7 @@ def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any)
 
     return CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision,
                            level_seconds=args.level_seconds, level_lifetimes=args.level_lifetimes,
-                           level_requests=args.level_requests, **more)
+                           level_requests=args.level_requests, whole_trace=args.whole_trace, **more)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,9 +80,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="highest level tried (default 256)")
     cp.add_argument("--min-scale", type=positive_float, default=0.125, metavar="K",
                     help="lowest level tried (default 0.125); a config failing there has capacity 0")
-    cp.add_argument("--max-requests", type=positive_int, metavar="N", help="at most N requests of the trace per level")
-    cp.add_argument("--max-duration", type=positive_float, default=60.0, metavar="S",
-                    help="replay the first S seconds of the trace (its own time) at every level (default 60)")
+    cp.add_argument("--max-requests", type=positive_int, metavar="N",
+                    help="measure only the trace's first N requests (warned where they differ from the whole)")
+    cp.add_argument("--max-duration", type=positive_float, metavar="S",
+                    help="measure only the trace's first S seconds (its own time; warned where they differ from the "
+                         "whole). Default: the whole trace, a long one by the windows that decide it")
+    cp.add_argument("--check-whole", action="store_true",
+                    help="after the search, replay the whole trace once at the capacity found and say whether it "
+                         "held, with what it cost")
     cp.add_argument("--warmup", type=nonnegative_int, default=2, metavar="N",
                     help="requests sent once before the first level, unmeasured (default 2)")
     cp.add_argument("--no-repeat", action="store_true", help="do not confirm the highest passing level")
@@ -147,6 +158,7 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
     from tracetune.cli.replay import engine_cores, prepare_run, prepared_requests, serving_target
     from tracetune.cli.run_files import RECORDS_FILE, RecordLog
+    from tracetune.cli.workload import trace_report
     from tracetune.errors import InputError
     from tracetune.files import refuse_overwrite
     from tracetune.replay.levels import LevelRunner, settle
@@ -161,6 +173,7 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
     if args.json is not None:
         refuse_overwrite(args.json, flag="--json", protected=[args.trace])
     trace, config, out_dir = prepare_run(args, replay_options, console)
+    trace_profile = trace_report(trace, replay_options, console)
     run.log = RecordLog(out_dir / RECORDS_FILE)
     with serving_target(args, config, out_dir, console) as (engine, tokenizer_dir, engine_info):
         everything = prepared_requests(trace, replay_options, tokenizer_dir, console,
@@ -188,13 +201,28 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
                            "attainment_target": options.attainment, "precision": options.precision}
             progress_print(runner.describe())
             result = runner.search(gpus=config.gpus() if config is not None else 1)
+            check = whole_trace_check(runner, result, progress_print) if args.check_whole else None
     console.print(f"[bold]{result.headline()}[/]", highlight=False)
+    if check is not None:
+        console.print(check.line("whole-trace check"), highlight=False)
     if args.json is not None:
-        write_json(args.json, {"trace": str(args.trace), **engine_info, **result.as_dict()})
+        write_json(args.json, {"trace": str(args.trace), **engine_info, **result.as_dict(),
+                               "trace_profile": trace_profile,
+                               "whole_trace_check": None if check is None else check.as_dict()})
         console.print(f"wrote {args.json} and {run.log.path}")
     else:
         console.print(f"wrote {run.log.path}")
     return 0
+
+
+def whole_trace_check(runner: Any, result: Any, say: Any) -> Any:
+    """The whole trace replayed once at the capacity found (its Step), or None when none was found."""
+    if not result.capacity_scale:
+        say("whole-trace check: no capacity to check")
+        return None
+    runner.options = dataclasses.replace(runner.options, whole_trace=True)
+    say(f"whole-trace check: the whole trace at {result.capacity_scale:.3g}x ...")
+    return runner.level(result.capacity_scale, abandon=False)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ examples:
   tune engine check --eager --speculative ngram --num-speculative-tokens 4 --repeat 3
   tune engine check --model ~/models/my-llama --max-num-seqs 64 --prefix-caching
   tune engine command --kv-cache-dtype fp8 # print the vLLM command a config runs, start nothing
+  tune trace profile examples/traffic.jsonl   # rates, bursts, lengths, prefix reuse, rate over time
   tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl m.jsonl --limit 60 --length-scale 0.1
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching --slo "ttft:p99<2s"
   tune capacity --trace examples/traffic.jsonl --eager --slo "ttft:p99<2s,tpot:p99<200ms" --json cap.json
@@ -152,6 +153,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, console, *, 
     if args.command == "trace" and args.trace_command == "convert":
         from tracetune.cli.replay import convert_command
         return convert_command(args, console)
+    if args.command == "trace" and args.trace_command == "profile":
+        from tracetune.cli.workload import profile_command
+        return profile_command(args, console)
     if args.command == "dashboard":
         from tracetune.cli.dashboard import dashboard_command
         return dashboard_command(args, console)

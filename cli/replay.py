@@ -90,6 +90,7 @@ def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from tracetune.cli.engine_options import add_engine_options
     from tracetune.cli.options import add_slo_option, add_trace_option, nonnegative_int, positive_float, positive_int
+    from tracetune.cli.workload import add_profile_parser
 
     rp = sub.add_parser("replay", help="replay a trace against an engine and measure latency/throughput/goodput",
                         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,6 +122,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     tp = sub.add_parser("trace", help="trace utilities")
     tsub = tp.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    add_profile_parser(tsub)
     cv = tsub.add_parser("convert", help="convert a public trace to the native format",
                          epilog=CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     cv.add_argument("--from", dest="fmt", required=True, choices=["mooncake", "azure", "burstgpt", "sharegpt"])

@@ -254,6 +254,9 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     enqueue = _tries(args)
     objectives = parse_objectives(args.objectives, has_slo=bool(slos))
     trace = load_trace(args.trace)
+    from tracetune.cli.workload import trace_report
+
+    trace_profile = trace_report(trace, _replay_options(args), console)
     engine = engine_kind(args.engine_type)
     space = load_space(args.space or DEFAULT_SPACE, engine)
     study_name = args.study or _default_study_name(args.trace)
@@ -277,6 +280,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
                             urls=[storage], extra=[api_key] if api_key else [])
     settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
                          enqueue=enqueue, secrets=secrets, api_key=api_key, trace_sha256=sha256_file(args.trace))
+    settings.trace_profile = trace_profile
     request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
                           run_dir=run_dir, base=base, storage_shown=display_url(storage), engine=engine)
     request.space = _runnable_space(request, console)
@@ -292,14 +296,19 @@ def _storage_url(given: str | None, run_dir: Path) -> str:
     return given if "://" in given else f"sqlite:///{Path(given).resolve()}"
 
 
+def _replay_options(args: argparse.Namespace) -> Any:
+    """What the main job replays of the trace (--time-scale, --max-requests, --max-duration, --warmup)."""
+    from tracetune.replay.types import ReplayOptions
+
+    return ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests, max_duration_s=args.max_duration,
+                         warmup_requests=args.warmup, request_timeout_s=args.request_timeout)
+
+
 def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list,
               gate: Any, enqueue: list, secrets: list[str], api_key: str | None, trace_sha256: str) -> Any:
-    from tracetune.replay.types import ReplayOptions
     from tracetune.tuner.study import StudySettings
 
-    replay_options = ReplayOptions(time_scale=args.time_scale, max_requests=args.max_requests,
-                                   max_duration_s=args.max_duration, warmup_requests=args.warmup,
-                                   request_timeout_s=args.request_timeout)
+    replay_options = _replay_options(args)
     capacity_options = None
     if "capacity" in objectives:
         from tracetune.cli.capacity import capacity_options as options_of

@@ -55,6 +55,9 @@ class CapacityOptions:
     level_seconds: float = LEVEL_SECONDS
     level_lifetimes: float = LEVEL_LIFETIMES
     level_requests: int = LEVEL_REQUESTS
+    # A trace longer than a few windows: a level replays the windows that decide it (`replay.segments`),
+    # or, with whole_trace, the whole trace (costs the trace's length a level).
+    whole_trace: bool = False
 
     def __post_init__(self) -> None:
         if not self.slos:

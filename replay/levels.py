@@ -69,9 +69,6 @@ class LevelRunner:
     client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
     engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
     lifetime_s: float = 0.0  # a request's lifetime the windows are sized for (the SLO's bound, or measured)
-    # A trace longer than a few windows: each level replays the windows `replay.segments` picks (True),
-    # or the whole trace (False: costs the trace's length a level).
-    representative: bool = True
     send: Callable[..., ReplayResult] = replay  # replays one schedule (`replay.runner.replay`'s signature)
     _pool: Any = dataclasses.field(default=None, init=False, repr=False)
     _warmed: bool = dataclasses.field(default=False, init=False, repr=False)
@@ -131,7 +128,7 @@ class LevelRunner:
         """The trace cut into windows of level `scale`'s length (`replay.segments`), or None when the
         level replays the whole trace: it is no longer than a few windows, or this runner replays the
         whole trace at every level."""
-        if not self.representative:
+        if self.options.whole_trace:
             return None
         o = self.options
         need_s = sustain.needed_seconds(self.requests, scale, seconds=o.level_seconds, lifetimes=o.level_lifetimes,

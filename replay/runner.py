@@ -23,16 +23,24 @@ from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
 
 
-def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> list[PreparedRequest]:
-    """Apply the options' caps and scaling, and give every request its text."""
-    out: list[PreparedRequest] = []
-    records: Sequence[TraceRecord] = trace.records
-    for index, r in enumerate(records):
-        scheduled = r.timestamp * options.time_scale
-        if options.max_duration_s is not None and scheduled > options.max_duration_s:
+def kept(records: Sequence[TraceRecord], options: ReplayOptions) -> list[TraceRecord]:
+    """The trace's first records that the options' --max-duration (in replay seconds) and
+    --max-requests (warm-up requests not counted) keep: all of them when neither is set."""
+    out: list[TraceRecord] = []
+    for r in records:
+        if options.max_duration_s is not None and r.timestamp * options.time_scale > options.max_duration_s:
             break
         if options.max_requests is not None and len(out) >= options.max_requests + options.warmup_requests:
             break
+        out.append(r)
+    return out
+
+
+def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> list[PreparedRequest]:
+    """Apply the options' caps and scaling, and give every request its text."""
+    out: list[PreparedRequest] = []
+    for index, r in enumerate(kept(trace.records, options)):
+        scheduled = r.timestamp * options.time_scale
         max_tokens = r.output_length
         if options.max_output_tokens is not None:
             max_tokens = min(max_tokens, options.max_output_tokens)

@@ -45,6 +45,7 @@ class StudySettings:
     secrets: list[str] = dataclasses.field(default_factory=list, repr=False)  # never stored
     api_key: str | None = dataclasses.field(default=None, repr=False)  # sent to our own engines
     trace_sha256: str | None = None  # the trace file's content hash: one of the study's rules (`study_rules`)
+    trace_profile: dict[str, Any] | None = None  # `replay.profile.Profile.as_dict()`, kept with the study
 
     @property
     def grace_s(self) -> int:

@@ -321,7 +321,7 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         study, storage = self._open_study()
         check_same_choices(study, self.space, self.s.study_name)
-        for key, value in self.s.economics.items():
+        for key, value in {**self.s.economics, "trace_profile": self.s.trace_profile}.items():
             study.set_user_attr(key, value)
         # Configurations the user asked to try first (e.g. today's production config); ones the
         # study already has are skipped, so a resumed or second worker does not add them again.

@@ -46,9 +46,8 @@ def quiet_then_burst(seed: int = 3) -> list[PreparedRequest]:
 
 
 def runner(requests, *, representative: bool = True, precision: float = 0.05, confirm: bool = True) -> LevelRunner:
-    options = CapacityOptions(slos=SLOS, precision=precision, confirm=confirm)
-    return LevelRunner("http://simulated", "m", requests, ReplayOptions(), options, representative=representative,
-                       send=QueueModel().send)
+    options = CapacityOptions(slos=SLOS, precision=precision, confirm=confirm, whole_trace=not representative)
+    return LevelRunner("http://simulated", "m", requests, ReplayOptions(), options, send=QueueModel().send)
 
 
 # -- the windows ------------------------------------------------------------------------------------
