@@ -17,6 +17,7 @@ from tracetune.dashboard import (
     records,
     storage,
     tables,
+    trace,
 )
 from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
 from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
@@ -110,6 +111,22 @@ def _capacity_chart(study: data.StudyView, trials: list[data.TrialView], key: st
     curves = charts.capacity_curves(study, trials)
     title = "attainment versus load: " + " vs ".join(label for label, _ in curves)
     st.plotly_chart(charts.attainment_figure(curves, title), key=key)
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def _trace_profile(url: str, name: str) -> dict | None:
+    return trace.stored_profile(url, name)
+
+
+def _trace_chart(study: data.StudyView, t: data.TrialView) -> None:
+    """The trace's rate over time and the windows this trial's load levels replayed."""
+    profile = _trace_profile(study.storage, study.name)
+    if profile is None:
+        return
+    parts = trace.parts_replayed(t.summary)
+    st.plotly_chart(trace.rate_figure(profile, parts, "the trace over time, and what the load levels replayed"),
+                    key="detail_trace")
+    st.caption(trace.caption(profile, parts))
 
 
 # -- pages ---------------------------------------------------------------------------------------
@@ -310,6 +327,7 @@ def page_detail(study: data.StudyView) -> None:
             col.plotly_chart(charts.cdf_figure(overlay, metric), key=f"detail_cdf_{metric}")
         st.plotly_chart(charts.timeline_figure(t), key="detail_timeline")
         _capacity_chart(study, [t], key="detail_capacity")
+        _trace_chart(study, t)
         left, right = st.columns(2)
         with left:
             _engine_counters(t)
