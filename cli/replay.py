@@ -162,22 +162,20 @@ def _context_length(model_dir: Path) -> int:
 
 def convert_command(args: argparse.Namespace, console) -> int:
     from tracetune.engine_adapter.models import resolve_model
-    from tracetune.errors import InputError
+    from tracetune.files import refuse_overwrite
     from tracetune.replay.importers import convert, read_requests
     from tracetune.replay.trace import write_trace
 
-    if args.output.is_dir():
-        raise InputError(f"{args.output}: is a directory; name the output trace file")
-    if args.output.exists() and args.input.exists() and args.output.samefile(args.input):
-        raise InputError(f"{args.output}: is the input file; write the converted trace to another file")
-    # The input is read and validated before the model and its tokenizer load: bad input fails fast.
+    # The output is checked (not the input, a database, a link, a folder or a device) and the input
+    # read and validated before the model and its tokenizer load: bad input fails fast.
+    refuse_overwrite(args.output, flag="OUTPUT", protected=[args.input])
     # (Reading does not use the input-token limit, which needs the model's context length.)
     read = read_requests(args.fmt, args.input, _options(args, args.max_input_tokens or 2**62))
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
     options = _options(args, args.max_input_tokens or _context_length(model_dir) - (args.max_output_tokens or 1024))
     with console.status(f"converting {args.input} ({args.fmt})…"):
         records, report = convert(args.fmt, args.input, _tokenizer(model_dir), options, read=read)
-        write_trace(records, args.output)
+        write_trace(records, args.output, protected=[args.input])
     for line in report.lines():
         console.print(line, highlight=False)
     console.print(f"wrote {args.output}")

@@ -1,8 +1,8 @@
 """Outputs never clobber inputs, and appear whole (issue 36, item 1), through the real CLI entry point:
 `tune export -o` onto the study's own database, another database or a link is refused (exit 2, one
 line) and the target is byte-identical; a failed write leaves the earlier file and no temporary file;
-`tune trace convert` refuses a link or a device as its output and names the file, line and field of
-an over-range token count, before any model loads."""
+`tune trace convert` refuses its input, a link, a folder or a device as its output and names the
+file, line and field of an over-range token count, both before any model loads."""
 
 from __future__ import annotations
 
@@ -174,6 +174,25 @@ def test_trace_convert_onto_a_link_is_refused_and_its_target_unchanged(tmp_path,
     code, _, err = tune(capsys, "trace", "convert", "--from", "sharegpt", source, tmp_path / "new.jsonl")
     assert code == 0, err
     assert load_trace(tmp_path / "new.jsonl").records[0].output_length == 3
+
+
+def test_trace_convert_refuses_its_output_before_a_model_loads(tmp_path, capsys, monkeypatch):
+    import tracetune.engine_adapter.models as models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded for an output that is refused")
+
+    monkeypatch.setattr(models, "resolve_model", no_model)
+    source = sharegpt(tmp_path / "chats.json")
+    before = digest(source)
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(tmp_path / "elsewhere.jsonl")
+    (tmp_path / "folder").mkdir()
+    for output, says in [(link, "symbolic link"), ("/dev/null", "not a regular file"),
+                         (tmp_path / "folder", "is a folder"), (source, "the file this command reads")]:
+        err = refused(capsys, ["trace", "convert", "--from", "sharegpt", source, output], says=says)
+        assert f"OUTPUT {output}:" in err, err
+    assert digest(source) == before and not (tmp_path / "elsewhere.jsonl").exists()
 
 
 @pytest.mark.parametrize("fmt, text, line, field", [
