@@ -212,7 +212,22 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
         console.print(f"wrote {args.json} and {run.log.path}")
     else:
         console.print(f"wrote {run.log.path}")
-    return 0
+    return _endpoint_checked(args, run, replay_options, console)
+
+
+def _endpoint_checked(args: argparse.Namespace, run: CapacityRun, replay_options: Any, console) -> int:
+    """1, saying so as `tune replay` does, when most answers of --endpoint were not OpenAI streams."""
+    from tracetune.replay.metrics import endpoint_warning, summarize
+    from tracetune.replay.types import ReplayResult
+
+    if not args.endpoint:
+        return 0
+    seconds = sum(step.duration_s for step, _ in run.runner.measured)
+    warning = endpoint_warning(summarize(ReplayResult(run.log.records, seconds, replay_options)))
+    if warning is None:
+        return 0
+    console.print(f"error: {warning}", style="bold red", markup=False, highlight=False)
+    return 1
 
 
 def whole_trace_check(runner: Any, result: Any, say: Any) -> Any:

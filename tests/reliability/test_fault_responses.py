@@ -118,3 +118,24 @@ def test_the_real_command_says_so_without_a_traceback(tmp_path):
     assert "Traceback" not in done.stderr and "Exception in callback" not in done.stderr, done.stderr
     assert f"the endpoint is not what it seems: {N} of {N} responses were not OpenAI streams" in done.stdout
     assert (tmp_path / "out" / "requests.jsonl").read_text().count('"success": false') == N
+
+
+@pytest.mark.parametrize("mode", ["html", "ok"])
+def test_capacity_says_when_the_endpoint_is_not_what_it_seems(mode, tmp_path, capfd, caplog):
+    """`tune capacity --endpoint` says what `tune replay` says (exit 1), after keeping what it measured."""
+    with FaultServer(mode) as server, caplog.at_level(logging.WARNING):
+        code = main(["capacity", "--trace", str(trace(tmp_path / "t.jsonl")), "--endpoint", server.base_url,
+                     "--warmup", "0", "--client-procs", "1", "--slo", "ttft:p99<10s", "--level-seconds", "0",
+                     "--level-lifetimes", "0", "--level-requests", "0", "--no-repeat",
+                     "--out", str(tmp_path / "out"), "--json", str(tmp_path / "cap.json")])
+    out = " ".join("".join(capfd.readouterr()).split())
+    assert "Traceback" not in out
+    steps = json.loads((tmp_path / "cap.json").read_text())["steps"]
+    records = (tmp_path / "out" / "requests.jsonl").read_text().splitlines()
+    assert len(records) == sum(step["requests"] for step in steps) > 0
+    if mode == "ok":
+        assert code == 0 and "not what it seems" not in out, out
+        return
+    assert code == 1 and all(not step["passed"] for step in steps), out
+    assert (f"error: the endpoint is not what it seems: {len(records)} of {len(records)} responses were not "
+            f"OpenAI streams (first reason: {FAULTS['html']}") in out, out
