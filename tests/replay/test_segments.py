@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace as dataclass_replace
 
 import numpy as np
 import pytest
@@ -162,3 +163,58 @@ def test_far_from_the_capacity_a_level_is_decided_by_few_windows():
     assert step.passed and len(step.parts) <= 2 and not step.undecided
     assert math.isclose(step.attainment_bounds[0], 1.0)
     assert r.windows(0.05).n > 10 * len(step.parts)
+
+
+# -- the real command, against the same model served over HTTP ------------------------------------------
+@pytest.fixture
+def queue_server(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import wait_for_http
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, str(root / "benchmarks" / "queue_server.py"), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow  # load levels in real time (about a minute)
+def test_tune_capacity_replays_windows_of_a_long_trace_and_says_which(queue_server, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    reqs = quiet_then_burst(seed=5)[:900]  # 10 minutes: a burst at 5 and 9 minutes
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": r.scheduled_s, "prompt": "x", "output_length": r.max_tokens})
+                            + "\n" for r in reqs))
+    flags = ["--slo", "ttft:p95<500ms", "--level-seconds", "6", "--level-requests", "20", "--level-lifetimes", "2",
+             "--precision", "0.25", "--warmup", "0"]
+    out = subprocess.run([sys.executable, "-m", "tracetune", "capacity", "--trace", str(path), "--endpoint",
+                          queue_server, *flags, "--json", str(tmp_path / "cap.json"), "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    assert "trace: 900 requests" in text and "windows: busiest" in text and "Traceback" not in out.stderr
+    result = json.loads((tmp_path / "cap.json").read_text())
+    assert result["trace_profile"]["requests"] == 900
+    with_parts = [s for s in result["steps"] if s["parts"]]
+    assert with_parts and all(s["parts"][0]["kind"] == "busiest" for s in with_parts)
+    assert all(sum(p["planned"] for p in s["parts"]) < 900 / 2 for s in with_parts)
+    # The same search on the simulated server (same windows) finds the same capacity within its bracket's slack.
+    options = CapacityOptions(slos=SLOS, precision=0.25, level_seconds=6, level_requests=20, level_lifetimes=2)
+    truth = LevelRunner("sim", "m", reqs, ReplayOptions(), dataclass_replace(options, whole_trace=True, confirm=False,
+                                                                            precision=0.01),
+                        send=QueueModel().send).search().capacity_scale
+    assert result["capacity_scale"] == pytest.approx(truth, rel=0.3)
