@@ -57,9 +57,9 @@ def make_tuner(request: TuneRequest, console) -> tuple[Any, Any]:
     return tuner, progress
 
 
-def check_storage(url: str, run_dir: Path) -> set[str]:
+def check_storage(url: str, run_dir: Path, *, flag: str = "--storage") -> set[str]:
     """The tables at the main job's storage (none for a SQLite file not made yet), or an InputError
-    naming --storage and what to do: a SQLite file in a folder that does not exist (other than
+    naming `flag` and what to do: a SQLite file in a folder that does not exist (other than
     `run_dir`, which the job makes), a file that is not a database, a URL SQLAlchemy cannot read, a
     server that does not answer. Read-only; checked before anything is created."""
     from tracetune.dashboard.storage import database_tables, sqlite_path
@@ -70,15 +70,32 @@ def check_storage(url: str, run_dir: Path) -> set[str]:
     path = sqlite_path(url)
     if path is not None and not path.exists():
         if not path.parent.is_dir() and path.parent.resolve() != run_dir.resolve():
-            raise InputError(f"--storage {display_url(url)}: the folder {str(path.parent)!r} does not exist; "
+            raise InputError(f"{flag} {display_url(url)}: the folder {str(path.parent)!r} does not exist; "
                              f"create it first (mkdir -p {path.parent}) or name a file in an existing folder")
         return set()
     if path is not None and path.is_file() and path.stat().st_size == 0:
         return set()  # SQLite takes an empty file as a new database
     if path is not None and not is_database(path):
-        raise InputError(f"--storage {display_url(url)}: {str(path)!r} is not a SQLite database; name a new file "
+        raise InputError(f"{flag} {display_url(url)}: {str(path)!r} is not a SQLite database; name a new file "
                          f"or the study.db of an earlier run")
-    return database_tables(url)
+    return database_tables(url, flag=flag)
+
+
+def check_warm_start(url: str, name: str, run_dir: Path, *, flag: str) -> None:
+    """--warm-start `name` at `url` (named by `flag`: --warm-start-storage, else --storage): the
+    storage checked as `check_storage` checks it and the study found there, read-only, before
+    anything is created; an InputError naming the flag and what is there otherwise."""
+    from tracetune.dashboard.storage import STUDY_TABLES, study_names
+    from tracetune.errors import InputError
+    from tracetune.tuner.secrets import display_url
+
+    tables = check_storage(url, run_dir, flag=flag)
+    if stored_study_attrs(url, name, tables) is not None:
+        return
+    names = study_names(url) if STUDY_TABLES <= tables else []
+    there = f"studies there: {', '.join(names)}" if names else "it holds no study"
+    raise InputError(f"--warm-start {name}: no such study at {flag} {display_url(url)} ({there}); name one of "
+                     f"them, or give --warm-start-storage URL of the database that holds it")
 
 
 def stored_study_attrs(url: str, name: str, tables: set[str]) -> dict[str, Any] | None:

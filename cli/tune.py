@@ -238,7 +238,7 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     import os
 
     from tracetune.cli.engine_options import engine_config_from_args
-    from tracetune.cli.job import check_resume, check_storage, stored_study_attrs
+    from tracetune.cli.job import check_resume, check_storage, check_warm_start, stored_study_attrs
     from tracetune.engine_adapter.models import resolve_model, sha256_file
     from tracetune.engine_adapter.platform import detect_platform
     from tracetune.engine_adapter.registry import engine_kind
@@ -263,6 +263,9 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     run_dir = args.run_dir or Path("runs") / study_name
     storage = _storage_url(args.storage, run_dir)
     tables = check_storage(storage, run_dir)  # before the run folder is made or a model prepared
+    if args.warm_start:  # the earlier study, read-only, as early
+        check_warm_start(_warm_start_url(args, storage), args.warm_start, run_dir,
+                         flag="--warm-start-storage" if args.warm_start_storage else "--storage")
     platform = detect_platform()
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
     # --draft-model (repeatable) joins the space's draft models; the base takes no draft of its own
@@ -296,6 +299,11 @@ def _storage_url(given: str | None, run_dir: Path) -> str:
     return given if "://" in given else f"sqlite:///{Path(given).resolve()}"
 
 
+def _warm_start_url(args: argparse.Namespace, storage: str) -> str:
+    """--warm-start-storage as a SQLAlchemy URL (a plain path is a SQLite file); none given, `storage`."""
+    return storage if args.warm_start_storage is None else _storage_url(args.warm_start_storage, Path())
+
+
 def _replay_options(args: argparse.Namespace) -> Any:
     """What the main job replays of the trace (--time-scale, --max-requests, --max-duration, --warmup)."""
     from tracetune.replay.types import ReplayOptions
@@ -320,7 +328,7 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
                          slos=slos, max_quality_loss=gate, sampler=args.sampler, seed=args.seed, replay=replay_options,
                          capacity=capacity_options, economics=economics, probe_prompts=args.probe_prompts,
                          patience=args.patience, presets=args.presets, prune=args.prune,
-                         warm_start=(args.warm_start_storage or storage, args.warm_start) if args.warm_start else None,
+                         warm_start=(_warm_start_url(args, storage), args.warm_start) if args.warm_start else None,
                          probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
                          api_key=api_key, client_procs=args.client_procs, trace_sha256=trace_sha256)

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from tracetune.errors import InputError
+from tracetune.files import is_database
+from tracetune.tuner.read_only import optuna_storage, read_only_engine, sqlite_path
 from tracetune.tuner.secrets import display_url
-from tracetune.tuner.storage import normalize_url
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -19,9 +20,6 @@ def default_storage(root: Path | None = None) -> str | None:
     root = Path.cwd() if root is None else root
     dbs = sorted((root / "runs").glob("*/study.db"), key=lambda p: p.stat().st_mtime, reverse=True)
     return f"sqlite:///{dbs[0].resolve()}" if dbs else None
-
-
-_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def storage_url(given: str | None) -> str:
@@ -54,7 +52,7 @@ def check_storage(url: str) -> None:
             raise InputError(f"--storage {url}: {str(path)!r} is empty, not a study database (the dashboard and "
                              f"exports only read: they never create one); give the study.db a `tune --trace` run "
                              f"wrote (runs/STUDY/study.db)")
-        if not _is_sqlite(path):
+        if not is_database(path):
             raise InputError(f"--storage {url}: {str(path)!r} is not a SQLite database; give the study.db a "
                              f"`tune --trace` run wrote (runs/STUDY/study.db)")
     tables = database_tables(url)
@@ -71,25 +69,10 @@ def check_storage(url: str) -> None:
 STUDY_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
 
 
-def sqlite_path(url: str) -> Path | None:
-    """The file of a SQLite URL (None for another database or an in-memory one)."""
-    if not url.startswith("sqlite:///"):
-        return None
-    from sqlalchemy.engine import make_url
-
-    path = make_url(url).database  # as SQLAlchemy reads it (the writer did too)
-    return Path(path) if path and path != ":memory:" and not path.startswith("file:") else None
-
-
-def _is_sqlite(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
-
-
-def database_tables(url: str) -> set[str]:
+def database_tables(url: str, *, flag: str = "--storage") -> set[str]:
     """The tables of the database at `url`, read through one read-only connection, so a bad URL or a
-    server that does not answer is one clear error here, not a traceback from deep inside a query
-    (also the main job's check of its --storage, before it creates anything)."""
+    server that does not answer is one clear error here (naming `flag`), not a traceback from deep
+    inside a query (also the main job's check of its storages, before it creates anything)."""
     import sqlalchemy
     from sqlalchemy import exc
 
@@ -97,69 +80,17 @@ def database_tables(url: str) -> set[str]:
     try:
         engine = read_only_engine(url)
     except (exc.ArgumentError, exc.NoSuchModuleError, ValueError):
-        raise InputError(f"--storage {shown}: not a database URL SQLAlchemy can read; write sqlite:///PATH, a "
+        raise InputError(f"{flag} {shown}: not a database URL SQLAlchemy can read; write sqlite:///PATH, a "
                          f"path to a study.db, or postgresql://USER@HOST/DB") from None
     try:
         with engine.connect() as conn:
             return set(sqlalchemy.inspect(conn).get_table_names())
     except exc.DBAPIError as error:
         reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
-        raise InputError(f"--storage {shown}: cannot open the database: {display_url(reason)}; check that it "
+        raise InputError(f"{flag} {shown}: cannot open the database: {display_url(reason)}; check that it "
                          f"runs and the URL (host, port, user, database name) is right") from None
     finally:
         engine.dispose()
-
-
-def read_only_engine(url: str) -> Any:
-    """A SQLAlchemy engine that cannot write the database at `url`."""
-    import sqlalchemy
-
-    url = normalize_url(url)
-    return sqlalchemy.create_engine(url, **_engine_kwargs(url))
-
-
-def _connect_read_only(path: str) -> Any:
-    """A SQLite connection that cannot write `path` (nor create it): `mode=ro` on a `file:` URI."""
-    import sqlite3
-    from urllib.parse import quote
-
-    return sqlite3.connect(f"file:{quote(str(Path(path).resolve()))}?mode=ro", uri=True, timeout=30,
-                           check_same_thread=False)
-
-
-def _engine_kwargs(url: str) -> dict[str, Any]:
-    """Read-only connections: a SQLite file opened `mode=ro` (waiting for a writer's lock up to
-    30 s), PostgreSQL sessions whose transactions are read-only; a server that does not answer
-    fails within 10 s."""
-    import functools
-
-    path = sqlite_path(url)
-    if path is not None:
-        # A module-level function (not a lambda), so the storage still pickles.
-        return {"creator": functools.partial(_connect_read_only, str(path))}
-    if url.startswith("sqlite"):
-        return {"connect_args": {"timeout": 30}}
-    if url.startswith("postgresql"):
-        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10,
-                                                        "options": "-c default_transaction_read_only=on"}}
-    return {"pool_pre_ping": True}
-
-
-def optuna_storage(url: str):
-    """A plain RDBStorage on a read-only connection (no heartbeat: the dashboard never touches a
-    trial's state), on a database `check_storage` found a study's tables in: Optuna creates neither
-    tables nor version rows there."""
-    import optuna
-    from sqlalchemy import exc
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    url = normalize_url(url)
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), skip_table_creation=True)
-    except (exc.SQLAlchemyError, RuntimeError) as error:
-        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
-        raise InputError(f"--storage {display_url(url)}: cannot read this study database read-only: "
-                         f"{display_url(reason)}") from None
 
 
 def study_names(url: str) -> list[str]:

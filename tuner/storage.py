@@ -321,9 +321,19 @@ class ResultStore:
                 summary_json=self.redact(_dump(summary)), created_at=utc_now()))
 
     def reference(self, study_name: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(references).where(references.c.study_name == study_name)).mappings().first()
-        if row is None:
-            return None
-        return {"config": json.loads(row["config_json"]), "probe": json.loads(row["probe_json"]),
-                "summary": json.loads(row["summary_json"]) if row["summary_json"] else None}
+        return read_reference(self.engine, study_name)
+
+
+def read_reference(engine: Any, study_name: str) -> dict[str, Any] | None:
+    """The reference run of `study_name` (config, probe, summary) read with a plain SELECT (on a
+    read-only engine too); None when there is none, or no table for it yet."""
+    from sqlalchemy import inspect
+
+    if references.name not in inspect(engine).get_table_names():
+        return None
+    with engine.connect() as conn:
+        row = conn.execute(select(references).where(references.c.study_name == study_name)).mappings().first()
+    if row is None:
+        return None
+    return {"config": json.loads(row["config_json"]), "probe": json.loads(row["probe_json"]),
+            "summary": json.loads(row["summary_json"]) if row["summary_json"] else None}

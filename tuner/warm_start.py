@@ -12,23 +12,30 @@ from tracetune.errors import InputError
 
 def earlier_configs(url: str, name: str, *, space: Any, platform: str, model: str) -> list[dict[str, Any]]:
     """The earlier study's measured, feasible configurations as values of `space`: its front first,
-    then the rest by its deciding objective. Values `space` does not offer are left to the sampler."""
+    then the rest by its deciding objective. Values `space` does not offer are left to the sampler.
+    The earlier study is read only (perhaps another user's database): nothing is written there."""
     import optuna
 
     from tracetune.tuner.front import deciding_objective, measured_trials, pareto_trials
-    from tracetune.tuner.storage import ResultStore, normalize_url
+    from tracetune.tuner.read_only import optuna_storage
+    from tracetune.tuner.secrets import display_url
+    from tracetune.tuner.storage import read_reference
 
+    storage = optuna_storage(url, flag="--warm-start-storage")
     try:
-        source = optuna.load_study(study_name=name, storage=normalize_url(url))
-    except KeyError:
-        raise InputError(f"--warm-start: no study {name!r} in {url}") from None
-    _check_same_setting(source, ResultStore(url).reference(name), name, platform=platform, model=model)
-    front = pareto_trials(source)
-    directions = [d.name.lower() for d in source.directions]
-    i = deciding_objective(list(source.user_attrs.get("objectives") or []), directions)
+        try:
+            source = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            raise InputError(f"--warm-start: no study {name!r} in {display_url(url)}") from None
+        _check_same_setting(source, read_reference(storage.engine, name), name, platform=platform, model=model)
+        front, trials = pareto_trials(source), measured_trials(source)
+        directions = [d.name.lower() for d in source.directions]
+        i = deciding_objective(list(source.user_attrs.get("objectives") or []), directions)
+    finally:
+        storage.engine.dispose()
     sign = -1.0 if directions[i] == "maximize" else 1.0
     on_front = {t.number for t in front}
-    rest = sorted((t for t in measured_trials(source) if t.number not in on_front),
+    rest = sorted((t for t in trials if t.number not in on_front),
                   key=lambda t: sign * t.values[i] if not math.isnan(t.values[i]) else math.inf)
     out: list[dict[str, Any]] = []
     for t in [*front, *rest]:

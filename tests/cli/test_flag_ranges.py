@@ -149,3 +149,22 @@ def test_a_new_sqlite_file_in_an_existing_folder_or_the_run_folder_is_fine(folde
     assert check_storage(f"sqlite:///{folder / 'new.db'}", folder / "run") == set()
     assert check_storage(f"sqlite:///{folder / 'run' / 'study.db'}", folder / "run") == set()  # made by the job
     assert not (folder / "new.db").exists() and not (folder / "run").exists()
+
+
+@pytest.mark.parametrize(("storage", "says"), [
+    ("postgresql://u@127.0.0.1:1/db", "--warm-start-storage postgresql://u@127.0.0.1:1/db: cannot open the database: "),
+    ("foo://x", "--warm-start-storage foo://x: not a database URL SQLAlchemy can read"),
+    ("missing/study.db", "--warm-start-storage sqlite:///{folder}/missing/study.db: the folder '{folder}/missing' "
+                         "does not exist"),
+    ("traffic.jsonl", "'{folder}/traffic.jsonl' is not a SQLite database"),
+    ("old.db", "--warm-start old: no such study at --warm-start-storage sqlite:///{folder}/old.db (it holds no "
+               "study); name one of them, or give --warm-start-storage URL"),
+])
+def test_a_bad_warm_start_storage_is_refused_before_anything_is_made(storage, says, folder, capsys):
+    message = refused(["--warm-start", "old", "--warm-start-storage", storage], folder, capsys)
+    assert says.format(folder=folder.resolve()) in message, message
+
+
+def test_a_warm_start_study_missing_from_this_storage_is_refused(folder, capsys):
+    message = refused(["--warm-start", "old", "--storage", "here.db"], folder, capsys)
+    assert f"--warm-start old: no such study at --storage sqlite:///{folder.resolve()}/here.db" in message, message

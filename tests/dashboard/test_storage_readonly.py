@@ -18,6 +18,7 @@ from tests.reliability.pg import postgres_url  # noqa: F401 - fixture
 from tracetune.dashboard import data, storage
 from tracetune.dashboard.export import FORMATS, export
 from tracetune.errors import InputError
+from tracetune.tuner.storage import normalize_url
 
 
 def fingerprint(path: Path) -> tuple[str, int, int]:
@@ -92,12 +93,12 @@ def test_postgresql_is_read_through_read_only_sessions(postgres_url):  # noqa: F
     database is refused, not given Optuna's schema."""
     with pytest.raises(InputError, match="holds no tables"):
         storage.study_names(postgres_url)
-    engine = sqlalchemy.create_engine(storage.normalize_url(postgres_url))
+    engine = sqlalchemy.create_engine(normalize_url(postgres_url))
     with engine.connect() as conn:
         assert not sqlalchemy.inspect(conn).get_table_names()  # still empty
     import optuna
 
-    optuna.create_study(study_name="pg", storage=storage.normalize_url(postgres_url))
+    optuna.create_study(study_name="pg", storage=normalize_url(postgres_url))
     assert storage.study_names(postgres_url) == ["pg"]
     ro = storage.optuna_storage(postgres_url).engine
     with pytest.raises(sqlalchemy.exc.InternalError, match="read-only transaction"), ro.begin() as conn:

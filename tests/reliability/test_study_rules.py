@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import sqlite3
@@ -200,3 +201,28 @@ def test_a_new_study_keeps_its_rules(measured):
     assert rules == {"slo": "ttft:p95<2000ms,tpot:p95<100ms", "attainment": 0.95, "precision": 0.05,
                      "trace_sha256": hashlib.sha256(TRACE.encode()).hexdigest(), "engine": "vllm", "model": "model"}
     assert study.user_attrs["objectives"] == ["ttft_p99", "capacity", "quality_loss"]
+
+
+@pytest.mark.parametrize("tables", ["all", "optuna's only"])
+def test_a_warm_start_reads_the_earlier_study_and_writes_nothing_there(folder, tables):
+    """--warm-start-storage opens the earlier study read-only: not a byte written there, even where a
+    writer would add what it lacks (a study database without tracetune's tables)."""
+    earlier = folder / "study.db"
+    if tables != "all":
+        conn = sqlite3.connect(earlier)
+        with conn:
+            ours = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'tracetune_%' "
+                                               "AND type = 'table'")]
+            for name in ours:
+                conn.execute(f"DROP TABLE {name}")
+        conn.close()
+        assert ours
+    kept, mtime = digest(earlier), earlier.stat().st_mtime_ns
+    with sqlite3.connect(earlier) as conn:
+        values = {v for (v,) in conn.execute("SELECT value_json FROM trial_user_attributes WHERE key = 'values'")}
+    study = run_study(flags(folder, "--storage", f"sqlite:///{folder / 'new.db'}", "--study", "fresh",
+                            "--warm-start", STUDY, "--warm-start-storage", str(earlier)))
+    assert digest(earlier) == kept and earlier.stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("study.db")) == ["study.db"]
+    firsts = [json.dumps(t.user_attrs["values"]) for t in study.trials[:len(values)]]
+    assert values and set(firsts) == values  # the earlier study's configurations, tried first
