@@ -32,8 +32,7 @@ level; --whole-trace replays all of it). Capacity is the highest passing k, with
 
 def add_capacity_options(parser: argparse.ArgumentParser) -> None:
     """How a capacity search judges a load level and when it stops (`tune capacity`, `tune --trace --slo`)."""
-    from tracetune.cli.checks import non_negative_float, ratio, share
-    from tracetune.cli.options import nonnegative_int
+    from tracetune.cli.options import nonnegative_float, nonnegative_int, ratio, share
     from tracetune.replay.capacity import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
 
     parser.add_argument("--attainment", type=share, default=0.95, metavar="F",
@@ -41,10 +40,10 @@ def add_capacity_options(parser: argparse.ArgumentParser) -> None:
                              "level (default 0.95)")
     parser.add_argument("--precision", type=ratio, default=0.05, metavar="F",
                         help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
-    parser.add_argument("--level-seconds", type=non_negative_float, default=LEVEL_SECONDS, metavar="S",
+    parser.add_argument("--level-seconds", type=nonnegative_float, default=LEVEL_SECONDS, metavar="S",
                         help=f"capacity: a load level lasts at least S seconds, the trace replayed end to end again "
                              f"where it is shorter (default {LEVEL_SECONDS:g})")
-    parser.add_argument("--level-lifetimes", type=non_negative_float, default=LEVEL_LIFETIMES, metavar="K",
+    parser.add_argument("--level-lifetimes", type=nonnegative_float, default=LEVEL_LIFETIMES, metavar="K",
                         help=f"capacity: ... and at least K request lifetimes (the longest a median request may "
                              f"live within the SLO, or its measured median E2E; default {LEVEL_LIFETIMES:g})")
     parser.add_argument("--level-requests", type=nonnegative_int, default=LEVEL_REQUESTS, metavar="N",

@@ -1,12 +1,10 @@
 """Checks of command-line values, made as the command line is read or before anything is created:
-argparse `type=` functions for the numeric flags `cli.options` has no type for (a bad value is a
-usage error naming the flag, exit 2), `--endpoint` URLs (their form, then whether anything listens
-there) and `--tokenizer` folders."""
+`--endpoint` URLs (their form, then whether anything listens there) and `--tokenizer` folders.
+(The numeric flags' types are `cli.options`'.)"""
 
 from __future__ import annotations
 
 import argparse
-import math
 import socket
 import urllib.parse
 from pathlib import Path
@@ -16,31 +14,6 @@ from tracetune.errors import InputError
 CONNECT_TIMEOUT_S = 3.0
 # What a Hugging Face tokenizer folder holds (one of them is enough for AutoTokenizer).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def _float(text: str, what: str, ok) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not math.isfinite(value) or not ok(value):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (0: no minimum)."""
-    return _float(text, "a finite number >= 0", lambda v: v >= 0)
-
-
-def share(text: str) -> float:
-    """A share in (0, 1], e.g. 0.95 for 95%."""
-    return _float(text, "a share in (0, 1], e.g. 0.95", lambda v: 0 < v <= 1)
-
-
-def ratio(text: str) -> float:
-    """A ratio in (0, 1), e.g. 0.05 for 5%."""
-    return _float(text, "a ratio in (0, 1), e.g. 0.05 for 5%", lambda v: 0 < v < 1)
 
 
 def endpoint_url(text: str) -> str:

@@ -1,12 +1,16 @@
 """Options several commands share, defined once: `--trace` and `--slo` (the main job, `tune replay`,
 `tune capacity`). Each command says what differs: whether the option is required, and its help.
-Also the argparse types of numeric flags (`positive_int`, `nonnegative_int`, `port`, `positive_float`),
-so every command refuses a nonsense number the same way."""
+Also the argparse types of numeric flags (`positive_int`, `nonnegative_int`, `port`, `positive_float`,
+`nonnegative_float`, `share`, `ratio`, all built on `number`), so every command refuses a nonsense
+number the same way."""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def add_trace_option(parser: argparse.ArgumentParser, *, required: bool = False,
@@ -38,42 +42,48 @@ def add_slo_option(parser: argparse.ArgumentParser, *, required: bool = False,
 # Numeric flags, checked as the command line is read: a value that can only fail later (0 requests, a
 # port past 65535, a NaN timeout) is a usage error that names the flag (argparse prefixes
 # "argument --FLAG:"), exit 2, before anything is read, started or written.
-def _parsed(text: str, kind: type, what: str) -> int | float:
+def number(text: str, kind: type, what: str, ok: Callable[[Any], bool]) -> Any:
+    """`text` read as `kind` (int or float; a float must be finite) for which `ok` holds, or a usage
+    error saying what the flag takes: "expected WHAT, got 'TEXT'"."""
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        value = None
+    if value is None or (kind is float and not math.isfinite(value)) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
     """A count that must be at least 1 (--trials, --max-requests, --probe-prompts, ...)."""
-    value = _parsed(text, int, "a whole number >= 1")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+    return number(text, int, "a whole number >= 1", lambda v: v >= 1)
 
 
 def nonnegative_int(text: str) -> int:
     """A count that may be 0 (--warmup)."""
-    value = _parsed(text, int, "a whole number >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+    return number(text, int, "a whole number >= 0", lambda v: v >= 0)
 
 
 def port(text: str) -> int:
     """A TCP port a server can listen on: 1-65535."""
-    value = _parsed(text, int, "a port number from 1 to 65535")
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
-    return value
+    return number(text, int, "a port number from 1 to 65535", lambda v: 1 <= v <= 65535)
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0 (seconds, rates, prices, scales): nan and inf are refused."""
-    import math
+    return number(text, float, "a finite number > 0", lambda v: v > 0)
 
-    value = _parsed(text, float, "a number > 0")
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (0: no minimum)."""
+    return number(text, float, "a finite number >= 0", lambda v: v >= 0)
+
+
+def share(text: str) -> float:
+    """A share in (0, 1], e.g. 0.95 for 95%."""
+    return number(text, float, "a share in (0, 1], e.g. 0.95", lambda v: 0 < v <= 1)
+
+
+def ratio(text: str) -> float:
+    """A ratio in (0, 1), e.g. 0.05 for 5%."""
+    return number(text, float, "a ratio in (0, 1), e.g. 0.05 for 5%", lambda v: 0 < v < 1)

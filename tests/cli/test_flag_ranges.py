@@ -30,6 +30,7 @@ BAD_VALUES = [
     ("--engine-port", "-1", "a port number from 1 to 65535"),
     ("--timeout", "nan", "a finite number > 0"),
     ("--timeout", "0", "a finite number > 0"),
+    ("--timeout", "soon", "a finite number > 0"),
     ("--request-timeout", "nan", "a finite number > 0"),
     ("--request-timeout", "inf", "a finite number > 0"),
     ("--request-timeout", "-5", "a finite number > 0"),
