@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability.scripted import fake_model
 from tracetune.cli.main import _build_parser, main
 
 TRACE = '{"timestamp": 0, "prompt": "Hello", "output_length": 4}\n'
@@ -75,11 +76,7 @@ def folder(tmp_path, monkeypatch) -> Path:
     (tmp_path / "traffic.jsonl").write_text(TRACE)
     (tmp_path / "space.yaml").write_text("name: r\nfixed: {enforce_eager: true}\nparameters:\n"
                                          "  max_num_seqs: {low: 4, high: 64, step: 4}\n")
-    model = tmp_path / "model"  # passes the model check; nothing loads it
-    model.mkdir()
-    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
-    (model / "model.safetensors").write_bytes(b"")
-    (model / "tokenizer.json").write_text("{}")
+    fake_model(tmp_path / "model")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -30,6 +30,15 @@ TRACE = "\n".join(f'{{"timestamp": {i * 0.1}, "prompt": "hello number {i}", "out
                   for i in range(6)) + "\n"
 
 
+def fake_model(folder: Path) -> Path:
+    """A model folder the main job's model check accepts (nothing loads it: the runner is scripted)."""
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
 def est(v: float) -> Estimate:
     return Estimate(v, v * 0.9, v * 1.1)
 

@@ -20,7 +20,7 @@ import optuna
 import pytest
 from rich.console import Console
 
-from tests.reliability.scripted import SEQS, TRACE, ScriptedRunner
+from tests.reliability.scripted import SEQS, TRACE, ScriptedRunner, fake_model
 from tracetune.cli.main import _build_parser
 from tracetune.dashboard.storage import optuna_storage
 from tracetune.errors import InputError
@@ -39,15 +39,6 @@ class CapacityRunner(ScriptedRunner):
         measured = super().measure(*args, **kwargs)
         measured.summary.capacity = {"capacity_rps_per_gpu": 2.0, "capacity_scale": 1.0}
         return measured
-
-
-def fake_model(folder: Path) -> Path:
-    """A directory the model check accepts (nothing loads it: the runner is scripted)."""
-    folder.mkdir()
-    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
-    (folder / "model.safetensors").write_bytes(b"")
-    (folder / "tokenizer.json").write_text("{}")
-    return folder
 
 
 def flags(tmp: Path, *extra: str, trials: int = 2) -> list[str]:
