@@ -96,7 +96,8 @@ def test_export_writes_a_new_or_earlier_file_whole(study_db, tmp_path, capsys):
     out.write_text("an earlier export")
     code, said, err = tune(capsys, *EXPORT, "--storage", study_db, "-o", out)
     assert code == 0, err
-    assert json.loads(out.read_text())["trial"] == 1 and f"wrote {out}" in said
+    assert json.loads(out.read_text())["trial"] == 1
+    assert f"wrote{out}" in "".join(said.split()), said  # rich may wrap the path at any character
     folder = tmp_path / "deploy"
     folder.mkdir()
     assert tune(capsys, *EXPORT, "--storage", study_db, "-o", folder)[0] == 0
