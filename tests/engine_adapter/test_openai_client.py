@@ -213,3 +213,53 @@ def test_a_chat_delta_that_is_not_an_object_is_malformed():
 def test_an_error_event_is_the_servers_error_not_a_stream_fault():
     error = failed(sse({"choices": [{"text": "t0"}]}, {"error": {"message": "boom", "code": 500}}))
     assert error == "error event in the stream: boom" and not stream_fault(error)
+
+
+# What vLLM's OpenAI server sends (vllm/entrypoints/openai: completion and chat serving), byte for
+# byte in form: pydantic's compact JSON, unset fields left out, a token chunk's finish_reason null,
+# a first chat chunk that only declares the role, the usage in a last chunk of no choices (asked by
+# stream_options.include_usage), then [DONE]; an error mid-stream as {"error": {...}}.
+VLLM_COMPLETION = (
+    b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+    b'"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+    b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+    b'"text":" cat","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+    b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+    b'"text":" sat","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+    b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}\n\n'
+    b"data: [DONE]\n\n")
+VLLM_CHAT = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"content":" the"},"logprobs":null,"finish_reason":null}]}\n\n'
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"content":" cat"},"logprobs":null,"finish_reason":null}]}\n\n'
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"content":" sat"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}\n\n'
+    b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("keep_text", [False, True])
+@pytest.mark.parametrize("body,ask", [(VLLM_COMPLETION, {"prompt": "p"}),
+                                      (VLLM_CHAT, {"messages": [{"role": "user", "content": "q"}]})],
+                         ids=["completion", "chat"])
+def test_vllms_stream_counts_in_full(body, ask, keep_text):
+    async def handler(request):  # with the charset, as uvicorn sends it
+        return web.Response(body=body, headers={"Content-Type": "text/event-stream; charset=utf-8"})
+
+    out = run(handler, max_tokens=3, ignore_eos=True, keep_text=keep_text, **ask)
+    assert out.success and out.error == "", out.error
+    assert (out.prompt_tokens, out.output_tokens, out.finish_reason) == (5, 3, "length")
+    assert len(out.chunk_times_s) == 3  # the chat role chunk carries no output
+    assert out.text == " the cat sat" or not keep_text
+
+
+def test_vllms_error_event_fails_the_request_with_its_message():
+    error = (b'data: {"error": {"message": "the engine died", "type": "InternalServerError", "param": null, '
+             b'"code": 500}}\n\ndata: [DONE]\n\n')
+    body = VLLM_COMPLETION.split(b"\n\n", 1)[0] + b"\n\n" + error
+    assert failed(body, max_tokens=3, ignore_eos=True) == "error event in the stream: the engine died"
