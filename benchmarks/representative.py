@@ -14,8 +14,10 @@ runs tune's own capacity search (`replay.levels.LevelRunner`, default windows, r
 abandons) with this server in place of the HTTP client. SLO: TTFT p95 < 500 ms, 95% attainment.
 
 Traces (default): the whole Azure 2023 conversation hour and its first 10 minutes, the Mooncake
-conversation sample, and two synthetic bursty traces (quiet Poisson arrivals with bursts of 10x and
-20x the quiet rate; seeded), all with their recorded or Azure-like lengths.
+conversation sample, and synthetic bursty traces (30 minutes of quiet Poisson arrivals at 1 req/s
+with bursts of 5x, 10x and 20x that rate, in four shapes from 10-second bursts a minute apart to
+minute-long ones five minutes apart; `--seeds` of each), with Azure-like lengths. The synthetic
+traces are generated here, not recorded: they stress the rule where bursts decide.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 SLO = "ttft:p95<500ms"
 FIRST_S = 60.0  # the former default of tune capacity: the trace's first 60 seconds
+SHAPES = ((30, 240), (20, 120), (60, 300), (10, 60))  # bursts: (seconds long, seconds apart on average)
 
 
 def from_raw(raw) -> list[PreparedRequest]:
@@ -76,7 +79,20 @@ def bursty(seed: int, *, minutes: float = 30, quiet_rps: float = 1.0, burst_x: f
         tokens = max(1, min(int(rng.lognormvariate(math.log(130), 0.9)), 2000))
         out.append(PreparedRequest(index=len(out), id=None, scheduled_s=t, max_tokens=tokens,
                                    input_tokens=float(max(1, int(rng.lognormvariate(math.log(1000), 0.7))))))
-    return f"bursty-{burst_x:g}x-seed{seed}", out
+    return f"bursty {burst_x:g}x {burst_s:g}s/{every_s:g}s #{seed}", out
+
+
+def spiky(seed: int = 7) -> list[dict]:
+    """A 10-minute trace of 1,500 requests arriving in clumps (1 to ~20 at one instant), its minutes
+    holding 20 to 632 of them; short outputs (median ~20 tokens). Native trace lines, text prompts."""
+    rng, times = random.Random(seed), []
+    for minute, n in enumerate((63, 20, 150, 90, 632, 110, 40, 200, 130, 65)):
+        while n > 0:
+            clump = min(n, max(1, int(rng.expovariate(1 / 5))))
+            times += [minute * 60 + rng.uniform(0, 60)] * clump
+            n -= clump
+    return [{"timestamp": round(t, 3), "prompt": "def f(x):",
+             "output_length": max(1, min(int(rng.lognormvariate(3.0, 1.0)), 500))} for t in sorted(times)]
 
 
 def runner(requests, model: QueueModel, *, representative: bool, precision: float = 0.05,
@@ -117,13 +133,19 @@ def main() -> int:
     ap.add_argument("--trace", action="append", help="path[:azure|mooncake][@SECONDS] (repeatable)")
     ap.add_argument("--seeds", type=int, default=2, help="synthetic bursty traces per burst size (default 2)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--write-spiky", type=Path, metavar="FILE",
+                    help="write the 10-minute clumped trace of the live run (docs/capacity.md) and exit")
     args = ap.parse_args()
+    if args.write_spiky:
+        args.write_spiky.write_text("".join(json.dumps(line) + "\n" for line in spiky()))
+        return 0
     model = QueueModel()
     traces = [load(t) for t in args.trace] if args.trace else [
         load(str(SHARED / "azure2023_conv_hour.csv")), load(str(SHARED / "azure2023_conv_hour.csv") + "@600"),
         load(str(SHARED / "mooncake_conversation.jsonl"))]
     if not args.trace:
-        traces += [bursty(seed, burst_x=x) for x in (10, 20) for seed in range(args.seeds)]
+        traces += [bursty(seed, burst_x=x, burst_s=length, every_s=every) for x in (5, 10, 20)
+                   for seed in range(args.seeds) for length, every in SHAPES]
     results = []
     print(f"server: {model.slots} at once, {model.ttft_s * 1000:g} ms to the first token, "
           f"{model.tpot_s * 1000:g} ms a token; SLO {SLO} at 95%")
@@ -135,9 +157,21 @@ def main() -> int:
         for label, m in row["methods"].items():
             print(f"{'':<28}{label:<20}{m['k']:>7.3g}{m['ratio']:>8.2f}x{m['levels']:>7}"
                   f"{m['replay_s_per_level']:>9.0f}{m['replay_s']:>9.0f}")
+    summarize(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
+
+
+def summarize(results: list[dict]) -> None:
+    """Per method: how many capacities fell within 15% of the truth, the worst miss, replay time."""
+    print("\nover the traces with a capacity above 0:")
+    for label in results[0]["methods"]:
+        rows = [r["methods"][label] for r in results if r["truth_k"] > 0]
+        errors = [abs(m["ratio"] - 1) for m in rows]
+        within = sum(e <= 0.15 for e in errors)
+        print(f"  {label:<20} within 15% of the truth: {within} of {len(rows)}; worst {max(errors):.0%}; "
+              f"replay s per level, median {sorted(m['replay_s_per_level'] for m in rows)[len(rows) // 2]:.0f}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ within their latency targets. This module owns the definitions; everything else 
   tests and the window's length: at least 30 s, 5 request lifetimes and 100 requests by default,
   the trace replayed end to end again where it is shorter. Each step names the test that decided.
 - *Load level k*: the trace replayed with its arrival times divided by k (k = 2: twice the
-  recorded rate); content, lengths and prefixes unchanged, looped as the window needs.
+  recorded rate); content, lengths and prefixes unchanged, looped as the window needs; a trace
+  longer than a few windows by the windows that decide it (`replay.segments`, `replay.parts`).
 - *Capacity*: the highest passing k, reported as k, as the offered requests/s and output tokens/s
   at that level, and per GPU. It is a bracket: [highest confirmed pass, lowest fail].
 
@@ -131,6 +132,8 @@ class Step:
             verdict = f"{self.outcome}: {self.why()}" if self.decided_by else "pass" if self.passed else "fail"
         if self.abandoned:
             attained = f"attainment <= {self.attainment:.0%} ({self.requests} of {self.planned} sent)"
+        elif self.parts is not None:  # the whole trace's estimate, from the windows' requests
+            attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good in the windows)"
         else:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
@@ -141,20 +144,21 @@ class Step:
                 f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s{passes}{procs}{self.parts_text()}")
 
     def parts_text(self) -> str:
-        """For a level of parts: a second line, each part's window and attainment, and the whole
-        trace's attainment bounds they give."""
+        """For a level of parts: a second line, each part's window and attainment (the first line
+        has the whole trace's attainment bounds they give)."""
         if not self.parts:
             return ""
         texts = [f"{p['kind']} {segments.clock(p['start_s'])}-{segments.clock(p['end_s'])} "
                  f"({p['rate_ratio']:.2g}x rate) {p['attainment']:.0%}" for p in self.parts]
-        low, high = self.attainment_bounds or (math.nan, math.nan)
-        undecided = ", undecided: the estimate decided" if self.undecided else ""
-        return (f"\n    {len(self.parts)} of {self.trace_windows} windows: " + ", ".join(texts)
-                + f"; whole trace [{low:.0%}, {high:.0%}]{undecided}")
+        return f"\n    {len(self.parts)} of {self.trace_windows} windows: " + ", ".join(texts)
 
     def why(self) -> str:
         """The test that decided, in a few words."""
         last = f"last third {self.last_third:.0%}" if self.last_third is not None else ""
+        if self.parts is not None and self.decided_by in ("held", "attainment", "last third"):
+            low, high = self.attainment_bounds or (math.nan, math.nan)
+            whole = f"whole trace [{low:.0%}, {high:.0%}], {last}"
+            return f"{whole}, undecided: estimated" if self.undecided else whole
         if self.decided_by == "held":
             return f"held to the end ({last})" if last else "held to the end"
         if self.decided_by == "last third":
