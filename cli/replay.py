@@ -445,7 +445,8 @@ def _replay(args: argparse.Namespace, console, run: ReplayRun) -> int:
             result = replay(engine.endpoint.base_url, engine.endpoint.model, requests, options,
                             engine=engine_with_metrics(engine), headers=engine.endpoint.headers or None,
                             on_progress=on_progress, client_procs=procs, on_record=run.log)
-    run.close()
+    if run.log is not None:
+        run.log.finish_in_trace_order()
     try:
         summary = summarize(result, slos)
     except Exception as exc:  # a bug, or a value no one foresaw: the records are on disk all the same

@@ -49,6 +49,7 @@ class RecordLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.records: list[Any] = []
+        self.lines: list[str] = []
         self._file: IO[str] | None = None
 
     def __call__(self, record: Any, **label: Any) -> None:
@@ -61,11 +62,22 @@ class RecordLog:
         self._file.write(line + "\n")
         self._file.flush()
         self.records.append(record)
+        self.lines.append(line)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def finish_in_trace_order(self) -> None:
+        """Close, then rewrite the file (whole, atomically) in the trace's order, as a finished
+        replay's records read best; until then it holds them in the order they finished."""
+        from tracetune.files import write_atomic
+
+        self.close()
+        if self.lines:
+            order = sorted(range(len(self.records)), key=lambda i: self.records[i].index)
+            write_atomic(self.path, "".join(self.lines[i] + "\n" for i in order))
 
 
 @dataclasses.dataclass
