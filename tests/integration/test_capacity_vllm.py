@@ -31,15 +31,16 @@ def spread_trace(tmp_path_factory):
 
 def test_tune_capacity_brackets_the_highest_passing_level(tmp_path, spread_trace):
     out = tmp_path / "cap.json"
+    # Windows of the 30 s floor (2 lifetimes of 13.3 s within the SLO: 27 s), not 5 lifetimes' 67 s: CI time.
     res = run_tune("capacity", "--trace", str(spread_trace), "--eager", "--slo", SLO, "--precision", "0.2",
-                   "--json", str(out), "--out", str(tmp_path / "run"), timeout=900)
+                   "--level-lifetimes", "2", "--json", str(out), "--out", str(tmp_path / "run"), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     cap = json.loads(out.read_text())
     steps = cap["steps"]
     assert cap["attainment_target"] == 0.95 and cap["slo"] == ["ttft:p99<4000ms", "tpot:p99<300ms"]
     for key in ("scale", "rps", "attainment", "passed", "abandoned", "requests", "duration_s", "decided_by", "outcome"):
         assert all(key in s for s in steps)
-    # sustained levels by default: >= 30 s and 100 requests each, the 22-request trace looped to fill them
+    # sustained levels: >= 30 s and 100 requests each, the 22-request trace looped to fill them
     held = [s for s in steps if not s["abandoned"]]
     assert all(s["window_s"] >= 30 - 1e-6 and s["planned"] >= 100 and s["passes"] > 1 for s in held), held
     assert all(s["decided_by"] == "held" for s in steps if s["passed"])
