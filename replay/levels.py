@@ -136,8 +136,8 @@ class LevelRunner:
         return segments.cut(self.requests, need_s * scale)
 
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
-        """Measure level `scale` over its window: the whole trace (looped where shorter), or the parts
-        `selection` picks. A passing level whose requests lived longer than the window was sized for
+        """Measure level `scale` over its window: the whole trace (looped where shorter), or the
+        windows of it `replay.segments` picks. A passing level whose requests lived longer than the window was sized for
         (the SLO bounds no lifetime, or the engine is slower) is measured once more, over a window
         sized by its measured median E2E latency."""
         windows = self.windows(scale)
