@@ -162,11 +162,6 @@ class LevelRunner:
     def _replay_level(self, scale: float, window: sustain.Window, repeat: bool,
                       abandon: bool | None) -> tuple[Step, ReplayResult]:
         requests = at_scale(sustain.looped(self.requests, window.passes), scale)
-        warmup = self._warmup_once()
-        if self.before_level is not None:
-            self.before_level()
-        opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
-                                   max_duration_s=None, time_scale=1.0)
         last_from = requests[-1].scheduled_s * (1 - sustain.LAST_PART)
         budget = allowed_misses(len(requests), self.options.attainment)
         last_budget = allowed_misses(sum(r.scheduled_s >= last_from for r in requests), self.options.attainment)
@@ -182,16 +177,28 @@ class LevelRunner:
                 return True
             return False
 
-        procs = self._procs(requests, repeat)
-        t0 = time.perf_counter()
-        result = self.send(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
-                        headers=self.headers, on_progress=self.on_progress,
-                        stop_when=certain if use_abandon else None, pool=self._pool_of(procs),
-                        on_record=None if self.on_record is None else lambda r: self.on_record(scale, r))
-        step = judge(result, scale, requests, self.options, time.perf_counter() - t0, repeat=repeat,
+        result, duration, procs = self._send(scale, requests, repeat, certain if use_abandon else None)
+        step = judge(result, scale, requests, self.options, duration, repeat=repeat,
                      misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
         step.client_procs = procs
         return step, result
+
+    def _send(self, scale: float, requests: Sequence[PreparedRequest], repeat: bool,
+              stop_when: Any) -> tuple[ReplayResult, float, int]:
+        """One replay of level `scale`'s schedule on a settled engine (the warm-up before the first):
+        its result, wall seconds and client processes."""
+        warmup = self._warmup_once()
+        if self.before_level is not None:
+            self.before_level()
+        opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
+                                   max_duration_s=None, time_scale=1.0)
+        procs = self._procs(requests, repeat)
+        t0 = time.perf_counter()
+        result = self.send(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
+                           headers=self.headers, on_progress=self.on_progress, stop_when=stop_when,
+                           pool=self._pool_of(procs),
+                           on_record=None if self.on_record is None else lambda r: self.on_record(scale, r))
+        return result, time.perf_counter() - t0, procs
 
     def _replay_parts(self, scale: float, windows: segments.Windows, repeat: bool,
                       abandon: bool | None) -> tuple[Step, ReplayResult]:
@@ -243,18 +250,7 @@ class LevelRunner:
             misses(finished, in_flight, now)
             return budget is not None and misses.last > budget
 
-        warmup = self._warmup_once()
-        if self.before_level is not None:
-            self.before_level()
-        opts = dataclasses.replace(self.replay_options, warmup_requests=len(warmup), max_requests=None,
-                                   max_duration_s=None, time_scale=1.0)
-        procs = self._procs(requests, repeat)
-        t0 = time.perf_counter()
-        result = self.send(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
-                           headers=self.headers, on_progress=self.on_progress,
-                           stop_when=certain if budget is not None else None, pool=self._pool_of(procs),
-                           on_record=None if self.on_record is None else lambda r: self.on_record(scale, r))
-        duration = time.perf_counter() - t0
+        result, duration, procs = self._send(scale, requests, repeat, certain if budget is not None else None)
         ids = {r.index for r in own}
         records = [dataclasses.replace(r, scheduled_s=r.scheduled_s - start, send_s=r.send_s - start)
                    for r in result.records if r.index in ids]

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from tracetune.replay.metrics import SLO, meets_slos, threshold
+from tracetune.replay.profile import arrival_period
 from tracetune.replay.types import PreparedRequest, RequestRecord
 
 LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the target on its own
@@ -64,11 +65,7 @@ def period(requests: Sequence[PreparedRequest]) -> float:
     """Trace seconds from one pass's start to the next: the span of its arrivals plus the mean gap
     between its distinct arrival instants (a trace recorded on a coarse grid, its requests arriving
     a few at each instant, keeps its grid when looped). 0 when every request arrives at once."""
-    instants = np.unique(np.round([r.scheduled_s for r in requests], 3))
-    if instants.size < 2:
-        return 0.0
-    span = float(instants[-1] - instants[0])
-    return span * instants.size / (instants.size - 1)
+    return arrival_period(np.asarray([r.scheduled_s for r in requests], dtype=float))
 
 
 def lifetime_bound(slos: Sequence[SLO], output_tokens: Sequence[int]) -> float:
