@@ -27,8 +27,7 @@ import httpx
 from tracetune.engine_adapter.models import prepare_default_model
 from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
 from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
-from tracetune.replay.trace import load_trace
-from tracetune.tuner.quality import (
+from tracetune.quality.probe import (
     Reference,
     _score,
     chunk_bounds,
@@ -37,6 +36,7 @@ from tracetune.tuner.quality import (
     probe_prompts,
     summarize_quality,
 )
+from tracetune.replay.trace import load_trace
 from tracetune.tuner.settings import StudySettings
 
 ROOT = Path(__file__).resolve().parent.parent

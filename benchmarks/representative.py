@@ -1,5 +1,5 @@
 """What a load level replays, against the whole trace's truth: capacity found by replaying the
-trace's first minute looped (`tune capacity`'s former default), by the parts `replay.segments`
+trace's first minute looped (`tune capacity`'s former default), by the parts `capacity.segments`
 picks (the default now), and by the whole trace at every level, side by side with the capacity the
 whole trace really has, and what each costs in replay time (the time an engine would be busy).
 
@@ -10,7 +10,7 @@ one-hour trace takes seconds: 8 requests at once, 20 ms to the first token, 5 ms
 capacity on a trace is known exactly: the highest load k (the whole trace's arrival times divided
 by k) whose whole-trace replay passes the sustained-level rules of `tune capacity` (attainment,
 percentile targets, last third, queue and TTFT not rising), found by bisection to 1%. Each method
-runs tune's own capacity search (`replay.levels.LevelRunner`, default windows, repeats and
+runs tune's own capacity search (`capacity.levels.LevelRunner`, default windows, repeats and
 abandons) with this server in place of the HTTP client. SLO: TTFT p95 < 500 ms, 95% attainment.
 
 Traces (default): the whole Azure 2023 conversation hour and its first 10 minutes, the Mooncake
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from queue_model import QueueModel  # beside this script, on the path when it runs
 
-from tracetune.replay.capacity import CapacityOptions
+from tracetune.capacity.levels import LevelRunner
+from tracetune.capacity.step import CapacityOptions
 from tracetune.replay.importers import read_azure, read_mooncake
-from tracetune.replay.levels import LevelRunner
 from tracetune.replay.metrics import parse_slos
 from tracetune.replay.types import PreparedRequest, ReplayOptions
 

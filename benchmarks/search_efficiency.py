@@ -9,7 +9,7 @@ its objectives (TTFT p99 at the trace's rate, capacity at the SLO, quality loss)
 start, replay, quality probe, the whole capacity search) and every load level of its capacity search
 with its own wall time. Each strategy proposes configurations through the code `tune` runs -- the
 search space, the presets (`tuner.presets`), the samplers (`tuner.objectives.make_sampler`), the early
-stop (`tuner.front.strongest_rival` + `replay.capacity`'s prune rule) -- and a proposal's result is
+stop (`tuner.front.strongest_rival` + `capacity.step`'s prune rule) -- and a proposal's result is
 looked up in the table instead of starting an engine:
 
 - A trial is a configuration measured: a proposal of a configuration already seen is reused at no cost

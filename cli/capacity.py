@@ -32,8 +32,8 @@ level; --whole-trace replays all of it). Capacity is the highest passing k, with
 
 def add_capacity_options(parser: argparse.ArgumentParser) -> None:
     """How a capacity search judges a load level and when it stops (`tune capacity`, `tune --trace --slo`)."""
+    from tracetune.capacity.step import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
     from tracetune.cli.options import nonnegative_float, nonnegative_int, ratio, share
-    from tracetune.replay.capacity import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
 
     parser.add_argument("--attainment", type=share, default=0.95, metavar="F",
                         help="capacity: share of requests that must meet every --slo threshold at a passing load "
@@ -56,7 +56,7 @@ def add_capacity_options(parser: argparse.ArgumentParser) -> None:
 
 def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any) -> Any:
     """The capacity search's options from the shared flags (`add_capacity_options`)."""
-    from tracetune.replay.capacity import CapacityOptions
+    from tracetune.capacity.step import CapacityOptions
 
     return CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision,
                            level_seconds=args.level_seconds, level_lifetimes=args.level_lifetimes,
@@ -155,12 +155,12 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
+    from tracetune.capacity.levels import LevelRunner, settle
     from tracetune.cli.replay import engine_cores, prepare_run, prepared_requests, serving_target
     from tracetune.cli.run_files import RECORDS_FILE, RecordLog
     from tracetune.cli.workload import trace_report
     from tracetune.errors import InputError
     from tracetune.files import refuse_overwrite
-    from tracetune.replay.levels import LevelRunner, settle
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.types import ReplayOptions
 

@@ -98,8 +98,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
 def _beyond_gate(study, results: dict[int, dict], gate) -> list:
     """The trials the quality gate alone turned down (every request served, every SLO kept), with
     their quality cost in words."""
+    from tracetune.quality.gate import cost_text
     from tracetune.tuner.front import BeyondGate, Candidate, trials_beyond_only_the_gate
-    from tracetune.tuner.quality_gate import cost_text
 
     out = []
     for t in trials_beyond_only_the_gate(study):
@@ -112,7 +112,7 @@ def _beyond_gate(study, results: dict[int, dict], gate) -> list:
 def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
     from rich.table import Table
 
-    from tracetune.tuner.quality_gate import units_text
+    from tracetune.quality.gate import units_text
 
     has_capacity = any(r["capacity"] for r in rows)
     on_front = sum(r["trial"] != "reference" for r in rows)
@@ -183,7 +183,7 @@ def spec_text(engine: dict | None) -> str:
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:
     """The probe's noise floor and the study's self-check on it (lossless configurations within it)."""
-    from tracetune.tuner.quality_gate import floor_text, self_check
+    from tracetune.quality.gate import floor_text, self_check
 
     floor = floor_text((reference or {}).get("probe"))
     check = self_check([(n, r.get("quality")) for n, r in sorted(results.items())])
@@ -193,7 +193,7 @@ def _print_quality_floor(reference: dict | None, results: dict[int, dict], conso
 
 
 def _bracket(capacity: dict | None) -> str:
-    from tracetune.replay.capacity import bracket_text, caveats
+    from tracetune.capacity.step import bracket_text, caveats
 
     return " · ".join([bracket_text(capacity), *caveats(capacity)]) if capacity else "-"
 

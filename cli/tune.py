@@ -174,7 +174,7 @@ def _no_gate_on_random_weights(args: argparse.Namespace, console) -> None:
     """Random weights (--load-format dummy) have no output quality: no gate applies to them, and one
     the user asked for is an error (quality is measured on real weights)."""
     from tracetune.errors import InputError
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     if parse_gate(args.max_quality_loss) is not None:
         raise InputError(f"--max-quality-loss {args.max_quality_loss}: random weights (--load-format dummy) have no "
@@ -242,11 +242,11 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     from tracetune.engine_adapter.models import resolve_model, sha256_file
     from tracetune.engine_adapter.platform import detect_platform
     from tracetune.engine_adapter.registry import engine_kind
+    from tracetune.quality.gate import DEFAULT_GATE, parse_gate
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.trace import load_trace
     from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
     from tracetune.tuner.objectives import parse_objectives
-    from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
     from tracetune.tuner.secrets import display_url, secret_values
 
     slos = parse_slos(args.slo)

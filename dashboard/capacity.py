@@ -1,5 +1,5 @@
 """Capacity at the SLO as the dashboard shows it: plain functions over the `capacity` dict the tuner
-stores in a run's summary (`replay.capacity.CapacityResult.as_dict()`), no Streamlit, no plotly.
+stores in a run's summary (`capacity.step.CapacityResult.as_dict()`), no Streamlit, no plotly.
 
 Capacity is the highest load (the trace replayed k times faster) at which the SLO still holds for
 the attainment target's share of requests; it is a bracket [highest pass, lowest fail], found by a
@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 # The bracket and its caveats are written one way, by the module that defines them.
-from tracetune.replay.capacity import bracket_rps, bracket_text, number  # noqa: F401  (bracket_rps: for the charts)
-from tracetune.replay.capacity import caveats as flags
+from tracetune.capacity.step import bracket_rps, bracket_text, number  # noqa: F401  (bracket_rps: for the charts)
+from tracetune.capacity.step import caveats as flags
 
 
 def capacity_of(summary: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from tracetune.dashboard import capacity
 from tracetune.dashboard.metrics import METRICS, metric_interval, metric_value
 from tracetune.dashboard.storage import optuna_storage, read_results, resolve_study, silent_for
 from tracetune.errors import InputError
+from tracetune.quality.gate import cost_text, floor_estimates, floor_text
 
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
 from tracetune.tuner.front import (
@@ -32,7 +33,6 @@ from tracetune.tuner.front import (
     trials_beyond_only_the_gate,
 )
 from tracetune.tuner.objectives import reference_feasible
-from tracetune.tuner.quality_gate import cost_text, floor_estimates, floor_text
 from tracetune.tuner.storage import REFERENCE_RUN
 
 # Categories of a trial in the Pareto view, in drawing order.
@@ -151,17 +151,17 @@ class StudyView:
     platform: str                       # the platform the study measured on (cpu | cuda | unknown)
     decision: Any = None                # tuner.front.Decision over the study objectives (reference included)
     economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate
-    quality_gate: Any = None            # tuner.quality.QualityGate, shown as e.g. "kld<=0.01"
+    quality_gate: Any = None            # quality.probe.QualityGate, shown as e.g. "kld<=0.01"
     vllm_version: str | None = None     # the vLLM the study measured with (None: a study from before it was kept)
     reference_run: TrialView | None = None  # the reference as a candidate (number REFERENCE_RUN)
-    noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # tuner.quality_gate.floor_estimates
+    noise_floor: dict[str, Any] = dataclasses.field(default_factory=dict)  # quality.gate.floor_estimates
     floor_text: str = ""                # the floor in one line, with the probe's size ("" without one)
     heartbeat_s: float = 30.0           # how often a worker beats; silent for twice this, it is gone
 
     @property
     def quality_check(self) -> str:
         """The probe's self-check: lossless-by-construction trials within the floor, or too noisy."""
-        from tracetune.tuner.quality_gate import self_check
+        from tracetune.quality.gate import self_check
 
         return self_check([(t.number, t.quality) for t in self.trials])
 
@@ -207,7 +207,7 @@ class StudyView:
     def shown_gate(self) -> Any:
         """The gate trials are judged by on the page: the study's, or (gate off) the default one,
         which then marks trials without having kept them off the front."""
-        from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
+        from tracetune.quality.gate import DEFAULT_GATE, parse_gate
 
         if self.quality_gate is not None:
             return self.quality_gate
@@ -266,9 +266,9 @@ def front_line(trials: Sequence[TrialView], x: str, y: str) -> tuple[list[float]
 
 
 def _gate_of(attrs: dict[str, Any]) -> Any:
-    """The study's quality gate (`tuner.quality.QualityGate`): its stored spec, or the plain nats
+    """The study's quality gate (`quality.probe.QualityGate`): its stored spec, or the plain nats
     limit of a study made before gates had units; None without one (or one this version cannot read)."""
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     try:
         return parse_gate(attrs.get("quality_gate") or attrs.get("max_quality_loss"))

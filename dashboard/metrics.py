@@ -22,7 +22,7 @@ METRICS: dict[str, str] = {
     "spec_accepted_length": "maximize",  # tokens per verification step (speculative decoding)
     "capacity_scale": "maximize",  # the load factor k at the SLO
     "usd_per_1m_output_tokens": "minimize",  # at capacity, with the study's --gpu-hour-cost
-    # quality in the units quantization is judged by (tuner.quality), vs the reference
+    # quality in the units quantization is judged by (quality.probe), vs the reference
     "kld": "minimize", "ppl_change": "minimize", "top1_agreement": "maximize",
 }
 
@@ -76,7 +76,7 @@ def metric_value(name: str, summary: dict | None, quality: dict | None, engine: 
         return _num(engine.get("prefix_cache_hit_rate"))
     if name in ("spec_acceptance_rate", "spec_accepted_length"):
         return _num(speculation(engine)[0 if name == "spec_acceptance_rate" else 1])
-    if name in ("capacity_scale", "usd_per_1m_output_tokens"):  # replay.capacity's result
+    if name in ("capacity_scale", "usd_per_1m_output_tokens"):  # capacity.step's result
         return _num((capacity.capacity_of(summary) or {}).get(name))  # the cost: added by `with_costs`
     raise InputError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
 
@@ -117,7 +117,7 @@ def metric_interval(name: str, summary: dict | None, quality: dict | None) -> tu
 
 
 def _capacity_interval(cap: dict | None) -> tuple[float, float] | None:
-    from tracetune.replay.capacity import bracket_rps
+    from tracetune.capacity.step import bracket_rps
 
     if not cap:
         return None
@@ -148,7 +148,7 @@ def display_interval(name: str, interval: tuple[float, float] | None) -> str:
     return f"[{low.removesuffix(' ms')}, {high.removesuffix(' ms')}]{unit}"
 
 
-# The quality units every page names, in this order (tuner.quality's result; the export's words).
+# The quality units every page names, in this order (quality.probe's result; the export's words).
 QUALITY_UNITS = (("ppl_change", "perplexity"), ("kld", "KLD"), ("top1_agreement", "top-1"))
 
 

@@ -125,7 +125,7 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
     """The chosen configuration's quality cost against vLLM's defaults (perplexity change with its
     interval, KLD, top-1 agreement), whether the study's quality gate holds it (or that no gate was
     set), and, for a rule (`--best`/`--pick`), the better trade the gate turned down."""
-    from tracetune.tuner.quality_gate import cost_text
+    from tracetune.quality.gate import cost_text
 
     if trial.is_reference:
         lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
@@ -157,7 +157,7 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
 def _turned_down(study: StudyView, chosen: TrialView, rule: PickRule | None) -> list[str]:
     """The trial the quality gate alone turned down (`TrialView.only_the_gate`: every SLO kept, every
     request served) that would beat `chosen` by the rule, with its cost."""
-    from tracetune.tuner.quality_gate import cost_text
+    from tracetune.quality.gate import cost_text
 
     if rule is None or study.quality_gate is None:
         return []

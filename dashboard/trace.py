@@ -1,6 +1,6 @@
 """The trace a study replayed, as the dashboard shows it: its rate over time (the profile the main job
 keeps with the study, `replay.profile`) with the windows a trial's load levels replayed marked on it
-(`replay.segments`: the busiest, the one with most tokens, the others by load). Plain functions and
+(`capacity.segments`: the busiest, the one with most tokens, the others by load). Plain functions and
 one plotly figure; the page is `views.page_detail`."""
 
 from __future__ import annotations

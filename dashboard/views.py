@@ -22,7 +22,7 @@ from tracetune.dashboard import (
 from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
 from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
 from tracetune.errors import TuneError
-from tracetune.tuner.quality_gate import verdict
+from tracetune.quality.gate import verdict
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
 LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}

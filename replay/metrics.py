@@ -208,7 +208,7 @@ class Summary:
     slo_met: dict[str, bool] = dataclasses.field(default_factory=dict)
     engine: dict[str, float] | None = None
     error_examples: list[str] = dataclasses.field(default_factory=list)
-    capacity: dict[str, Any] | None = None  # replay.capacity.CapacityResult.as_dict(), when searched
+    capacity: dict[str, Any] | None = None  # capacity.step.CapacityResult.as_dict(), when searched
     client_errors: int = 0  # failed by this machine (file descriptors, ports), not by the engine
     client_overloaded: bool = False
     lag_bound_s: float = LAG_BOUND_S

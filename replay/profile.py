@@ -2,7 +2,7 @@
 it is, its length quantiles, how much of its input repeats an earlier prefix, and its rate over time.
 
 `tune trace profile FILE` prints it; every capacity search prints its short form; the selection
-of a load level's parts (`replay.segments`) and the check of a first-N cut (`compare`) read it.
+of a load level's parts (`capacity.segments`) and the check of a first-N cut (`compare`) read it.
 Token counts are the trace's own (`input_length`, `output_length`); a request recorded as text has
 its input estimated at 4 characters a token (said where it matters: `input_estimated`).
 """
@@ -49,7 +49,7 @@ class Rates:
 class Profile:
     requests: int
     duration_s: float  # first to last arrival
-    mean_rps: float  # requests over the trace's period (span plus one mean gap: `replay.sustain.period`)
+    mean_rps: float  # requests over the trace's period (span plus one mean gap: `capacity.sustain.period`)
     rates: tuple[Rates, ...]  # at each time scale the trace spans
     interarrival_cv: float  # std / mean of the gaps between arrivals (1 for a Poisson process)
     input_tokens: dict[str, float]  # mean, p50, p90, p99
@@ -177,7 +177,7 @@ def _prefix_keys(record: TraceRecord) -> list[object]:
 
 
 def arrival_period(times: np.ndarray) -> float:
-    """The span of the arrivals plus their mean gap between distinct instants (`replay.sustain.period`)."""
+    """The span of the arrivals plus their mean gap between distinct instants (`capacity.sustain.period`)."""
     instants = np.unique(np.round(times, 3))
     if instants.size < 2:
         return 0.0

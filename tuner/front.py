@@ -63,7 +63,7 @@ def strongest_rival(values: Sequence[float], incumbents: Sequence[Candidate], di
                     index: int) -> Candidate | None:
     """Of the incumbents at least as good as `values` on every objective but `index`, the one best on
     `index` (None: no such incumbent). A new candidate worse than it on `index` is dominated by it,
-    whatever it turns out to be exactly: the bound a search may stop at (`replay.capacity`'s `prune_at`)."""
+    whatever it turns out to be exactly: the bound a search may stop at (`capacity.step`'s `prune_at`)."""
     def others(v: Sequence[float]) -> list[float]:
         return [x for i, x in enumerate(v) if i != index]
 

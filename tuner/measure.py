@@ -9,17 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracetune.capacity.levels import LevelRunner, settle
 from tracetune.engine_adapter.base import Engine
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.registry import EngineKind
 from tracetune.errors import EngineError, TuneError
-from tracetune.replay import workers
-from tracetune.replay.levels import LevelRunner, settle
-from tracetune.replay.metrics import Summary, summarize
-from tracetune.replay.runner import prepare, replay
-from tracetune.replay.trace import Trace
-from tracetune.replay.types import ReplayResult
-from tracetune.tuner.quality import (
+from tracetune.quality.probe import (
     QualityResult,
     Reference,
     lossless_by_construction,
@@ -28,6 +23,11 @@ from tracetune.tuner.quality import (
     probe_prompts,
     quality_key,
 )
+from tracetune.replay import workers
+from tracetune.replay.metrics import Summary, summarize
+from tracetune.replay.runner import prepare, replay
+from tracetune.replay.trace import Trace
+from tracetune.replay.types import ReplayResult
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
 from tracetune.tuner.settings import StudySettings
@@ -141,7 +141,7 @@ class EngineRunner:
                  probe: QualityProbe) -> tuple[QualityResult, Reference | None]:
         """The probe on this server against `probe.reference` (measured here first when there is none:
         returned as well), or the stored result of a configuration with the same quality key
-        (weights, precisions, kernels, decoding path: `tuner.quality.quality_key`)."""
+        (weights, precisions, kernels, decoding path: `quality.probe.quality_key`)."""
         config_json = json.loads(config.model_dump_json())
         key = quality_key(config_json)
         lossless = probe.reference_config is not None and lossless_by_construction(config_json, probe.reference_config)

@@ -8,9 +8,9 @@ import math
 from typing import Any
 
 from tracetune.errors import InputError
+from tracetune.quality.gate import QualityGate
+from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import SLO, STATS, Summary
-from tracetune.tuner.quality import QualityResult
-from tracetune.tuner.quality_gate import QualityGate
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
 DEFAULT_SAMPLER = "gp"  # measured best by benchmarks/search_efficiency.py (README, "Benchmarks")
@@ -69,7 +69,7 @@ def objective_value(name: str, summary: Summary | dict, quality: QualityResult |
     """One objective from a trial's summary and quality (objects, or their stored `as_dict()`)."""
     if name not in OBJECTIVES:
         raise KeyError(name)
-    if name == "capacity":  # requests/s per GPU at the SLO (replay.capacity)
+    if name == "capacity":  # requests/s per GPU at the SLO (capacity.step)
         s = summary.as_dict() if isinstance(summary, Summary) else summary
         return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
     estimate = objective_estimate(name, summary, quality)

@@ -8,11 +8,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from tracetune.quality.probe import QualityResult, Reference
 from tracetune.replay.metrics import Summary
-from tracetune.tuner.quality import QualityResult, Reference
 
 # prune(summary, quality, gpus, base_rps) -> the load level at which a capacity search may stop early
-# (`replay.capacity_search.search_capacity`'s `prune_at`), from what the trial measured so far; None: never.
+# (`capacity.search.search_capacity`'s `prune_at`), from what the trial measured so far; None: never.
 PruneAt = Callable[[Summary, "QualityResult | None", int, float], "float | None"]
 # A level a capacity search measured: (scale, is it a repeat, its request records).
 Level = tuple[float, bool, Any]

@@ -6,12 +6,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from tracetune.capacity.step import CapacityOptions
 from tracetune.errors import InputError
-from tracetune.replay.capacity import CapacityOptions
+from tracetune.quality.gate import QualityGate
 from tracetune.replay.metrics import SLO
 from tracetune.replay.types import ReplayOptions
 from tracetune.tuner.objectives import constraint_names
-from tracetune.tuner.quality_gate import QualityGate
 
 
 @dataclasses.dataclass

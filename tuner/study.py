@@ -17,7 +17,7 @@ Parts: `tuner/settings.py` (StudySettings), `tuner/runner.py` (the `TrialRunner`
 `Measurement`), `tuner/measure.py` (`EngineRunner`: one engine run: start, replay or capacity search,
 quality probe, stop), `tuner/reporter.py` (the `Reporter` of events), `tuner/coordination.py` (storage
 with its heartbeat, claims, what counts, recovery), `tuner/objectives.py` (objectives, constraints,
-samplers), `tuner/quality.py`, `tuner/front.py` (the front with vLLM's defaults competing),
+samplers), `quality/probe.py`, `tuner/front.py` (the front with vLLM's defaults competing),
 `tuner/storage.py` (tracetune's tables), `tuner/secrets.py` (what is never stored).
 """
 
@@ -33,6 +33,8 @@ from typing import Any
 from tracetune.engine_adapter.platform import Platform, installed_vllm_version
 from tracetune.engine_adapter.registry import EngineKind, engine_kind
 from tracetune.errors import EngineError, InputError, Rejected, TuneError
+from tracetune.quality.gate import QualityGate
+from tracetune.quality.probe import QualityResult, Reference, quality_key
 from tracetune.replay.metrics import Summary
 from tracetune.replay.trace import Trace
 from tracetune.search_spaces.space import SearchSpace
@@ -59,8 +61,6 @@ from tracetune.tuner.objectives import (
     startup_trials,
 )
 from tracetune.tuner.presets import presets
-from tracetune.tuner.quality import QualityResult, Reference, quality_key
-from tracetune.tuner.quality_gate import QualityGate
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, QualityProbe, TrialRunner
 from tracetune.tuner.secrets import Redactor
@@ -232,7 +232,7 @@ class Tuner:
 
     def _pruned_reason(self, capacity: dict[str, Any]) -> str:
         """Why a trial's capacity search stopped early, naming the configuration it cannot beat."""
-        from tracetune.replay.capacity import bracket_text
+        from tracetune.capacity.step import bracket_text
 
         rival = self._rival
         who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
@@ -460,7 +460,7 @@ class Tuner:
 
     def prune_level(self, study: Any, summary: Summary, quality: QualityResult | None, gpus: int,
                     base_rps: float) -> float | None:
-        """The load level at which a trial's capacity search stops early (`replay.capacity`): the
+        """The load level at which a trial's capacity search stops early (`capacity.step`): the
         capacity of the strongest incumbent (vLLM's defaults included) at least as good as this trial on
         every other objective; failing it, the trial cannot be on the front. None: nothing to stop at."""
         if not self.s.prune or self.s.capacity is None or "capacity" not in self.s.objectives or base_rps <= 0:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
 
-from tracetune.replay.capacity import bracket_rps, level_verdict  # noqa: E402
+from tracetune.capacity.step import bracket_rps, level_verdict  # noqa: E402
 from tracetune.replay.importers import arrival_grid  # noqa: E402
 from tracetune.replay.metrics import parse_slos  # noqa: E402
 from tracetune.tuner.storage import REFERENCE_RUN, records_of_level  # noqa: E402
@@ -346,7 +346,7 @@ def summary_of(ref: dict, best: dict, gated: dict, quality: list[dict], tight: d
                  "end to end to fill each level)",
         "model": "Llama-3-8B shape, random weights (--load-format dummy)",
         "capacity": "sustained: levels of >= 30 s, 5 request lifetimes and 100 requests, held to the end "
-                    "(replay/sustain.py); docs/results/h200/sustained/",
+                    "(capacity/sustain.py); docs/results/h200/sustained/",
         "default_capacity_rps": runs["default"]["capacity_rps"],
         "default_capacity_bracket_rps": runs["default"]["bracket_rps"],
         "best_capacity_rps": runs["best"]["capacity_rps"], "best_capacity_bracket_rps": runs["best"]["bracket_rps"],

@@ -74,7 +74,7 @@ case $step in
     cp /root/runs/$study/pareto.json "$OUT/pareto_${study#h200-}.json" 2>/dev/null ;;
   sustained)
     # Sustained capacity at the chat SLO (levels of >= 30 s, 5 request lifetimes = 59 s here, 300 requests;
-    # held to the end: replay/sustain.py) on the Azure trace's first 300 measured requests after 8 warm-up,
+    # held to the end: capacity/sustain.py) on the Azure trace's first 300 measured requests after 8 warm-up,
     # looped; one `tune capacity` per configuration, its search started near the rate the 2,400-request
     # levels of the sustained-capacity issue bracketed (k is a multiple of the trace's recorded 3.88 req/s).
     case ${CONFIG:-default} in

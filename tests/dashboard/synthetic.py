@@ -315,7 +315,7 @@ def make_decision_studies(path: Path) -> str:
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
 
-    from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
+    from tracetune.quality.gate import DEFAULT_GATE, parse_gate
     from tracetune.tuner.storage import ResultStore
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)

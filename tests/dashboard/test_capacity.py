@@ -233,7 +233,7 @@ def test_reference_capacity_is_read(cap_study):
 
 
 def test_reads_what_replay_capacity_stores():
-    from tracetune.replay.capacity import CapacityResult, Step
+    from tracetune.capacity.step import CapacityResult, Step
 
     def step(scale, passed, **kw):
         return Step(scale=scale, rps=2 * scale, output_tps=100 * scale, attainment=1.0 if passed else 0.5,

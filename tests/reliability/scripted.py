@@ -12,11 +12,11 @@ from typing import Any
 
 from tracetune.engine_adapter.platform import Platform
 from tracetune.errors import EngineError
+from tracetune.quality.probe import ProbeItem, QualityResult, Reference
 from tracetune.replay.metrics import Estimate, Summary
 from tracetune.replay.trace import load_trace
 from tracetune.replay.types import ReplayOptions
 from tracetune.search_spaces.space import load_space
-from tracetune.tuner.quality import ProbeItem, QualityResult, Reference
 from tracetune.tuner.runner import Measurement, QualityProbe, TrialRunner
 from tracetune.tuner.study import StudySettings, Tuner
 

@@ -172,8 +172,8 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
     """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
     (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
     early stop and everything the Tuner does with them are real."""
-    from tracetune.replay.capacity import CapacityOptions, Step
-    from tracetune.replay.capacity_search import search_capacity
+    from tracetune.capacity.search import search_capacity
+    from tracetune.capacity.step import CapacityOptions, Step
     from tracetune.replay.metrics import parse_slos
     slos = parse_slos("ttft:p99<2s")
     capacity = CapacityOptions(slos=tuple(slos), precision=0.1)

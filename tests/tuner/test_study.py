@@ -7,10 +7,10 @@ import math
 import pytest
 
 from tracetune.errors import InputError
+from tracetune.quality.probe import ProbeItem, QualityResult, Reference, _agreement
 from tracetune.replay.metrics import Estimate, Summary, parse_slos
 from tracetune.tuner.front import REFERENCE, BeyondGate, Candidate, decide, dominates, economics
 from tracetune.tuner.objectives import constraint_values, objective_value, parse_objectives, reference_feasible
-from tracetune.tuner.quality import ProbeItem, QualityResult, Reference, _agreement
 from tracetune.tuner.storage import ResultStore
 from tracetune.tuner.study import config_diff
 
@@ -269,7 +269,7 @@ def test_levels_round_trip_as_columns(tmp_path):
 def test_stored_levels_are_judged_again_under_another_slo(tmp_path):
     """A level read back as request records gets the verdict its records give under any SLO: the
     same attainment as the live judge for the SLO it was searched at, a lower one for a tighter SLO."""
-    from tracetune.replay.capacity import level_verdict
+    from tracetune.capacity.step import level_verdict
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.types import RequestRecord
     from tracetune.tuner.storage import records_of_level

@@ -1,4 +1,4 @@
-"""The parts of a long trace a load level replays (`replay.segments`, `replay.parts`), checked on
+"""The parts of a long trace a load level replays (`capacity.segments`, `capacity.parts`), checked on
 constructed windows and, end to end, with tune's own capacity search against a server whose latency
 is a known queueing model simulated in virtual time (benchmarks/queue_model.py): the whole trace's
 truth is computable there, so what the parts predict can be held against it."""
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from benchmarks.queue_model import QueueModel
-from tracetune.replay import segments
-from tracetune.replay.capacity import CapacityOptions
-from tracetune.replay.levels import LevelRunner
+from tracetune.capacity import segments
+from tracetune.capacity.levels import LevelRunner
+from tracetune.capacity.parts import weighted_targets_met
+from tracetune.capacity.step import CapacityOptions
 from tracetune.replay.metrics import parse_slos
-from tracetune.replay.parts import weighted_targets_met
 from tracetune.replay.types import PreparedRequest, ReplayOptions, RequestRecord
 
 SLOS = tuple(parse_slos("ttft:p95<500ms"))

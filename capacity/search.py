@@ -1,6 +1,6 @@
 """The capacity search: the highest passing load level, found with a `measure(scale, is_repeat)`
-that replays one level and judges it (`replay.capacity.judge`); the definitions it searches for
-are `replay.capacity`'s.
+that replays one level and judges it (`capacity.step.judge`); the definitions it searches for
+are `capacity.step`'s.
 
 The search runs on one running engine: exponential bracketing from a start level (k = 1, or an
 earlier trial's capacity), then bisection (geometric midpoints) until the bracket is within the
@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from tracetune.replay.capacity import CapacityOptions, CapacityResult, Step
+from tracetune.capacity.step import CapacityOptions, CapacityResult, Step
 
 Measure = Callable[[float, bool], Step]  # (scale, is_repeat) -> Step
 

@@ -12,8 +12,9 @@ import time
 import pytest
 from aiohttp import web
 
-from tracetune.errors import InputError
-from tracetune.replay.capacity import (
+from tracetune.capacity.levels import LevelRunner
+from tracetune.capacity.search import search_capacity
+from tracetune.capacity.step import (
     CapacityOptions,
     Step,
     allowed_misses,
@@ -22,8 +23,7 @@ from tracetune.replay.capacity import (
     offered_rates,
     percentile_targets_met,
 )
-from tracetune.replay.capacity_search import search_capacity
-from tracetune.replay.levels import LevelRunner
+from tracetune.errors import InputError
 from tracetune.replay.metrics import parse_slos
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, RequestRecord
 
@@ -213,7 +213,7 @@ def test_allowed_misses_and_certain_misses():
     # already has its first token and the one sent 0.5 s ago are not certain misses
     assert certain_misses(finished, live, 10.0, SLOS) == 3
     # the running count judges each finished request once, and agrees with the full count
-    from tracetune.replay.capacity import MissCounter
+    from tracetune.capacity.step import MissCounter
 
     counter = MissCounter(SLOS)
     growing = []

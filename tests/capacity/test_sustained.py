@@ -1,4 +1,4 @@
-"""Sustained load levels (`replay.sustain`): the window and its looping, the held-to-the-end tests on
+"""Sustained load levels (`capacity.sustain`): the window and its looping, the held-to-the-end tests on
 records made to show each failure, and `tune capacity` on a held-out server whose streams slow as
 its batch grows (tests/replay/batch_server.py), whose steady-state capacity is known."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for_http
-from tracetune.replay import sustain
-from tracetune.replay.capacity import CapacityOptions, judge
-from tracetune.replay.levels import LevelRunner
+from tracetune.capacity import sustain
+from tracetune.capacity.levels import LevelRunner
+from tracetune.capacity.step import CapacityOptions, judge
 from tracetune.replay.metrics import parse_slos
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord
 
@@ -184,7 +184,7 @@ def test_tune_capacity_measures_the_held_out_servers_steady_state(batch_server, 
 
 
 def test_a_level_whose_requests_outlive_its_window_is_measured_again_over_a_longer_one():
-    from tests.replay.test_capacity import SlotServer
+    from tests.capacity.test_capacity import SlotServer
 
     # a TTFT target bounds no lifetime: the 1 s window is sized blind, the requests live 0.4 s
     requests = trace(20, rate=20.0, tokens=2)

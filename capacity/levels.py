@@ -1,7 +1,7 @@
 """Capacity on a real engine: load levels replayed against one running engine (warm-up once, the engine
-drained and its prefix cache emptied before each level, each level as long as `replay.sustain` says,
+drained and its prefix cache emptied before each level, each level as long as `capacity.sustain` says,
 the trace looped where it is shorter, a level abandoned once its outcome is certain), driven by the
-search of `replay.capacity`."""
+search of `capacity.step`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from tracetune.errors import InputError
-from tracetune.replay import segments, sustain
-from tracetune.replay.capacity import (
+from tracetune.capacity import segments, sustain
+from tracetune.capacity.parts import PartOutcome, judge_parts, miss_budget
+from tracetune.capacity.search import search_capacity
+from tracetune.capacity.step import (
     CapacityOptions,
     CapacityResult,
     MissCounter,
@@ -24,8 +25,7 @@ from tracetune.replay.capacity import (
     judge,
     offered_rates,
 )
-from tracetune.replay.capacity_search import search_capacity
-from tracetune.replay.parts import PartOutcome, judge_parts, miss_budget
+from tracetune.errors import InputError
 from tracetune.replay.runner import replay
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult
 
@@ -125,7 +125,7 @@ class LevelRunner:
         return text if whole else f"{text}; {segments.describe_rule(len(self.requests))}"
 
     def windows(self, scale: float) -> segments.Windows | None:
-        """The trace cut into windows of level `scale`'s length (`replay.segments`), or None when the
+        """The trace cut into windows of level `scale`'s length (`capacity.segments`), or None when the
         level replays the whole trace: it is no longer than a few windows, or this runner replays the
         whole trace at every level."""
         if self.options.whole_trace:
@@ -137,9 +137,9 @@ class LevelRunner:
 
     def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
         """Measure level `scale` over its window: the whole trace (looped where shorter), or the
-        windows of it `replay.segments` picks. A passing level whose requests lived longer than the window was sized for
-        (the SLO bounds no lifetime, or the engine is slower) is measured once more, over a window
-        sized by its measured median E2E latency."""
+        windows of it `capacity.segments` picks. A passing level whose requests lived longer than the
+        window was sized for (the SLO bounds no lifetime, or the engine is slower) is measured once
+        more, over a window sized by its measured median E2E latency."""
         windows = self.windows(scale)
         if windows is None:
             window = self.window(scale)
@@ -202,9 +202,9 @@ class LevelRunner:
 
     def _replay_parts(self, scale: float, windows: segments.Windows, repeat: bool,
                       abandon: bool | None) -> tuple[Step, ReplayResult]:
-        """Replay windows of the trace one after another (`replay.segments`: the busiest first, then
+        """Replay windows of the trace one after another (`capacity.segments`: the busiest first, then
         by load) until the whole trace's attainment bounds decide the level, and judge them as one
-        (`replay.parts.judge_parts`). Abandoned once the misses certain in a window leave the whole
+        (`capacity.parts.judge_parts`). Abandoned once the misses certain in a window leave the whole
         trace's high bound short of the target."""
         use_abandon = self.options.abandon if abandon is None else abandon
         target = self.options.attainment

@@ -9,16 +9,16 @@ within their latency targets. This module owns the definitions; everything else 
   0.95) over its whole window, every percentile target of the SLO holds over all its requests (a
   failed request counts as infinitely slow there), and the engine held the load to the end: the
   window's last third meets the attainment target too, and neither the requests in flight nor the
-  TTFT are still rising at the end (a slope with its 95% interval). `replay.sustain` has these
+  TTFT are still rising at the end (a slope with its 95% interval). `capacity.sustain` has these
   tests and the window's length: at least 30 s, 5 request lifetimes and 100 requests by default,
   the trace replayed end to end again where it is shorter. Each step names the test that decided.
 - *Load level k*: the trace replayed with its arrival times divided by k (k = 2: twice the
   recorded rate); content, lengths and prefixes unchanged, looped as the window needs; a trace
-  longer than a few windows by the windows that decide it (`replay.segments`, `replay.parts`).
+  longer than a few windows by the windows that decide it (`capacity.segments`, `capacity.parts`).
 - *Capacity*: the highest passing k, reported as k, as the offered requests/s and output tokens/s
   at that level, and per GPU. It is a bracket: [highest confirmed pass, lowest fail].
 
-The search over load levels is `replay.capacity_search`.
+The search over load levels is `capacity.search`.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from tracetune.capacity import segments, sustain
 from tracetune.errors import InputError
-from tracetune.replay import segments, sustain
 from tracetune.replay.metrics import SLO, client_overloaded, lag_bound_s, lag_p99, meets_slos, slo_value, threshold
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayResult, RequestRecord
 
-# A level's window by default (`replay.sustain` says why): seconds, request lifetimes, requests.
+# A level's window by default (`capacity.sustain` says why): seconds, request lifetimes, requests.
 LEVEL_SECONDS = 30.0
 LEVEL_LIFETIMES = 5.0
 LEVEL_REQUESTS = 100
@@ -56,7 +56,7 @@ class CapacityOptions:
     level_seconds: float = LEVEL_SECONDS
     level_lifetimes: float = LEVEL_LIFETIMES
     level_requests: int = LEVEL_REQUESTS
-    # A trace longer than a few windows: a level replays the windows that decide it (`replay.segments`),
+    # A trace longer than a few windows: a level replays the windows that decide it (`capacity.segments`),
     # or, with whole_trace, the whole trace (costs the trace's length a level).
     whole_trace: bool = False
 
@@ -99,7 +99,7 @@ class Step:
     repeat: bool = False
     errors: int = 0
     client_procs: int = 1
-    # How the level was decided (`replay.sustain`): "held" (passed every test), or the test that failed
+    # How the level was decided (`capacity.sustain`): "held" (passed every test), or the test that failed
     # it: "attainment", "percentile target", "last third", "queue rising", "TTFT rising"; an abandoned
     # level: "misses" or "last-third misses" (more certain misses than the target allows there).
     decided_by: str = ""
@@ -109,7 +109,7 @@ class Step:
     quarters: list[float] = dataclasses.field(default_factory=list)  # attainment per quarter of the window
     in_flight_trend: list[float] | None = None  # requests in flight at the end: slope/s, 95% low, high, end value
     ttft_trend: list[float] | None = None  # median TTFT at the end (s): slope/s, 95% low, high, end value
-    # A level of a long trace replays some of its windows (`replay.segments`): each with what it stands
+    # A level of a long trace replays some of its windows (`capacity.segments`): each with what it stands
     # for and its own verdict; `trace_windows`: the windows the trace was cut into. None: the whole trace.
     parts: list[dict[str, Any]] | None = None
     trace_windows: int = 0
@@ -312,7 +312,7 @@ def caveats(cap: dict[str, Any] | None) -> list[str]:
 # -- one load level -------------------------------------------------------------------------------
 def offered_rates(requests: Sequence[PreparedRequest]) -> tuple[float, float]:
     """(requests/s, output tokens/s) the schedule offers: its requests over its period (the span of
-    its arrivals plus their mean gap, `replay.sustain.period`), the same whether it is replayed once
+    its arrivals plus their mean gap, `capacity.sustain.period`), the same whether it is replayed once
     or looped; all at once: their count per second."""
     if not requests:
         return 0.0, 0.0
@@ -407,7 +407,7 @@ def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
           duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0, abandoned_by: str = "misses",
           passes: int = 1) -> Step:
-    """A measured level as a `Step`: attainment, pass or fail (sustained: `replay.sustain.held`),
+    """A measured level as a `Step`: attainment, pass or fail (sustained: `capacity.sustain.held`),
     the test that decided, and the client's own verdict. An abandoned level's attainment is the most
     it could still have reached (its certain misses counted, everything else assumed good)."""
     planned = len(requests)

@@ -4,7 +4,7 @@ the whole trace would pass at that load.
 A load level k is defined on the whole trace (its arrival times divided by k). Replaying a one-hour
 recording at every level costs an hour a level; replaying its first minute measures whatever that
 minute happened to hold (on a bursty production trace, 26.9x the rate the whole trace holds). So a
-level replays a few *windows* of the trace, each as long as the level's window (`replay.sustain`):
+level replays a few *windows* of the trace, each as long as the level's window (`capacity.sustain`):
 
 1. The trace is cut into consecutive windows of that length, the grid aligned so that one window
    is the **busiest** stretch of the trace (the most arrivals in any window-long stretch). Each
@@ -16,7 +16,7 @@ level replays a few *windows* of the trace, each as long as the level's window (
    window not replayed is bounded by the windows replayed on either side of its load, on the one
    assumption the rule rests on: a window with more load attains no more than one with less. That
    bounds the whole trace's attainment, [low, high], and that of its last third, which a level
-   replaying the whole trace must meet on its own (`replay.sustain`). When both `low`s reach the
+   replaying the whole trace must meet on its own (`capacity.sustain`). When both `low`s reach the
    attainment target the level passes; when a `high` falls short, it fails. Otherwise the next
    window replayed is the one at the middle (by requests) of the load gap whose windows leave the
    most attainment undecided, up to `MAX_PARTS` windows; still undecided then, the level is decided
@@ -37,7 +37,7 @@ Levels far from the capacity are decided by one or two windows (the busiest pass
 spare, or a middle window fails outright); levels near it replay more.
 
 A trace no longer than `MIN_WINDOWS` windows is replayed whole (looped where shorter than one
-window, `replay.sustain.looped`): the parts would cost about as much.
+window, `capacity.sustain.looped`): the parts would cost about as much.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from tracetune.capacity.sustain import LAST_PART
 from tracetune.replay.profile import arrival_period
-from tracetune.replay.sustain import LAST_PART
 from tracetune.replay.types import PreparedRequest
 
 MIN_WINDOWS = 4  # a trace of at most this many windows is replayed whole
@@ -93,7 +93,7 @@ class Windows:
     @property
     def last_part(self) -> np.ndarray:
         """The windows of the trace's last third (by their middle), whose attainment a whole-trace
-        level must meet on its own (`replay.sustain.LAST_PART`)."""
+        level must meet on its own (`capacity.sustain.LAST_PART`)."""
         middle = (self.edges[:-1] + self.edges[1:]) / 2
         return middle >= self.edges[0] + (self.edges[-1] - self.edges[0]) * (1 - LAST_PART)
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tracetune.tuner.quality import ProbeItem, Reference, item_stats, kl_top_k, summarize_quality
+from tracetune.quality.probe import ProbeItem, Reference, item_stats, kl_top_k, summarize_quality
 
 
 def logs(probs: dict[str, float]) -> dict[str, float]:
@@ -96,7 +96,7 @@ def test_a_reference_stored_before_the_floor_still_reads_and_reports_no_floor():
     ("top1:0.99", "top1", 0.99, "top1>=0.99"),
 ])
 def test_the_gate_reads_every_unit(text, unit, limit, shown):
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     gate = parse_gate(text)
     assert (gate.unit, gate.limit, str(gate)) == (unit, pytest.approx(limit), shown)
@@ -104,7 +104,7 @@ def test_the_gate_reads_every_unit(text, unit, limit, shown):
 
 def test_the_default_gate_is_one_percent_perplexity_and_none_turns_it_off():
     from tracetune.cli.main import _build_parser
-    from tracetune.tuner.quality_gate import DEFAULT_GATE, parse_gate
+    from tracetune.quality.gate import DEFAULT_GATE, parse_gate
 
     assert str(parse_gate(DEFAULT_GATE)) == "ppl<=+1%"
     assert parse_gate("none") is None and parse_gate(" None ") is None
@@ -114,7 +114,7 @@ def test_the_default_gate_is_one_percent_perplexity_and_none_turns_it_off():
 @pytest.mark.parametrize("bad", ["kld:", "ppl:1", "top1:1.5", "bits:3", "nats:-1", "x"])
 def test_a_bad_gate_names_the_flag_and_the_units(bad):
     from tracetune.errors import InputError
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     with pytest.raises(InputError, match=r"--max-quality-loss: cannot read .*kld:0.01.*ppl:\+1%.*top1:0.99"):
         parse_gate(bad)
@@ -122,7 +122,7 @@ def test_a_bad_gate_names_the_flag_and_the_units(bad):
 
 def test_the_gate_judges_beyond_the_floor_in_its_unit():
     """The lossless candidate passes a strict gate in every unit; the lossy one fails them."""
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     lossless, lossy = study(0.05, 0.05).as_dict(), study(0.05, 0.6).as_dict()
     for spec in ("kld:0.005", "ppl:+1%", "nats:0.01"):
@@ -137,7 +137,7 @@ def test_the_gate_judges_beyond_the_floor_in_its_unit():
 
 
 def test_the_quality_key_ignores_batching_knobs_and_keeps_what_changes_tokens():
-    from tracetune.tuner.quality import quality_key
+    from tracetune.quality.probe import quality_key
 
     base = {"model": "/cache/a/SmolLM2", "dtype": None, "quantization": None, "kv_cache_dtype": None,
             "speculative": {"method": None}, "max_num_seqs": 8, "enable_prefix_caching": True,
@@ -151,7 +151,7 @@ def test_the_quality_key_ignores_batching_knobs_and_keeps_what_changes_tokens():
 
 
 def test_a_stored_quality_result_reads_back_whole():
-    from tracetune.tuner.quality import QualityResult
+    from tracetune.quality.probe import QualityResult
 
     result = study(0.05, 0.6)
     result.reused_from, result.key = 3, "quality:abc"
@@ -159,8 +159,8 @@ def test_a_stored_quality_result_reads_back_whole():
 
 
 def test_probe_prompts_span_the_traces_length_mix_not_only_its_start():
+    from tracetune.quality.probe import probe_prompts
     from tracetune.replay.trace import Trace, TraceRecord
-    from tracetune.tuner.quality import probe_prompts
 
     # 40 short chats first, then 10 long documents: the first 8 prompts would all be short.
     records = [TraceRecord(timestamp=i, prompt=f"hi {i}", output_length=4) for i in range(40)]
@@ -177,7 +177,7 @@ def test_probe_prompts_span_the_traces_length_mix_not_only_its_start():
 
 
 def test_a_gate_reads_back_from_its_stored_spec():
-    from tracetune.tuner.quality_gate import parse_gate
+    from tracetune.quality.gate import parse_gate
 
     for text in ("0.05", "kld:0.01", "ppl:+2.5%", "top1:0.99"):
         gate = parse_gate(text)
@@ -185,7 +185,7 @@ def test_a_gate_reads_back_from_its_stored_spec():
 
 
 def test_only_batching_and_speculation_differences_are_lossless_by_construction():
-    from tracetune.tuner.quality import lossless_by_construction
+    from tracetune.quality.probe import lossless_by_construction
 
     ref = {"model": "/cache/SmolLM2", "dtype": None, "quantization": None, "kv_cache_dtype": None,
            "speculative": {"method": None}, "max_num_seqs": 256}
@@ -202,7 +202,7 @@ def test_a_lossless_config_measured_beyond_the_floor_blames_the_probe_not_the_co
     probe, the gate does not reject the config, the self-check says so; a lossy config is still judged."""
     import dataclasses
 
-    from tracetune.tuner.quality_gate import parse_gate, self_check, verdict
+    from tracetune.quality.gate import parse_gate, self_check, verdict
 
     noisy = study(noise_floor=0.0, candidate=0.3)
     assert noisy.within_floor is False
@@ -222,7 +222,7 @@ def test_a_lossless_config_measured_beyond_the_floor_blames_the_probe_not_the_co
 
 
 def test_the_floor_reads_from_a_stored_reference_probe_with_its_size():
-    from tracetune.tuner.quality_gate import floor_estimates, floor_text
+    from tracetune.quality.gate import floor_estimates, floor_text
 
     rng = np.random.default_rng(1)
     reference = Reference(items=[item(rng) for _ in range(6)])
@@ -241,7 +241,7 @@ def test_auto_is_the_default_for_quality_and_for_losslessness():
     """The default space's kv_cache_dtype 'auto' is vLLM's default, which the reference leaves unset: the
     same quality key, and lossless by construction (measured on the quickstart, where 16-bit trials were
     not recognised as lossless before)."""
-    from tracetune.tuner.quality import lossless_by_construction, quality_key
+    from tracetune.quality.probe import lossless_by_construction, quality_key
 
     ref = {"model": "/m/SmolLM2", "dtype": None, "kv_cache_dtype": None, "load_format": None,
            "speculative": {"method": "none", "num_speculative_tokens": 3}}

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracetune.errors import InputError
+from tracetune.quality.probe import Reference
 from tracetune.replay.metrics import Estimate, bootstrap_ci
-from tracetune.tuner.quality import Reference
 
 # The gate's units: how each reads a stored quality dict, and which side of the limit passes.
 GATE_UNITS = {

@@ -1,4 +1,4 @@
-"""A load level made of parts of a long trace (`replay.segments` picks them): the whole trace's
+"""A load level made of parts of a long trace (`capacity.segments` picks them): the whole trace's
 verdict at that load, judged from the windows replayed."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from tracetune.replay import segments
-from tracetune.replay.capacity import CapacityOptions, Step
+from tracetune.capacity import segments
+from tracetune.capacity.step import CapacityOptions, Step
 from tracetune.replay.metrics import SLO, slo_value
 from tracetune.replay.types import PreparedRequest, RequestRecord
 
@@ -84,7 +84,7 @@ def miss_budget(windows: segments.Windows, measured: Mapping[int, float], cell: 
 def judge_parts(scale: float, done: Sequence[PartOutcome], windows: segments.Windows, options: CapacityOptions, *,
                 base_rates: tuple[float, float], abandoned: bool) -> Step:
     """The level as the whole trace's estimate: its attainment bounded by the parts replayed
-    (`replay.segments.bounds`), passed when the low bounds reach the target (or, still undecided
+    (`capacity.segments.bounds`), passed when the low bounds reach the target (or, still undecided
     after the most parts, the estimate does) and the percentile targets hold over the parts'
     requests weighted by what each stands for; the same of the trace's last third. An abandoned
     level failed."""

@@ -1,7 +1,7 @@
 """Sustained load levels: how long a level lasts, and whether the engine held it to the end.
 
 A capacity is what a platform team provisions from, so a load level must show that the engine can
-hold its load, not that it survives a few seconds of it. `replay.capacity` defines the capacity;
+hold its load, not that it survives a few seconds of it. `capacity.step` defines the capacity;
 this module owns the two rules that make a level *sustained*.
 
 **The window.** A level lasts at least `level_seconds` (default 30 s), at least `level_lifetimes`

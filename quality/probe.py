@@ -26,7 +26,7 @@ platform's kernels, which every candidate carries too. A candidate's loss is rep
 floor as a paired difference over the same prompts, with its interval; `within_floor` says the
 candidate cannot be told apart from the reference's own noise.
 
-Judging these results (the gate, the floor's estimates, verdicts, the self-check): `tuner.quality_gate`.
+Judging these results (the gate, the floor's estimates, verdicts, the self-check): `quality.gate`.
 """
 
 from __future__ import annotations
