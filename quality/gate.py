@@ -7,11 +7,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from tracetune.errors import InputError
 from tracetune.quality.probe import Reference
 from tracetune.replay.metrics import Estimate, bootstrap_ci
+from tracetune.types import Json, JsonDict
+
+# A stored quality result (`quality.probe.QualityResult.as_dict()`, or an older study's subset of it),
+# as read back from storage.
+StoredQuality = JsonDict
 
 # The gate's units: how each reads a stored quality dict, and which side of the limit passes.
 GATE_UNITS = {
@@ -50,31 +54,133 @@ class QualityGate:
             return f"top1>={self.limit:g}"
         return f"{self.unit}<={self.limit:g}"
 
-    def violation(self, quality: dict[str, Any] | None) -> float:
-        """<= 0 when the gate holds (Optuna's convention); inf when the unit was not measured. A
-        configuration lossless by construction passes: what it measured beyond the floor is the
-        probe's noise (its verdict says so), not a loss of the configuration."""
+    def violation(self, quality: StoredQuality | None) -> float:
+        """<= 0 when the gate holds (Optuna's convention): how far the worse end of the measured 95%
+        interval lies past the limit, so a configuration passes only when its whole interval is
+        within the gate (`decide`); inf when the unit was not measured. A configuration lossless by
+        construction passes: what it measured beyond the floor is the probe's noise (its verdict
+        says so), not a loss of the configuration."""
+        measured = self.measured(quality)
+        if measured is None:
+            return math.inf
+        worst = measured.low if self.unit == "top1" else measured.high
+        gap = self.limit - worst if self.unit == "top1" else worst - self.limit
+        return min(gap, 0.0) if (quality or {}).get("lossless") else gap
+
+    def measured(self, quality: StoredQuality | None) -> Estimate | None:
+        """The stored quality in the gate's unit, beyond the reference's noise floor where the study
+        measured one, with its 95% interval (ppl: a fraction); None when the unit was not measured."""
         if not quality:
-            return math.inf
-        measured = self._measured_violation(quality)
-        return min(measured, 0.0) if quality.get("lossless") else measured
-
-    def _measured_violation(self, quality: dict[str, Any]) -> float:
+            return None
         if self.unit == "top1":
-            top1 = quality.get("top1_agreement")
-            return self.limit - top1["value"] if top1 else math.inf
+            return _estimate(quality.get("top1_agreement"))
         loss = _beyond_floor(quality, "nll" if self.unit in ("nats", "ppl") else "kld")
-        if loss is None:
-            return math.inf
-        return (math.expm1(loss) if self.unit == "ppl" else loss) - self.limit
+        if loss is None or self.unit != "ppl":
+            return loss
+        return Estimate(math.expm1(loss.value), math.expm1(loss.low), math.expm1(loss.high))
+
+    def decide(self, quality: StoredQuality | None) -> GateDecision:
+        """The gate's judgement of a stored quality, read from its interval (`GateDecision`)."""
+        measured = self.measured(quality)
+        if measured is None:
+            return GateDecision(NOT_MEASURED, self, None)
+        if self.violation(quality) <= 0:
+            return GateDecision(WITHIN, self, measured)
+        best = measured.high if self.unit == "top1" else measured.low
+        if (best < self.limit) if self.unit == "top1" else (best > self.limit):
+            return GateDecision(OUTSIDE, self, measured)
+        return GateDecision(UNDECIDED, self, measured, _tokens_to_decide(self, quality or {}))
 
 
-def _beyond_floor(quality: dict[str, Any], unit: str) -> float | None:
+# The gate's words on a configuration: its whole interval within the limit, its whole interval past
+# it, or the interval reaching both sides (the probe cannot tell yet); or the unit not measured.
+WITHIN, OUTSIDE, UNDECIDED, NOT_MEASURED = "within", "outside", "undecided", "not measured"
+
+
+@dataclasses.dataclass(frozen=True)
+class GateDecision:
+    """One quality decision: `word` (WITHIN, OUTSIDE, UNDECIDED or NOT_MEASURED), the measured
+    value in the gate's unit, and for an undecided one the probe size (scored tokens) that would
+    decide it, None when it cannot be estimated (the value sits on the limit, or the size is unknown)."""
+
+    word: str
+    gate: QualityGate
+    measured: Estimate | None
+    tokens_to_decide: int | None = None
+
+    @property
+    def within(self) -> bool:
+        return self.word == WITHIN
+
+    def text(self, gate_words: str | None = None) -> str:
+        """In words, e.g. "undecided against the quality gate ppl<=+1%: perplexity -3.78% [-13.37%, +4.86%]
+        reaches both sides of the limit; a probe of about 41,000 tokens would decide it"."""
+        gate = gate_words or f"the quality gate {self.gate}"
+        if self.word == NOT_MEASURED:
+            return f"quality not measured, so {gate} cannot judge it"
+        head = f"{self.word} {gate}" if self.word != UNDECIDED else f"undecided against {gate}"
+        if self.word != UNDECIDED or self.measured is None:
+            return head
+        size = (f"; a probe of about {self.tokens_to_decide:,} scored tokens would decide it"
+                if self.tokens_to_decide else "")
+        return f"{head}: its 95% interval {self._interval()} reaches both sides of the limit{size}"
+
+    def _interval(self) -> str:
+        m = self.measured
+        assert m is not None
+        if self.gate.unit == "ppl":
+            return f"[{m.low * 100:+.2f}%, {m.high * 100:+.2f}%]"
+        return f"[{m.low:.4g}, {m.high:.4g}]"
+
+
+def _tokens_to_decide(gate: QualityGate, quality: StoredQuality) -> int | None:
+    """The probe size whose interval would clear the limit: the interval's half-width shrinks as
+    1/sqrt(scored tokens) (its chunks are near-independent: `quality.probe`), so it must shrink to
+    the distance between the value and the limit. Read in the unit's linear form (nats for ppl)."""
+    measured = gate.measured(quality)
+    n = int(quality.get("n_tokens") or 0)
+    if measured is None or not n:
+        return None
+    limit = math.log1p(gate.limit) if gate.unit == "ppl" else gate.limit
+    value, low, high = ((math.log1p(measured.value), math.log1p(measured.low), math.log1p(measured.high))
+                        if gate.unit == "ppl" else (measured.value, measured.low, measured.high))
+    margin, half = abs(value - limit), (high - low) / 2
+    if margin <= 0 or half <= 0:
+        return None
+    return max(math.ceil(n * (half / margin) ** 2), n + 1)
+
+
+def _estimate(entry: Json) -> Estimate | None:
+    """A stored estimate ({"value", "ci_low", "ci_high"}; an interval-less one: the value alone)."""
+    if not entry:
+        return None
+    value = float(entry["value"])
+    return Estimate(value, float(entry.get("ci_low", value)), float(entry.get("ci_high", value)))
+
+
+def _beyond_floor(quality: StoredQuality, unit: str) -> Estimate | None:
     beyond = (quality.get("beyond_floor") or {}).get(unit)
     if beyond is not None:
-        return beyond["value"]
-    raw = quality.get("nll_delta_per_token" if unit == "nll" else "kld")
-    return raw["value"] if raw else None
+        return _estimate(beyond)
+    return _estimate(quality.get("nll_delta_per_token" if unit == "nll" else "kld"))
+
+
+def with_units(quality: StoredQuality | None) -> StoredQuality | None:
+    """A stored quality with its perplexity change: a study stored before the probe reported it
+    (NLL only, nats/token) gets it from the NLL increase (perplexity ratio - 1 = exp(NLL delta) - 1),
+    interval and all, so it reads in the units every page uses. A copy; None stays None."""
+    if not quality or quality.get("ppl_change") or not quality.get("nll_delta_per_token"):
+        return quality
+    nll = _estimate(quality["nll_delta_per_token"])
+    assert nll is not None
+    ppl = {"value": math.expm1(nll.value), "ci_low": math.expm1(nll.low), "ci_high": math.expm1(nll.high)}
+    return {**quality, "ppl_change": ppl}
+
+
+def random_weights(config: JsonDict | None) -> bool:
+    """A configuration measured on random weights (load_format dummy): its speed is measured, its
+    quality is not measurable (random weights agree with themselves whatever the configuration)."""
+    return (config or {}).get("load_format") == "dummy"
 
 
 def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> QualityGate | None:
@@ -103,7 +209,7 @@ def parse_gate(text: str | float | None, flag: str = "--max-quality-loss") -> Qu
     return QualityGate(unit, limit)
 
 
-def floor_estimates(reference_probe: dict[str, Any] | list | None, *, seed: int = 0) -> dict[str, Estimate]:
+def floor_estimates(reference_probe: JsonDict | list[JsonDict] | None, *, seed: int = 0) -> dict[str, Estimate]:
     """The noise floor of a stored reference probe, per unit, with intervals over prompts: "nll"
     (nats/token), "kld", "top1", and "ppl" (perplexity change, a fraction). Empty without a floor."""
     return _estimates(Reference.from_json(reference_probe).floor if reference_probe else None, seed=seed)
@@ -116,7 +222,7 @@ def _estimates(floor: dict[str, list[float]] | None, *, seed: int = 0) -> dict[s
     return out
 
 
-def verdict(quality: dict[str, Any] | None) -> str:
+def verdict(quality: StoredQuality | None) -> str:
     """A stored quality result against the floor, in words ("" without a floor)."""
     if not quality or quality.get("within_floor") is None:
         return ""
@@ -125,19 +231,23 @@ def verdict(quality: dict[str, Any] | None) -> str:
     return "within noise floor" if quality["within_floor"] else "beyond noise floor"
 
 
-def units_text(quality: dict[str, Any] | None) -> str:
+def units_text(quality: StoredQuality | None) -> str:
     """KL divergence, perplexity change and top-1 agreement of a stored quality result, and its
     verdict against the floor ("-" when the units were not measured)."""
-    if not quality or not quality.get("kld"):
+    quality = with_units(quality)
+    if not quality or not quality.get("ppl_change"):
         return "-"
-    parts = [f"KLD {quality['kld']['value']:.4f}", f"ppl {quality['ppl_change']['value'] * 100:+.1f}%",
-             f"top-1 {quality['top1_agreement']['value']:.2f}"]
+    parts = ([f"KLD {quality['kld']['value']:.4f}"] if quality.get("kld") else []) \
+        + [f"ppl {quality['ppl_change']['value'] * 100:+.1f}%"] \
+        + ([f"top-1 {quality['top1_agreement']['value']:.2f}"] if quality.get("top1_agreement") else [])
     return " · ".join(parts + ([verdict(quality)] if verdict(quality) else []))
 
 
-def cost_text(quality: dict[str, Any] | None) -> str:
+def cost_text(quality: StoredQuality | None) -> str:
     """A stored quality result's loss in plain words, perplexity first, e.g. "+13.4% perplexity
-    [+12.9%, +13.9%] (KLD 0.067, top-1 0.90)"; "an unmeasured quality" when there is none."""
+    [+12.9%, +13.9%] (KLD 0.067, top-1 0.90)" (a study that stored NLL only: its perplexity from it,
+    `with_units`); "an unmeasured quality" when there is none."""
+    quality = with_units(quality)
     if not quality or not quality.get("ppl_change"):
         return "an unmeasured quality"
     ppl = quality["ppl_change"]
@@ -150,7 +260,7 @@ def cost_text(quality: dict[str, Any] | None) -> str:
     return text + (f" ({', '.join(units)})" if units else "")
 
 
-def floor_text(reference_probe: dict[str, Any] | list | None, estimates: dict[str, Estimate] | None = None) -> str:
+def floor_text(reference_probe: JsonDict | list[JsonDict] | None, estimates: dict[str, Estimate] | None = None) -> str:
     """One line: the reference against itself, and the probe's size ("" when no floor was measured).
     `estimates`: the probe's `floor_estimates`, where the caller has them already."""
     if not reference_probe:
@@ -167,7 +277,7 @@ def floor_text(reference_probe: dict[str, Any] | list | None, estimates: dict[st
     return f"noise floor (the reference against itself, {size}): " + " · ".join(parts)
 
 
-def self_check(qualities: Sequence[tuple[int, dict[str, Any] | None]]) -> str:
+def self_check(qualities: Sequence[tuple[int, StoredQuality | None]]) -> str:
     """The study's probe self-check over (trial, stored quality): lossless-by-construction trials
     within the floor, or the probe too noisy ("" when no such trial was measured)."""
     lossless = [(n, q) for n, q in qualities if q and q.get("lossless") and q.get("within_floor") is not None

@@ -129,7 +129,8 @@ def test_the_gate_judges_beyond_the_floor_in_its_unit():
         gate = parse_gate(spec)
         assert gate.violation(lossless) <= 0 < gate.violation(lossy), spec
     top1 = parse_gate("top1:0.9")
-    assert top1.violation(lossy) == pytest.approx(0.9 - lossy["top1_agreement"]["value"])
+    # top-1 is judged by its interval's lower end: the whole interval must keep the share
+    assert top1.violation(lossy) == pytest.approx(0.9 - lossy["top1_agreement"]["ci_low"])
     # Without a floor (an older study) the raw value is judged; an unmeasured unit never passes.
     raw = {"nll_delta_per_token": {"value": 0.02, "low": 0.01, "high": 0.03}, "kld": None}
     assert parse_gate("0.05").violation(raw) == pytest.approx(-0.03)
