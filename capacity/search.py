@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from tracetune.capacity.step import CapacityOptions, CapacityResult, Step
+from tracetune.capacity.step import CapacityOptions, CapacityResult, Step, Verdict
 
 Measure = Callable[[float, bool], Step]  # (scale, is_repeat) -> Step
 
@@ -191,5 +191,5 @@ def _result(search: _Search, options: CapacityOptions, gpus: int, base_rates: tu
     return CapacityResult(
         attainment_target=options.attainment, precision=options.precision, slos=[str(s) for s in options.slos],
         steps=search.steps, capacity_scale=lo, bracket_high=hi, base_rps=base_rates[0],
-        base_output_tps=base_rates[1], gpus=gpus, unstable=search.unstable, verdict=search.verdict,
+        base_output_tps=base_rates[1], gpus=gpus, unstable=search.unstable, verdict=Verdict(search.verdict),
         search_s=search_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -88,6 +89,21 @@ class EngineMetrics:
         out["spec_decode_acceptance_rate"] = self.spec_decode_acceptance_rate
         out["spec_decode_mean_accepted_length"] = self.spec_decode_mean_accepted_length
         return out
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, object] | None) -> EngineMetrics:
+        """Counters as `as_dict` stored them (the rates are derived again, not read); a counter missing
+        or not a number (an older or another engine's dump) is 0."""
+        values: dict[str, float] = {}
+        for field in dataclasses.fields(cls):
+            raw = (stored or {}).get(field.name)
+            try:
+                value = float(raw) if isinstance(raw, int | float | str) else math.nan
+            except ValueError:
+                continue
+            if not math.isnan(value):
+                values[field.name] = value
+        return cls(**values)
 
 
 def parse_metrics(text: str) -> EngineMetrics:

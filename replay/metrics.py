@@ -25,13 +25,13 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
 from tracetune.engine_adapter.openai_client import stream_fault
 from tracetune.errors import InputError
 from tracetune.replay.types import ReplayResult, RequestRecord
+from tracetune.types import Json, JsonDict
 
 # Schedule lag beyond which a replay measures the client, not the engine: 10 ms, or 5% of the
 # tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the
@@ -40,6 +40,7 @@ from tracetune.replay.types import ReplayResult, RequestRecord
 LAG_BOUND_S = 0.010
 LAG_SHARE_OF_THRESHOLD = 0.05
 
+# The latency vocabulary, written once: every objective, column and SLO reads these names.
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
@@ -95,7 +96,7 @@ def parse_slos(spec: str | None, flag: str = "--slo") -> list[SLO]:
     return slos
 
 
-def _stat(values: np.ndarray, stat: str, axis: int | None = None) -> Any:
+def _stat(values: np.ndarray, stat: str, axis: int | None = None) -> np.floating | np.ndarray:
     if stat == "mean":
         return np.mean(values, axis=axis)
     return np.percentile(values, float(stat[1:]), axis=axis)
@@ -109,6 +110,20 @@ class Estimate:
 
     def as_dict(self) -> dict[str, float]:
         return {"value": self.value, "ci_low": self.low, "ci_high": self.high}
+
+    @classmethod
+    def from_dict(cls, stored: JsonDict | None) -> Estimate:
+        """An estimate as `as_dict` stored it (NaN where a value is missing or not a number)."""
+        stored = stored or {}
+        return cls(number(stored.get("value")), number(stored.get("ci_low")), number(stored.get("ci_high")))
+
+
+def number(value: Json) -> float:
+    """A stored value as a float; NaN where it is missing or not a number (a result read back from JSON)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 # Above this many values the interval comes from large-sample theory instead of the bootstrap: a
@@ -208,7 +223,7 @@ class Summary:
     slo_met: dict[str, bool] = dataclasses.field(default_factory=dict)
     engine: dict[str, float] | None = None
     error_examples: list[str] = dataclasses.field(default_factory=list)
-    capacity: dict[str, Any] | None = None  # capacity.step.CapacityResult.as_dict(), when searched
+    capacity: JsonDict | None = None  # capacity.step.CapacityResult.as_dict(), when searched
     client_errors: int = 0  # failed by this machine (file descriptors, ports), not by the engine
     client_overloaded: bool = False
     lag_bound_s: float = LAG_BOUND_S
@@ -217,8 +232,8 @@ class Summary:
     stream_faults: int = 0  # errors whose answer was not a well-formed OpenAI stream
     first_stream_fault: str = ""  # the reason of the first of them (in trace order)
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def as_dict(self) -> JsonDict:
+        out: JsonDict = {
             "requests": self.requests, "succeeded": self.succeeded, "errors": self.errors,
             "client_errors": self.client_errors, "client_overloaded": self.client_overloaded,
             "lag_bound_s": self.lag_bound_s, "connection_waits": self.connection_waits,
@@ -236,6 +251,36 @@ class Summary:
         if self.capacity is not None:
             out["capacity"] = self.capacity
         return out
+
+    @classmethod
+    def from_dict(cls, stored: JsonDict) -> Summary:
+        """A summary as `as_dict` stored it; a field an older tracetune did not store takes its default
+        (a statistic it did not measure is absent from `latency`)."""
+        def count(key: str) -> int:
+            return int(stored.get(key) or 0)
+
+        goodput = stored.get("goodput_rps")
+        attainment = stored.get("slo_attainment")
+        return cls(
+            requests=count("requests"), succeeded=count("succeeded"), errors=count("errors"),
+            error_rate=number(stored.get("error_rate") or 0.0), duration_s=number(stored.get("duration_s")),
+            request_throughput_rps=Estimate.from_dict(stored.get("request_throughput_rps")),
+            output_throughput_tps=Estimate.from_dict(stored.get("output_throughput_tps")),
+            latency={m: {s: Estimate.from_dict(e) for s, e in (stats or {}).items()}
+                     for m, stats in (stored.get("latency_s") or {}).items()},
+            schedule_lag=dict(stored.get("schedule_lag_s") or {}),
+            goodput_rps=None if goodput is None else Estimate.from_dict(goodput),
+            slo_attainment=None if attainment is None else float(attainment),
+            slo_met=dict(stored.get("slo_met") or {}), engine=stored.get("engine"),
+            error_examples=list(stored.get("error_examples") or []), capacity=stored.get("capacity"),
+            client_errors=count("client_errors"), client_overloaded=bool(stored.get("client_overloaded")),
+            lag_bound_s=number(stored.get("lag_bound_s", LAG_BOUND_S)), connection_waits=count("connection_waits"),
+            connection_limit=count("connection_limit"), stream_faults=count("stream_faults"),
+            first_stream_fault=str(stored.get("first_stream_fault") or ""))
+
+    def estimate(self, metric: str, stat: str) -> Estimate | None:
+        """The latency estimate of `metric` at `stat` (None where the summary does not hold it)."""
+        return self.latency.get(metric, {}).get(stat)
 
 
 def _rate_ci(per_request: np.ndarray, duration_s: float, seed: int) -> Estimate:

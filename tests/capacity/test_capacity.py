@@ -402,3 +402,47 @@ def test_a_prune_failure_the_repeat_overturns_does_not_prune():
     result = search_capacity(measure, options(precision=0.1), prune_at=4.0)
     assert result.verdict == "ok" and result.unstable
     assert 4.0 <= result.capacity_scale <= 5.0 < result.bracket_high
+
+
+def test_a_capacity_result_reads_back_what_it_stored():
+    """`CapacityResult.from_dict` and `Step.from_dict` invert `as_dict`: the stored JSON is the same after a
+    round trip (the derived rates recomputed to the same digits), verdicts and outcomes as their enums."""
+    from tracetune.capacity.step import CapacityResult, Outcome, Step, Verdict
+
+    steps = [Step(scale=1.0, rps=3.1, output_tps=310.0, attainment=1.0, passed=True, abandoned=False, requests=50,
+                  planned=50, good=50, duration_s=20.0, decided_by="held", last_third=1.0, quarters=[1.0] * 4,
+                  ttft_trend=[0.001, -0.002, 0.004, 0.2]),
+             Step(scale=2.0, rps=6.2, output_tps=620.0, attainment=0.4, passed=False, abandoned=True, requests=20,
+                  planned=50, good=18, duration_s=4.0, decided_by="misses",
+                  parts=[{"kind": "peak", "start_s": 0.0, "end_s": 30.0, "rate_ratio": 1.4, "attainment": 0.4}],
+                  trace_windows=6, attainment_bounds=[0.3, 0.5])]
+    for scale, high, verdict in ((1.0, 2.0, "ok"), (None, 1.0, "load_independent"), (1.0, None, "above_max")):
+        result = CapacityResult(attainment_target=0.95, precision=0.05, slos=["ttft:p99<2000ms"], steps=steps,
+                                capacity_scale=scale, bracket_high=high, base_rps=3.1, base_output_tps=310.0 / 3,
+                                gpus=2, mean_prompt_tokens=123.7, verdict=Verdict(verdict), search_s=31.5)
+        stored = json.loads(json.dumps(result.as_dict()))
+        back = CapacityResult.from_dict(stored)
+        assert json.loads(json.dumps(back.as_dict())) == stored
+        assert back.verdict is Verdict(verdict) and back.capacity_scale == scale
+        assert back.bracket_rps() == (result.capacity_rps, None if high is None else high * 3.1)
+    assert [s.outcome for s in back.steps] == [Outcome.PASS, Outcome.ABANDONED]
+    assert stored["steps"][1]["outcome"] == "abandoned" and stored["verdict"] == "above_max"
+
+
+def test_a_capacity_result_of_an_older_tracetune_reads_with_defaults():
+    """An older study's result: steps without the sustain fields, no input rate, no base rate (derived from the
+    capacity it offered), no gpus or verdict."""
+    from tracetune.capacity.step import CapacityResult, Outcome, Verdict
+
+    old = {"capacity_scale": 2.0, "capacity_rps": 5.0, "bracket_scale": [2.0, 2.5], "bracket_rps": [5.0, 6.25],
+           "attainment_target": 0.95, "precision": 0.05, "slo": ["ttft:p99<2000ms"],
+           "steps": [{"scale": 2.0, "rps": 5.0, "attainment": 0.97, "passed": True, "abandoned": False,
+                      "requests": 50, "planned": 50, "duration_s": 10.0},
+                     {"scale": 2.5, "rps": 6.25, "attainment": 0.5, "passed": False, "abandoned": False}]}
+    cap = CapacityResult.from_dict(old)
+    assert cap.base_rps == 2.5 and cap.gpus == 1 and cap.verdict is Verdict.OK and not cap.unstable
+    assert cap.bracket_rps() == (5.0, 6.25) and cap.bracket_text() == "[5, 6.25] req/s"
+    assert cap.mean_prompt_tokens == 0.0 and cap.usd_per_1m_output_tokens is None
+    assert [s.outcome for s in cap.steps] == [Outcome.PASS, Outcome.FAIL]
+    assert cap.steps[1].requests == 0 and cap.steps[0].decided_by == "" and cap.steps[0].parts is None
+    assert CapacityResult.from_dict({**old, "capacity_scale": 0.0}).capacity_scale is None

@@ -104,3 +104,54 @@ def test_an_slo_on_a_percentile_outside_the_usual_ones_is_summarized_and_read_as
     s = summarize(ReplayResult(records=records, duration_s=2.0, options=ReplayOptions()), slos)
     assert s.latency["ttft"]["p95"].value == pytest.approx(0.9505, abs=0.01)
     assert constraint_values(s, None, slos, None) == [pytest.approx(s.latency["ttft"]["p95"].value - 0.5)]
+
+
+def _summary(slos=()):
+    records = [rec(i, 0.01 * (i + 1), 1.5, 10) for i in range(40)] + [rec(40, 0.1, 1.0, 5, ok=False)]
+    return summarize(ReplayResult(records=records, duration_s=2.0, options=ReplayOptions(),
+                                  engine_delta=EngineMetrics(prefix_cache_queries=10, prefix_cache_hits=4)), slos)
+
+
+def test_a_summary_reads_back_what_it_stored():
+    """`Summary.from_dict` is `as_dict`'s inverse: the stored JSON is the same after a round trip."""
+    import json
+
+    from tracetune.replay.metrics import Summary
+
+    for slos in ((), parse_slos("ttft:p95<500ms,tpot:p50<50ms")):
+        stored = json.loads(json.dumps(_summary(slos).as_dict()))
+        back = Summary.from_dict(stored)
+        assert json.loads(json.dumps(back.as_dict())) == stored
+        assert back.latency["ttft"]["p50"].value == stored["latency_s"]["ttft"]["p50"]["value"]
+        assert (back.goodput_rps is None) == (not slos)
+
+
+def test_a_summary_of_an_older_tracetune_reads_with_defaults():
+    """Fields an older study did not store (client errors, stream faults, connection limits, goodput,
+    a statistic its SLO did not name) take their defaults; nothing raises."""
+    from tracetune.replay.metrics import LAG_BOUND_S, Summary
+
+    old = {"requests": 10, "succeeded": 9, "errors": 1, "error_rate": 0.1, "duration_s": 5.0,
+           "request_throughput_rps": {"value": 2.0, "ci_low": 1.5, "ci_high": 2.5},
+           "output_throughput_tps": {"value": 20.0, "ci_low": 15.0, "ci_high": 25.0},
+           "latency_s": {"ttft": {"p50": {"value": 0.1, "ci_low": 0.09, "ci_high": 0.11}}},
+           "schedule_lag_s": {"p99": 0.001}, "slo_met": {}, "engine": None, "error_examples": ["HTTP 500"]}
+    s = Summary.from_dict(old)
+    assert (s.requests, s.errors, s.client_errors, s.stream_faults, s.connection_limit) == (10, 1, 0, 0, 0)
+    assert s.lag_bound_s == LAG_BOUND_S and not s.client_overloaded and s.first_stream_fault == ""
+    assert s.goodput_rps is None and s.slo_attainment is None and s.capacity is None
+    assert s.estimate("ttft", "p50").value == 0.1 and s.estimate("ttft", "p99") is None
+    assert s.estimate("e2e", "p50") is None
+    assert s.request_throughput_rps.high == 2.5
+
+
+def test_engine_counters_read_back_what_they_stored():
+    stored = EngineMetrics(prefix_cache_queries=10, prefix_cache_hits=4, spec_decode_drafts=2,
+                           spec_decode_draft_tokens=6, spec_decode_accepted_tokens=3).as_dict()
+    back = EngineMetrics.from_dict(stored)
+    assert back.as_dict() == pytest.approx(stored, nan_ok=True)
+    assert back.prefix_cache_hit_rate == 0.4 and back.spec_decode_mean_accepted_length == 2.5
+    # an older dump without the speculative counters, and a value that is not a number
+    old = EngineMetrics.from_dict({"prefix_cache_queries": 8, "prefix_cache_hits": "x", "unknown": 1})
+    assert old.prefix_cache_queries == 8 and old.prefix_cache_hits == 0 and old.spec_decode_drafts == 0
+    assert EngineMetrics.from_dict(None) == EngineMetrics()
