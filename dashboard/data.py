@@ -16,11 +16,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tracetune.dashboard import capacity
+from tracetune.dashboard import capacity, judged
 from tracetune.dashboard.metrics import METRICS, metric_interval, metric_value
 from tracetune.dashboard.storage import optuna_storage, read_results, resolve_study, silent_for
 from tracetune.errors import InputError
-from tracetune.quality.gate import cost_text, floor_estimates, floor_text
+from tracetune.quality.gate import GateDecision, cost_text, floor_estimates, floor_text, random_weights, shown_quality
 
 # The tuner's one dominance rule (also on the plotted axes), front decision and cost arithmetic.
 from tracetune.tuner.front import (
@@ -87,6 +87,7 @@ class TrialView:
     tied: bool = False  # dominated, but only by differences inside the 95% intervals (`clearly_dominates`)
     outside_gate: bool = False  # its quality breaks the study's gate (gate off: the default gate, not applied)
     only_the_gate: bool = False  # kept every SLO and served every request, but broke the quality gate
+    gate_decision: GateDecision | None = None  # the shown gate's judgement of its quality interval
     violations: list[str] = dataclasses.field(default_factory=list)  # why it is infeasible, in words
 
     @property
@@ -340,11 +341,11 @@ def load_study(url: str, name: str | None = None) -> StudyView:
             feasible=bool(ua.get("feasible", all(c <= 0 for c in constraints))),
             params=dict(ua.get("values") or ft.params),
             config=config, diff=config_diff(config, ref_config) if config and ref_config else {},
-            summary=row.get("summary"), quality=row.get("quality"), engine=row.get("engine"),
+            summary=row.get("summary"), quality=shown_quality(config, row.get("quality")), engine=row.get("engine"),
             requests_jsonl=row.get("requests_jsonl"), failure_reason=reason, not_meaningful=ua.get("not_meaningful"),
             log_tail=row.get("log_tail") or ua.get("log_tail"),
             startup_s=row.get("startup_s"), wall_s=row.get("wall_s")))
-    probe = (reference or {}).get("probe")
+    probe = None if random_weights(ref_config) else (reference or {}).get("probe")
     floor = floor_estimates(probe)
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,
                      slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),
@@ -356,7 +357,8 @@ def load_study(url: str, name: str | None = None) -> StudyView:
                      floor_text=floor_text(probe, floor), heartbeat_s=heartbeat_s)
     view.reference_run = _reference_run(view, rows.get(REFERENCE_RUN), ref_config)
     with_costs(view)
-    explain(view, {t.number for t in trials_beyond_only_the_gate(study)})
+    explain(view, {t.number for t in trials_beyond_only_the_gate(study)}
+            | judged.undecided_by_the_gate(view.trials, view.quality_gate))
     mark_front(view)
     return view
 
@@ -407,8 +409,8 @@ def explain(study: StudyView, only_gate: set[int]) -> None:
     for t in study.trials:
         if not t.measured:
             continue
-        lost = gate.violation(t.quality)
-        t.outside_gate = math.isfinite(lost) and lost > 0
+        t.gate_decision = gate.decide(t.quality)
+        t.outside_gate = t.gate_decision.measured is not None and not t.gate_decision.within
         if not t.feasible:
             # speculation on random weights: measured, kept off the front for the reason the tuner stored
             t.violations = [t.not_meaningful] if t.not_meaningful else \
@@ -427,7 +429,7 @@ def _reference_run(study: StudyView, row: dict[str, Any] | None, config: dict[st
     values = {o: study.reference_metric(o) for o in study.objectives if o in METRICS}
     return TrialView(number=REFERENCE_RUN, state="COMPLETE", status="measured", objective_values=values,
                      constraints=[], feasible=True, params={}, config=row.get("config") or config, diff={},
-                     summary=summary, quality=row.get("quality"), engine=row.get("engine"),
+                     summary=summary, quality=shown_quality(config, row.get("quality")), engine=row.get("engine"),
                      requests_jsonl=row.get("requests_jsonl"), log_tail=row.get("log_tail"),
                      startup_s=row.get("startup_s"), wall_s=row.get("wall_s"))
 
@@ -455,15 +457,14 @@ def mark_front(study: StudyView) -> None:
     beyond = [BeyondGate(Candidate(t.number, tuple(t.objective_values.get(o, math.nan) for o in study.objectives)),
                          str(study.quality_gate), cost_text(t.quality)) for t in study.trials if t.only_the_gate]
     study.decision = decide(points, None if ref is None else Candidate(REFERENCE, ref), study.objectives,
-                            study.directions, reference_feasible=ref_ok,
+                            study.directions, reference_feasible=ref_ok, beyond_gate=beyond,
                             outside_constraints=sum(t.category == "infeasible" for t in study.trials),
-                            beyond_gate=beyond)
+                            reference_breach=judged.breach(study.reference, study.parsed_slos, ref_ok))
     on_front = set(study.decision.trials_on_front)
     beaten = set(study.decision.dominated_by_reference)
     for t in candidates:
         t.on_front, t.beaten_by_reference = t.number in on_front, t.number in beaten
-    if study.reference_run is not None:
-        study.reference_run.on_front = any(c.label == REFERENCE for c in study.decision.front)
+    judged.mark_reference(study.reference_run, study.decision)  # on the front, or marked as breaking the SLO
     pool = candidates + ([study.reference_run] if study.reference_run is not None else [])
     for t in pool:
         t.tied = not t.on_front and not any(

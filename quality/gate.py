@@ -177,6 +177,12 @@ def with_units(quality: StoredQuality | None) -> StoredQuality | None:
     return {**quality, "ppl_change": ppl}
 
 
+def shown_quality(config: JsonDict | None, quality: StoredQuality | None) -> StoredQuality | None:
+    """A configuration's stored quality as pages read it: in perplexity too (`with_units`); None on
+    random weights, whose quality is not measurable (`random_weights`)."""
+    return None if random_weights(config) else with_units(quality)
+
+
 def random_weights(config: JsonDict | None) -> bool:
     """A configuration measured on random weights (load_format dummy): its speed is measured, its
     quality is not measurable (random weights agree with themselves whatever the configuration)."""

@@ -1,9 +1,10 @@
 """The Pareto front with vLLM's defaults as a competitor, and the one rule that picks "best".
 
 The reference (the engine's defaults, measured the same way as every trial) is a candidate like
-any trial: a trial it dominates is not on the front and is never recommended; when the
-reference itself has the best value of the deciding objective, the answer is "keep the
-defaults", said in plain words.
+any trial while it keeps the study's SLOs: a trial it dominates is not on the front and is never
+recommended; when the reference itself has the best value of the deciding objective, the answer is
+"keep the defaults", said in plain words. A reference that breaks the SLO is no candidate: it is
+neither on the front nor best, and the verdict says by how much it breaks it.
 """
 
 from __future__ import annotations
@@ -11,14 +12,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
+
+    from tracetune.replay.metrics import SLO
 
 REFERENCE = "reference"
+
+Label = int | str  # a trial number, or REFERENCE
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    label: Any  # a trial number, or REFERENCE
+    label: Label
     values: tuple[float, ...]
 
 
@@ -109,9 +120,10 @@ class Decision:
     objectives: list[str]
     front: list[Candidate]  # reference included when nothing dominates it
     best: Candidate | None
-    dominated_by_reference: list[Any]  # trial labels the defaults beat on every objective
+    dominated_by_reference: list[Label]  # trial labels the defaults beat on every objective
     by: str
-    reference_feasible: bool = True  # vLLM's defaults keep within the study's SLOs
+    reference_feasible: bool = True  # vLLM's defaults keep within the study's SLOs (else: no candidate)
+    reference_breach: str = ""  # how they break it, e.g. "TTFT p95 17.8 s against 2 s, every load failed"
     outside_constraints: int = 0  # measured trials left out of the front for breaking a constraint
     beyond_gate: BeyondGate | None = None  # the best trade the quality gate turned down
     reference_values: tuple[float, ...] | None = None  # vLLM's defaults, on the front or not
@@ -121,7 +133,7 @@ class Decision:
         return self.best is not None and self.best.label == REFERENCE
 
     @property
-    def trials_on_front(self) -> list[Any]:
+    def trials_on_front(self) -> list[Label]:
         return [c.label for c in self.front if c.label != REFERENCE]
 
     def verdict(self) -> str:
@@ -131,12 +143,17 @@ class Decision:
 
     def _within_gate(self) -> str:
         if self.best is None:
+            if not self.reference_feasible:
+                return self._nothing_meets_the_slo()
             return "nothing measured yet: no recommendation."
         if self.reference_is_best:
             if not self.trials_on_front:
                 return self._nothing_beats_the_reference()
             return (f"no configuration beats vLLM's defaults on {self.by}: keep the defaults, unless the "
                     f"trade-off of a front trial ({', '.join(map(str, self.trials_on_front))}) suits you better.")
+        if not self.reference_feasible:
+            return (f"trial {self.best.label} is best by {self.by} on the front; vLLM's defaults are not a candidate: "
+                    f"they break the SLO{' (' + self.reference_breach + ')' if self.reference_breach else ''}.")
         return f"trial {self.best.label} is best by {self.by} on the front (vLLM's defaults included)."
 
     def _beyond_gate_text(self) -> str:
@@ -151,13 +168,19 @@ class Decision:
         return (f" Outside the quality gate ({b.gate}): trial {b.candidate.label} reaches {amount} at {b.cost};"
                 f" not recommended unless that loss is acceptable for this model and traffic.")
 
-    def _nothing_beats_the_reference(self) -> str:
-        """Why no trial is on the front beside vLLM's defaults, and whether keeping them answers the SLO."""
+    def _nothing_meets_the_slo(self) -> str:
+        """No trial kept the constraints and vLLM's defaults break the SLO: by how much, and what to do."""
+        breach = f"vLLM's defaults break it: {self.reference_breach}" if self.reference_breach else ""
         broke = (f"{self.outside_constraints} measured trial(s) broke the SLO or the quality gate"
                  if self.outside_constraints else "")
-        if not self.reference_feasible:
-            return (f"no configuration meets the SLO, vLLM's defaults included{' (' + broke + ')' if broke else ''}: "
-                    "nothing to recommend. Loosen the SLO, or serve this traffic on a faster machine.")
+        why = "; ".join(w for w in (breach, broke) if w)
+        return (f"no configuration meets the SLO, vLLM's defaults included{' (' + why + ')' if why else ''}: "
+                "nothing to recommend. Loosen the SLO, or serve this traffic on a faster machine.")
+
+    def _nothing_beats_the_reference(self) -> str:
+        """Why no trial is on the front beside vLLM's defaults (which keep the SLO: else they are no candidate)."""
+        broke = (f"{self.outside_constraints} measured trial(s) broke the SLO or the quality gate"
+                 if self.outside_constraints else "")
         if self.outside_constraints and not self.dominated_by_reference:
             return f"no configuration beats vLLM's defaults: {broke}, and none is within them. Keep the defaults."
         return ("no configuration beats vLLM's defaults: every measured trial is worse on at least one "
@@ -167,15 +190,18 @@ class Decision:
 
 def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
            directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0,
-           beyond_gate: Sequence[BeyondGate] = ()) -> Decision:
-    """The front of the feasible trials and the reference, and the best of it by the deciding
-    objective (ties go to the reference: a change must earn its place). `reference_feasible` and
-    `outside_constraints` (measured trials that broke a constraint) only shape the verdict's words;
-    `beyond_gate` (trials that broke only the quality gate) too: the best of them is named, with its
-    cost, when it beats the recommendation by the deciding objective."""
-    candidates = ([reference] if reference is not None else []) + list(trials)
+           beyond_gate: Sequence[BeyondGate] = (), reference_breach: str = "") -> Decision:
+    """The front of the feasible trials and the reference (while it keeps the SLO: `reference_feasible`;
+    one that breaks it is neither on the front nor best, and beats no trial that keeps it), and the
+    best of it by the deciding objective (ties go to the reference: a change must earn its place).
+    `outside_constraints` (measured trials that broke a constraint) and `reference_breach` (how the
+    reference breaks the SLO, `slo_breach`) shape the verdict's words; `beyond_gate` (trials that broke
+    only the quality gate) too: the best of them is named, with its cost, when it beats the
+    recommendation by the deciding objective."""
+    competing = reference if reference is not None and reference_feasible else None
+    candidates = ([competing] if competing is not None else []) + list(trials)
     on_front = front(candidates, directions)
-    beaten = [t.label for t in trials if reference is not None and dominates(reference.values, t.values, directions)]
+    beaten = [t.label for t in trials if competing is not None and dominates(competing.values, t.values, directions)]
     key = deciding_objective(objectives, directions)
     best = _best_by(on_front, key, directions[key]) if objectives else None
     turned_down = _best_by([b.candidate for b in beyond_gate], key, directions[key]) if objectives else None
@@ -183,6 +209,7 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
         turned_down = None
     return Decision(objectives=list(objectives), front=on_front, best=best, dominated_by_reference=beaten,
                     by=objectives[key] if objectives else "", reference_feasible=reference_feasible,
+                    reference_breach=reference_breach if not reference_feasible else "",
                     outside_constraints=outside_constraints,
                     beyond_gate=next((b for b in beyond_gate if b.candidate is turned_down), None),
                     reference_values=reference.values if reference is not None else None)
@@ -204,7 +231,7 @@ def _best_by(candidates: Sequence[Candidate], key: int, direction: str) -> Candi
     return best
 
 
-def economics(capacity: dict[str, Any] | None, *, gpu_hour_cost: float | None = None,
+def economics(capacity: JsonDict | None, *, gpu_hour_cost: float | None = None,
               target_rate: float | None = None) -> dict[str, float]:
     """What a stored capacity result means in money and machines: $ per 1M output (and input)
     tokens when the GPUs run at capacity (the whole GPU hour charged to each kind of token), and
@@ -226,7 +253,7 @@ def economics(capacity: dict[str, Any] | None, *, gpu_hour_cost: float | None = 
     return out
 
 
-def not_meaningful(config: dict[str, Any]) -> str | None:
+def not_meaningful(config: JsonDict) -> str | None:
     """Why a measured configuration must stay off the front whatever its numbers (None: it need not):
     speculative decoding on random weights, whose draft acceptance (hence its speed) says nothing
     about real traffic."""
@@ -243,15 +270,16 @@ class Plateau:
     """The stop rule: True once the front has not changed for `patience` measured trials in a row."""
 
     def __init__(self, patience: int) -> None:
-        self.patience, self.last, self.same = patience, None, 0
+        self.patience, self.same = patience, 0
+        self.last: frozenset[Label] | None = None
 
-    def unchanged(self, front: frozenset) -> bool:
+    def unchanged(self, front: frozenset[Label]) -> bool:
         self.same = self.same + 1 if front == self.last else 0
         self.last = front
         return self.same >= self.patience
 
 
-def _complete_measured(study: Any) -> list[Any]:
+def _complete_measured(study: Study) -> list[FrozenTrial]:
     import optuna
 
     from tracetune.tuner.storage import Status
@@ -261,12 +289,12 @@ def _complete_measured(study: Any) -> list[Any]:
             and not t.user_attrs.get("not_meaningful")]
 
 
-def measured_trials(study: Any) -> list[Any]:
+def measured_trials(study: Study) -> list[FrozenTrial]:
     """The complete trials measured within their constraints: the candidates of the front."""
     return [t for t in _complete_measured(study) if t.user_attrs.get("feasible", True)]
 
 
-def trials_beyond_only_the_gate(study: Any) -> list[Any]:
+def trials_beyond_only_the_gate(study: Study) -> list[FrozenTrial]:
     """Measured trials that kept every SLO but broke the quality gate (the last constraint when the
     study has one: `tuner.objectives.constraint_names`); failed requests are the caller's to check."""
     if not study.user_attrs.get("quality_gate") and study.user_attrs.get("max_quality_loss") is None:
@@ -280,16 +308,39 @@ def trials_beyond_only_the_gate(study: Any) -> list[Any]:
     return out
 
 
-def trials_outside_constraints(study: Any) -> int:
+def trials_outside_constraints(study: Study) -> int:
     """Measured trials left out of the front for breaking a constraint (an SLO, the quality gate,
     failed requests)."""
     return sum(not t.user_attrs.get("feasible", True) for t in _complete_measured(study))
 
 
-def pareto_trials(study: Any) -> list[Any]:
+def pareto_trials(study: Study) -> list[FrozenTrial]:
     """Measured, feasible trials on their Pareto front, by the project's one dominance rule
     (`tuner.front.front`; vLLM's defaults join it in `tuner.front.decide`)."""
     measured = measured_trials(study)
     directions = [d.name.lower() for d in study.directions]
     on = {c.label for c in front([Candidate(t.number, tuple(t.values)) for t in measured], directions)}
     return [t for t in measured if t.number in on]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s" if value >= 1 else f"{value * 1000:.0f} ms"
+
+
+def slo_breach(summary: JsonDict | None, slos: Sequence[SLO]) -> str:
+    """How a measured run breaks the SLO, in words: each statistic past its threshold, e.g. "TTFT p95
+    17.8 s against 2 s", failed requests, and, for a capacity search, that every load level failed
+    ("" when it keeps it, or was not measured)."""
+    summary = summary or {}
+    parts = []
+    for slo in slos:
+        entry = ((summary.get("latency_s") or {}).get(slo.metric) or {}).get(slo.stat) or {}
+        value = entry.get("value")
+        if value is not None and math.isfinite(value) and value > slo.threshold_s:
+            parts.append(f"{slo.metric.upper()} {slo.stat} {_seconds(value)} against {_seconds(slo.threshold_s)}")
+    if summary.get("error_rate"):
+        parts.append(f"{summary.get('errors', '?')} of {summary.get('requests', '?')} requests failed")
+    steps = (summary.get("capacity") or {}).get("steps") or []
+    if steps and not any(step.get("passed") for step in steps):
+        parts.append("every load failed" if len(steps) > 1 else "its one load failed")
+    return ", ".join(parts)

@@ -54,7 +54,7 @@ def test_objective_values():
     assert objective_value("quality_loss", s, q) == 0.03
     assert math.isnan(objective_value("quality_loss", s, None))
     assert math.isnan(objective_value("capacity", s, q))  # not searched
-    s.capacity = {"capacity_rps_per_gpu": 1.5}
+    s.capacity = {"capacity_scale": 3.0, "base_rps": 1.0, "gpus": 2, "steps": []}  # CapacityResult.as_dict()
     assert objective_value("capacity", s, q) == 1.5
 
 
@@ -102,7 +102,8 @@ def test_when_the_defaults_break_the_slo_too_nothing_is_recommended():
     # measured on a 2-core AVX-512 CPU: every trial and vLLM's defaults broke ttft:p99<2s (capacity 0)
     d = decide([], Candidate(REFERENCE, (2.736, 0.0, 0.0)), OBJS, DIRS, reference_feasible=False,
                outside_constraints=6)
-    assert d.reference_is_best and d.trials_on_front == []
+    # defaults that break the SLO are no candidate: neither on the front nor best
+    assert not d.reference_is_best and d.best is None and d.front == []
     assert d.verdict().startswith("no configuration meets the SLO, vLLM's defaults included (6 measured trial(s)")
     assert "Keep the defaults" not in d.verdict() and "Loosen the SLO" in d.verdict()
 
@@ -196,11 +197,15 @@ def test_result_store_round_trip_on_sqlite(tmp_path):
 
 
 def test_objective_and_constraint_values_from_stored_dicts_match_the_objects():
+    from tracetune.quality.probe import QualityResult
+    from tracetune.replay.metrics import Summary
+
     s, q = summary(ttft_p99=0.25, tps=321.0, goodput=2.5), quality(0.03)
+    stored_s, stored_q = Summary.from_dict(s.as_dict()), QualityResult.from_dict(q.as_dict())
     for name in ("ttft_p99", "output_tps", "goodput", "quality_loss", "e2e_p50"):
-        assert objective_value(name, s.as_dict(), q.as_dict()) == objective_value(name, s, q)
+        assert objective_value(name, stored_s, stored_q) == objective_value(name, s, q)
     slos = parse_slos("ttft:p99<300ms")
-    assert constraint_values(s.as_dict(), q.as_dict(), slos, 0.05) == constraint_values(s, q, slos, 0.05)
+    assert constraint_values(stored_s, stored_q, slos, 0.05) == constraint_values(s, q, slos, 0.05)
 
 
 def test_config_key_ignores_the_workers_own_environment_and_model_location():

@@ -1,0 +1,65 @@
+"""The decisions a study view carries beyond its stored numbers: the quality gate read from intervals
+(`quality.gate.QualityGate.decide`) on studies stored before the gate read them, and vLLM's defaults
+marked as breaking the SLO (`tuner.front.slo_breach`) when they do. No Streamlit; `dashboard.data`
+calls these on its views (typed here by the few fields they touch)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from tracetune.quality.gate import UNDECIDED, GateDecision, QualityGate
+from tracetune.replay.metrics import SLO
+from tracetune.tuner.front import REFERENCE, Decision, slo_breach
+from tracetune.types import JsonDict
+
+
+class Judged(Protocol):
+    """The fields of a `dashboard.data.TrialView` these decisions read and set."""
+
+    number: int
+    feasible: bool
+    on_front: bool
+    quality: JsonDict | None
+    violations: list[str]
+
+    @property
+    def measured(self) -> bool: ...
+
+
+def gate_phrase(decision: GateDecision | None) -> str:
+    """How a trial not within the gate stands before the gate's name: "outside", or "undecided
+    against" when its quality interval reaches both sides of the limit."""
+    return "undecided against" if decision is not None and decision.word == UNDECIDED else "outside"
+
+
+def undecided_by_the_gate(trials: Iterable[Judged], gate: QualityGate | None) -> set[int]:
+    """Trials a study's gate let through on the point of their quality (stored before the gate read
+    intervals) whose interval is not within it: now infeasible, by the gate alone (their SLOs held)."""
+    if gate is None:
+        return set()
+    out = set()
+    for t in trials:
+        if t.measured and t.feasible and t.quality and not gate.decide(t.quality).within:
+            t.feasible = False
+            out.add(t.number)
+    return out
+
+
+def breach(reference: JsonDict | None, slos: Sequence[SLO], feasible: bool) -> str:
+    """How vLLM's defaults (the stored reference: config and summary) break the study's SLO, e.g. "TTFT
+    p95 17.8 s against 2 s, every load failed" ("" when they keep it)."""
+    return "" if feasible else slo_breach((reference or {}).get("summary"), slos)
+
+
+def mark_reference(ref: Judged | None, decision: Decision | None) -> None:
+    """vLLM's defaults on the decision's front or not; breaking the SLO, they stay the reference,
+    marked as breaking it: infeasible, with by how much (never on the front nor best)."""
+    if ref is None or decision is None:
+        return
+    ref.on_front = any(c.label == REFERENCE for c in decision.front)
+    if decision.reference_feasible:
+        return
+    ref.feasible = False
+    breach = decision.reference_breach
+    ref.violations = ["breaks the SLO" + (f": {breach}" if breach else "")]
