@@ -50,7 +50,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
     from tracetune.tuner.front import REFERENCE, Candidate, decide, pareto_trials, trials_outside_constraints
     from tracetune.tuner.objectives import OBJECTIVES, reference_feasible
 
-    name, objectives = tuner.s.study_name, tuner.s.objectives
+    name, objectives = tuner.settings.study_name, tuner.settings.objectives
     directions = [OBJECTIVES[o] for o in objectives]
     reference = tuner.store.reference(name)
     ref_config = reference["config"] if reference else {}
@@ -63,8 +63,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
         ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
     decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
                       objectives, directions, outside_constraints=trials_outside_constraints(study),
-                      reference_feasible=reference_feasible((reference or {}).get("summary"), tuner.s.slos),
-                      beyond_gate=_beyond_gate(study, results, tuner.s.max_quality_loss))
+                      reference_feasible=reference_feasible((reference or {}).get("summary"), tuner.settings.slos),
+                      beyond_gate=_beyond_gate(study, results, tuner.settings.max_quality_loss))
     rows = []
     for c in decision.front:
         result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \

@@ -153,7 +153,7 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
     calls = []
     events = Events()
     second = make_tuner(tmp_path, script, space_yaml=SEQS, study="b", trials=2, calls=calls, events=events)
-    second.s.warm_start = (second.s.storage_url, "a")
+    second.settings.warm_start = (second.settings.storage_url, "a")
     study = second.run()
     warm = next(f["configs"] for e, f in events if e == "warm_start")
     assert warm == [{"max_num_seqs": 2}, {"max_num_seqs": 4}]  # room for 2 of a's 3, front first
@@ -163,7 +163,7 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
     from tracetune.errors import InputError
 
     other = make_tuner(tmp_path, script, space_yaml=SEQS, study="c", trials=1)
-    other.s.warm_start = (other.s.storage_url, "nope")
+    other.settings.warm_start = (other.settings.storage_url, "nope")
     with pytest.raises(InputError, match="--warm-start: no study 'nope'"):
         other.run()
 
@@ -229,7 +229,7 @@ def test_a_trial_that_cannot_reach_the_front_is_pruned_early_with_its_steps_kept
     # the front never takes it.
     assert trials[0].values[1] == trials[2].values[1] == pytest.approx(2.0)
     assert tuner.front_labels(study) == {1}
-    stored = {r["trial_number"]: r for r in ResultStore(tuner.s.storage_url).trials("s")}
+    stored = {r["trial_number"]: r for r in ResultStore(tuner.settings.storage_url).trials("s")}
     assert stored[0]["status"] == "pruned" and stored[0]["summary"]["capacity"]["verdict"] == "pruned"
     assert [s["scale"] for s in stored[2]["summary"]["capacity"]["steps"]] == [1.0, rival, rival]
 

@@ -1,0 +1,64 @@
+"""The front as it stands while a study runs, vLLM's defaults competing: which trials are on it (for
+--patience) and where a trial's capacity search may stop early (--prune): at the capacity of the
+strongest incumbent at least as good on every other objective."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from tracetune.quality.probe import QualityResult
+from tracetune.replay.metrics import Summary
+from tracetune.tuner.front import REFERENCE, Candidate, decide, measured_trials, strongest_rival
+from tracetune.tuner.objectives import OBJECTIVES, objective_value
+from tracetune.tuner.settings import StudySettings
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def candidates(study: optuna.Study, reference_values: list[float] | None) -> tuple[Candidate | None, list[Candidate]]:
+    """vLLM's defaults (None until measured) and the measured, feasible trials, as front candidates."""
+    ref = None if reference_values is None else Candidate(REFERENCE, tuple(reference_values))
+    return ref, [Candidate(t.number, tuple(t.values)) for t in measured_trials(study)]
+
+
+def front_labels(study: optuna.Study, objectives: list[str],
+                 reference_values: list[float] | None) -> frozenset[int | str]:
+    """The trials on the front now, vLLM's defaults competing ("reference" when it is on it)."""
+    reference, trials = candidates(study, reference_values)
+    decision = decide(trials, reference, objectives, [OBJECTIVES[name] for name in objectives])
+    return frozenset(c.label for c in decision.front)
+
+
+def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: list[float] | None,
+                summary: Summary, quality: QualityResult | None, gpus: int,
+                base_rps: float) -> tuple[float, Candidate] | None:
+    """The load level at which a trial's capacity search stops early (`capacity.step`), and the rival
+    it cannot beat: the strongest incumbent (vLLM's defaults included) at least as good as this trial on
+    every other objective; failing its capacity, the trial cannot be on the front. None: nothing to stop at."""
+    objectives = settings.objectives
+    if not settings.prune or settings.capacity is None or "capacity" not in objectives or base_rps <= 0:
+        return None
+    index = objectives.index("capacity")
+    mine = [objective_value(name, summary, quality) if name != "capacity" else math.nan for name in objectives]
+    reference, trials = candidates(study, reference_values)
+    rival = strongest_rival(mine, ([reference] if reference else []) + trials,
+                            [OBJECTIVES[name] for name in objectives], index)
+    if rival is None or not rival.values[index] > 0:
+        return None
+    return min(rival.values[index] * gpus / base_rps, settings.capacity.max_scale), rival
+
+
+def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: JsonDict) -> str:
+    """Why a trial's capacity search stopped early, naming the configuration (`rival`) it cannot beat."""
+    from tracetune.capacity.step import bracket_text
+
+    who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
+           else f"trial {rival.label}")
+    others = [n for n in objectives if n != "capacity"]
+    verb = "pass and are" if who == "vLLM's defaults" else "passes and is"
+    return (f"pruned: fails {capacity['bracket_scale'][1]:.3g}x the trace's rate (confirmed by a repeat), where "
+            f"{who} {verb} at least as good on {', '.join(others) or 'every other objective'}: it cannot "
+            f"be on the front; capacity {bracket_text(capacity)}, not searched further")
