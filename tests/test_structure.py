@@ -1,6 +1,8 @@
 """The code's shape, checked on every run (no model, no engine): no import circles between tracetune's
-modules, no module over 500 lines and no function over 80, no `sys.path` manipulation, and no import
-of the old top-level names (`replay`, `cli`, ...) that pyproject now maps under `tracetune`.
+modules, no module over 500 lines and no function over 80, no `sys.path` manipulation, no import
+of the old top-level names (`replay`, `cli`, ...) that pyproject now maps under `tracetune`, no
+import of an engine's own package (`engine_adapter.vllm`) from outside engine_adapter/, no study
+runner under the read-only dashboard, and `Any` on at most 120 lines of package code.
 
 The import graph counts every absolute `import` / `from ... import`, at module level or inside a
 function: a circle closed by a lazy import is still a circle (the two modules cannot be understood,
@@ -21,6 +23,9 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 SIZED_FOLDERS = ("scripts", "benchmarks", "tests")  # besides tracetune's own folders
 SKIPPED_DIRS = {"__pycache__", "build", "dist", "node_modules"}
+ENGINE_PACKAGES = ("tracetune.engine_adapter.vllm",)  # an engine's own code: reached through its EngineKind
+STUDY_RUNNERS = ("tracetune.tuner.study", "tracetune.tuner.measure")  # run trials: not for the read-only dashboard
+MAX_ANY_LINES = 120
 
 
 @functools.cache
@@ -202,3 +207,96 @@ def test_no_import_of_the_old_top_level_names():
     found = [f"{relative(p)}:{line}: {name} (now tracetune.{name})" for p in repository_files()
              for line, name in old_imports(syntax(p), old)]
     assert not found, "imports of the old top-level names:\n" + "\n".join(found)
+
+
+def imports_of(tree: ast.Module, targets: tuple[str, ...]) -> Iterator[tuple[int, str]]:
+    """(line, name) of every absolute import of one of `targets` or a module inside one, anywhere in
+    the module: `import t.x`, `from t import x`, `from t.x import y`, and `from parent import t`."""
+    def hit(name: str) -> bool:
+        return any(name == t or name.startswith(t + ".") for t in targets)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if hit(a.name))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if hit(node.module) else \
+                [f"{node.module}.{a.name}" for a in node.names if hit(f"{node.module}.{a.name}")]
+            yield from ((node.lineno, name) for name in names)
+
+
+def test_the_import_rules_see_what_they_look_for():
+    tree = ast.parse("import tracetune.engine_adapter.vllm.settings\nfrom tracetune.engine_adapter import vllm, kind\n"
+                     "def f():\n    from tracetune.engine_adapter.vllm import VLLMConfig\n"
+                     "from tracetune.engine_adapter.vllmx import y\nfrom tracetune.engine_adapter.kind import vllm\n")
+    assert list(imports_of(tree, ENGINE_PACKAGES)) == [
+        (1, "tracetune.engine_adapter.vllm.settings"), (2, "tracetune.engine_adapter.vllm"),
+        (4, "tracetune.engine_adapter.vllm")]
+    graph = {"tracetune.dashboard.a": {"tracetune.tuner.storage"}, "tracetune.tuner.storage": {"tracetune.tuner.study"},
+             "tracetune.tuner.study": set(), "tracetune.cli.x": {"tracetune.tuner.study"}}
+    assert reached_from(graph, "tracetune.dashboard", STUDY_RUNNERS) == [
+        ["tracetune.dashboard.a", "tracetune.tuner.storage", "tracetune.tuner.study"]]
+    assert reached_from({"tracetune.dashboard.a": set()}, "tracetune.dashboard", STUDY_RUNNERS) == []
+
+
+def test_no_engine_package_imported_from_outside_engine_adapter():
+    found = [f"{relative(path)}:{line}: {name}" for module, path in modules().items()
+             if not module.startswith("tracetune.engine_adapter")
+             for line, name in imports_of(syntax(path), ENGINE_PACKAGES)]
+    assert not found, "an engine's own package imported from outside engine_adapter/ (reach the engine " \
+                      "through its EngineKind, engine_adapter.registry):\n" + "\n".join(found)
+
+
+def reached_from(graph: dict[str, set[str]], package: str, targets: tuple[str, ...]) -> list[list[str]]:
+    """For each module of `package` that imports one of `targets` (a module or one inside it), directly
+    or through other modules, the shortest chain of imports that gets there (breadth first)."""
+    def hit(name: str) -> bool:
+        return any(name == t or name.startswith(t + ".") for t in targets)
+    chains = []
+    for start in sorted(m for m in graph if m == package or m.startswith(package + ".")):
+        seen, queue = {start}, [[start]]
+        while queue:
+            chain = queue.pop(0)
+            if hit(chain[-1]):
+                chains.append(chain)
+                break
+            for nxt in sorted(graph.get(chain[-1], ())):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    queue.append([*chain, nxt])
+    return chains
+
+
+def test_the_dashboard_imports_no_study_runner():
+    found = reached_from(import_graph(), "tracetune.dashboard", STUDY_RUNNERS)
+    assert not found, "the read-only dashboard imports a study runner (each line: the chain of imports):\n" + \
+        "\n".join(" -> ".join(chain) for chain in found)
+
+
+def any_lines(tree: ast.Module) -> set[int]:
+    """Lines that name `Any` (`Any`, `typing.Any`, or inside a string annotation); an import is not a use."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "Any" or isinstance(node, ast.Attribute) and node.attr == "Any":
+            lines.add(node.lineno)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "Any" in node.value \
+                and len(node.value) < 200:
+            try:
+                annotation = ast.parse(node.value, mode="eval")
+            except SyntaxError:
+                continue
+            if any(isinstance(n, ast.Name) and n.id == "Any" for n in ast.walk(annotation)):
+                lines.add(node.lineno)
+    return lines
+
+
+def test_the_any_count_sees_what_it_looks_for():
+    tree = ast.parse("from typing import Any\nimport typing\nx: Any = 1\ndef f(a: 'dict[str, Any]') -> typing.Any:"
+                     "\n    return a\ny: 'Anything' = 2\nz = 'Any day now'\n")
+    assert any_lines(tree) == {3, 4}
+
+
+def test_any_on_at_most_120_lines_of_package_code():
+    per_file = {relative(path): len(any_lines(syntax(path))) for path in modules().values()}
+    total = sum(per_file.values())
+    top = sorted(((n, f) for f, n in per_file.items() if n), reverse=True)[:15]
+    assert total <= MAX_ANY_LINES, f"`Any` on {total} lines of package code (at most {MAX_ANY_LINES}; type the " \
+        "data, or use tracetune.types.Json for arbitrary JSON); the most:\n" + "\n".join(f"{n:4} {f}" for n, f in top)
