@@ -25,8 +25,9 @@ drafts tracetune derives from the target: `derived:layers-N`); it becomes the pa
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import (
     BaseModel,
@@ -40,12 +41,16 @@ from pydantic import (
 )
 
 from tracetune.errors import InputError, opened_input
+from tracetune.search_spaces.yaml_source import composed, duplicate_key, line_of, printable
+from tracetune.types import Json, JsonDict
 
 if TYPE_CHECKING:
+    import optuna
+
     from tracetune.engine_adapter.kind import EngineKind, Knobs
 
 
-def _scalar(value: Any) -> Any:
+def _scalar(value: object) -> object:
     # Checked before the union, so a list or mapping gets one clear message rather than one per member.
     if not isinstance(value, (bool, int, float, str)):
         raise ValueError(f"must be a boolean, number or string, got {type(value).__name__}")
@@ -54,7 +59,7 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _number(value: Any) -> Any:
+def _number(value: object) -> object:
     # pydantic's lax mode would read `true` as 1.0.
     if isinstance(value, bool):
         raise ValueError("must be a number, not a boolean")
@@ -63,6 +68,7 @@ def _number(value: Any) -> Any:
 
 Scalar = Annotated[bool | int | float | str, BeforeValidator(_scalar)]
 Number = Annotated[float, BeforeValidator(_number)]
+Value = bool | int | float | str  # a value a trial gives a parameter
 
 def default_engine() -> EngineKind:
     """The engine a space is for when the caller names none: tracetune's default engine."""
@@ -106,7 +112,7 @@ class Param(BaseModel):
             if not self.float_ and self.step is not None and self.step != int(self.step):
                 raise ValueError(f"an integer parameter needs an integer step, got {self.step:g} "
                                  f"(set float: true for reals)")
-        elif len(set(map(repr, self.choices))) != len(self.choices):
+        elif self.choices is not None and len(set(map(repr, self.choices))) != len(self.choices):
             raise ValueError("choices must not repeat")
         for other, values in (self.when or {}).items():
             if not values:
@@ -114,20 +120,26 @@ class Param(BaseModel):
                                  f"list the values of {other} it needs")
         return self
 
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of a numeric parameter."""
+        if self.low is None or self.high is None:
+            raise TypeError("a categorical parameter has no bounds")
+        return self.low, self.high
+
 
 class SearchSpace(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "space"
     description: str | None = None
-    fixed: dict[str, Any] = Field(default_factory=dict, description="Engine settings every trial gets.")
+    fixed: JsonDict = Field(default_factory=dict, description="Engine settings every trial gets.")
     parameters: dict[str, Param] = Field(min_length=1)
     quantized_checkpoints: dict[int, Path] = Field(
         default_factory=dict, description="Your own quantized checkpoint per weight_bits value.")
 
     @model_validator(mode="before")
     @classmethod
-    def _draft_models(cls, data: Any) -> Any:
+    def _draft_models(cls, data: Json) -> Json:
         """`draft_models: [...]` as the parameter `draft_model` (see the module's docstring)."""
         if not isinstance(data, dict) or "draft_models" not in data:
             return data
@@ -180,19 +192,19 @@ class SearchSpace(BaseModel):
         return self
 
     @classmethod
-    def for_knobs(cls, data: dict[str, Any], knobs: Knobs | None = None) -> SearchSpace:
+    def for_knobs(cls, data: JsonDict, knobs: Knobs | None = None) -> SearchSpace:
         """`data` validated as a space over `knobs` (None: the default engine's knob table)."""
         return cls.model_validate(data, context={"knobs": knobs})
 
-    def active(self, name: str, values: dict[str, Any]) -> bool:
+    def active(self, name: str, values: Mapping[str, object]) -> bool:
         """Whether parameter `name` exists given the values chosen so far."""
         when = self.parameters[name].when or {}
         return all(values.get(other) in allowed for other, allowed in when.items())
 
-    def without(self, drop: dict[str, list[Any]]) -> SearchSpace:
+    def without(self, drop: Mapping[str, Sequence[object]]) -> SearchSpace:
         """This space minus some categorical choices (conditions follow; a parameter whose
         condition can no longer hold is removed)."""
-        params: dict[str, Any] = {}
+        params: dict[str, JsonDict] = {}
         for name, p in self.parameters.items():
             data = p.model_dump(by_alias=True, exclude_none=True)
             if p.choices is not None and name in drop:
@@ -239,21 +251,21 @@ class SearchSpace(BaseModel):
             raise SpaceError(f"search space {self.name!r} with --draft-model {' '.join(drafts)}: "
                              f"{exc.errors()[0]['msg']}") from None
 
-    def draft_models(self) -> list[Any]:
+    def draft_models(self) -> list[Json]:
         """Every draft model the space can give a trial (fixed, or choices of draft_model)."""
         if "draft_model" in self.fixed:
             return [self.fixed["draft_model"]]
         param = self.parameters.get("draft_model")
         return list(param.choices or []) if param is not None else []
 
-    def pinned(self, settings: dict[str, Any]) -> tuple[SearchSpace, list[str]]:
+    def pinned(self, settings: Mapping[str, object]) -> tuple[SearchSpace, list[str]]:
         """This space without the parameters that `settings` (engine flags the user gave) already
         set: they hold for every trial. A parameter conditioned on a pinned one stays when the
         pinned value meets its condition, else it goes too. Returns the space and the names pinned."""
         names = [n for n in self.parameters if n in settings]
         if not names:
             return self, []
-        params: dict[str, Any] = {}
+        params: dict[str, JsonDict] = {}
         for name, p in self.parameters.items():
             if name in names:
                 continue
@@ -274,18 +286,19 @@ class SearchSpace(BaseModel):
         space = SearchSpace.for_knobs({**self.model_dump(exclude={"parameters"}), "parameters": params}, self._knobs)
         return space, names
 
-    def sample(self, trial: Any) -> dict[str, Any]:
+    def sample(self, trial: optuna.trial.BaseTrial) -> dict[str, Value | None]:
         """Suggest values through an Optuna trial (define-by-run, conditions respected)."""
-        values: dict[str, Any] = {}
+        values: dict[str, Value | None] = {}
         for name, p in self.parameters.items():
             if not self.active(name, values):
                 continue
             if p.choices is not None:
                 values[name] = trial.suggest_categorical(name, p.choices)
             elif p.float_:
-                values[name] = trial.suggest_float(name, p.low, p.high, log=p.log, step=p.step)
+                values[name] = trial.suggest_float(name, *p.bounds(), log=p.log, step=p.step)
             else:
-                values[name] = trial.suggest_int(name, int(p.low), int(p.high), log=p.log,
+                low, high = p.bounds()
+                values[name] = trial.suggest_int(name, int(low), int(high), log=p.log,
                                                  step=int(p.step) if p.step else 1)
         return values
 
@@ -297,12 +310,14 @@ class SearchSpace(BaseModel):
                 return len(p.choices)
             if p.float_:
                 return math.inf
-            return (int(p.high) - int(p.low)) // int(p.step or 1) + 1 if not p.log else int(p.high) - int(p.low) + 1
+            low, high = (int(b) for b in p.bounds())
+            return (high - low) // int(p.step or 1) + 1 if not p.log else high - low + 1
 
-        counts: dict[tuple, float] = {(): 1.0}  # the values conditions look at so far -> configurations
+        # The values conditions look at so far -> configurations.
+        counts: dict[tuple[tuple[str, Value], ...], float] = {(): 1.0}
         watched = {other for p in self.parameters.values() for other in (p.when or {})}
         for name, p in self.parameters.items():
-            grown: dict[tuple, float] = {}
+            grown: dict[tuple[tuple[str, Value], ...], float] = {}
             for key, n in counts.items():
                 values = dict(key)
                 if not self.active(name, values):
@@ -316,19 +331,21 @@ class SearchSpace(BaseModel):
             counts = grown
         return sum(counts.values())
 
-    def grid(self) -> list[dict[str, Any]]:
+    def grid(self) -> list[dict[str, Value]]:
         """Every combination (numeric parameters need a step; log ones are refused)."""
-        points: list[dict[str, Any]] = [{}]
+        points: list[dict[str, Value]] = [{}]
         for name, p in self.parameters.items():
+            options: list[Value]
             if p.choices is not None:
                 options = list(p.choices)
             elif p.step is not None:
-                n = int(round((p.high - p.low) / p.step)) + 1
-                options = [p.low + i * p.step for i in range(n)]
-                options = options if p.float_ else [int(o) for o in options]
+                low, high = p.bounds()
+                n = int(round((high - low) / p.step)) + 1
+                reals = [low + i * p.step for i in range(n)]
+                options = list(reals) if p.float_ else [int(o) for o in reals]
             else:
                 raise SpaceError(f"parameter {name!r} has no step, so it has no grid")
-            grown = []
+            grown: list[dict[str, Value]] = []
             for point in points:
                 if self.active(name, point):
                     grown.extend({**point, name: o} for o in options)
@@ -338,51 +355,7 @@ class SearchSpace(BaseModel):
         return points
 
 
-def _line_of(root: Any, loc: tuple) -> int | None:
-    """Line (1-based) of the YAML node at `loc` (pydantic error location), best effort."""
-    import yaml
-
-    node, line = root, None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if str(k.value) == str(key):
-                    line, node = k.start_mark.line + 1, v
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
-def _duplicate_key(node: Any) -> str | None:
-    """'key' (lines a and b) of the first mapping key written twice; YAML would keep the last silently."""
-    import yaml
-
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode):
-                line = k.start_mark.line + 1
-                if k.value in seen:
-                    return f"{line}: key {k.value!r} appears twice (lines {seen[k.value]} and {line}); keep one"
-                seen[k.value] = line
-            found = _duplicate_key(v)
-            if found:
-                return found
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            found = _duplicate_key(item)
-            if found:
-                return found
-    return None
-
-
-def _one_of(values: tuple[Any, ...]) -> str:
+def _one_of(values: Sequence[object]) -> str:
     """'16, 8 or 4'."""
     *head, last = map(str, values)
     return f"{', '.join(head)} or {last}" if head else last
@@ -395,34 +368,14 @@ def _fixed_problem(space: SearchSpace, kind: EngineKind) -> tuple[str, str] | No
         allowed = kind.knobs[name].values
         if allowed is not None and value not in allowed:
             return name, f"must be {_one_of(allowed)}, got {value!r}"
+    if kind.reference is None:
+        return None
     try:
         kind.reference(fixed=space.fixed, model_dir=Path("model"))
     except ValidationError as exc:
         err = exc.errors()[0]
         return ".".join(str(p) for p in err["loc"]), err["msg"]
     return None
-
-
-def _safe(text: str) -> str:
-    """`text` printable on any UTF-8 terminal (YAML escapes can make lone surrogates)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _composed(text: str) -> Any:
-    """The YAML node tree of a space file, aliases refused (a YAMLError at the alias): a space is
-    short enough to write out, and a few nested aliases (the "billion laughs") expand 600 bytes into
-    more values than validation could walk in a lifetime."""
-    import yaml
-
-    class NoAliases(yaml.SafeLoader):
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise yaml.composer.ComposerError(None, None, f"alias '*{event.anchor}' refused: write the values "
-                                                  f"out (aliases can expand into billions of them)", event.start_mark)
-            return super().compose_node(parent, index)
-
-    return yaml.compose(text, Loader=NoAliases)
 
 
 def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
@@ -440,8 +393,8 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise SpaceError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from None
     try:
-        root = _composed(text)
-        data = yaml.safe_load(text)  # no alias is left to expand (`_composed` refuses them)
+        root = composed(text)
+        data = yaml.safe_load(text)  # no alias is left to expand (`composed` refuses them)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         if mark is not None:
@@ -451,14 +404,14 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
         else:
             line = 1
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpaceError(_safe(f"{path}:{line}: not valid YAML ({problem})")) from None
+        raise SpaceError(printable(f"{path}:{line}: not valid YAML ({problem})")) from None
     except RecursionError:
         raise SpaceError(f"{path}:1: not valid YAML (nested too deeply)") from None
     if not isinstance(data, dict):
         raise SpaceError(f"{path}:1: a search space must be a mapping with a 'parameters' section")
-    duplicate = _duplicate_key(root)
+    duplicate = duplicate_key(root)
     if duplicate:
-        raise SpaceError(_safe(f"{path}:{duplicate}"))
+        raise SpaceError(printable(f"{path}:{duplicate}"))
     try:
         space = SearchSpace.for_knobs(data, kind.knobs)
     except ValidationError as exc:
@@ -468,29 +421,29 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
             # A cross-parameter rule failed: point at the first parameter its message names.
             named = [n for n in data["parameters"] if f"{n}." in err["msg"] or repr(n) in err["msg"]]
             loc = ("parameters", named[0]) if named else loc
-        line = _line_of(root, loc) or 1
+        line = line_of(root, loc) or 1
         field = ".".join(str(p) for p in loc) or "(space)"
-        raise SpaceError(_safe(f"{path}:{line}: field '{field}': {err['msg']}")) from None
+        raise SpaceError(printable(f"{path}:{line}: field '{field}': {err['msg']}")) from None
     # Fixed settings are checked now, not when the first trial builds its engine config.
     problem = _fixed_problem(space, kind)
     if problem:
         field, message = problem
-        line = (field and _line_of(root, ("fixed", field.split(".")[0]))) or _line_of(root, ("fixed",)) or 1
-        raise SpaceError(_safe(f"{path}:{line}: field '{'fixed.' + field if field else 'fixed'}': {message}"))
+        line = (field and line_of(root, ("fixed", field.split(".")[0]))) or line_of(root, ("fixed",)) or 1
+        raise SpaceError(printable(f"{path}:{line}: field '{'fixed.' + field if field else 'fixed'}': {message}"))
     return space
 
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default.yaml"
 
 
-def _with_draft_parameter(params: dict[str, Any], drafts: list[Any]) -> dict[str, Any]:
+def _with_draft_parameter(params: dict[str, JsonDict], drafts: Sequence[Json]) -> dict[str, JsonDict]:
     """`params` (raw parameter definitions) with the parameter draft_model choosing among `drafts`:
     right after speculative and existing only when it is draft_model, or first when the space has no
     speculative parameter (it is fixed)."""
-    draft: dict[str, Any] = {"choices": drafts}
+    draft: JsonDict = {"choices": list(drafts)}
     if "speculative" not in params:
         return {"draft_model": draft, **params}
-    ordered: dict[str, Any] = {}
+    ordered: dict[str, JsonDict] = {}
     for name, param in params.items():
         ordered[name] = param
         if name == "speculative":
