@@ -8,7 +8,7 @@ import time
 
 import streamlit as st
 
-from tracetune.dashboard import ENV_STORAGE, ENV_STORAGE_PICKER, ENV_STUDY, data, storage, views
+from tracetune.dashboard import ENV_STORAGE, ENV_STORAGE_PICKER, ENV_STUDY, banners, data, storage, views
 from tracetune.errors import TuneError
 
 
@@ -33,10 +33,13 @@ def _storage_url() -> str:
 def _judged_by(study: data.StudyView) -> None:
     """What the study's trials were judged by: objectives, SLOs and the quality gate (or its absence)."""
     st.caption(f"objectives: {', '.join(f'{o} ({d[:3]})' for o, d in zip(study.objectives, study.directions))}")
-    gate = ([] if study.gate_off else [f"quality {study.shown_gate} (beyond the noise floor)"])
+    dummy = banners.on_random_weights(study)
+    gate = ([] if study.gate_off or dummy else [f"quality {study.shown_gate} (beyond the noise floor)"])
     if study.slos or gate:
         st.caption("constraints: " + ", ".join(study.slos + gate))
-    if study.gate_off:
+    if dummy:
+        st.caption("quality: not measurable (random weights, load_format dummy: speed only)")
+    elif study.gate_off:
         st.warning(f"No quality gate: trials of any quality cost compete (default would be {study.shown_gate}).",
                    icon=":material/report:")
     st.caption(f"measured on: {study.platform}")

@@ -36,9 +36,9 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -47,6 +47,10 @@ from tracetune.engine_adapter.base import Endpoint
 from tracetune.errors import EngineError
 from tracetune.replay.metrics import Estimate, bootstrap_ci
 from tracetune.replay.trace import Trace
+from tracetune.types import JsonDict
+
+_Item = TypeVar("_Item")
+_Out = TypeVar("_Out")
 
 # Log-probabilities per position for the KL divergence: vLLM returns at most --max-logprobs (20 by
 # default) per position; 20 hold almost all of the mass of a small model's next-token distribution.
@@ -91,11 +95,11 @@ class Reference:
     # ("nll", "kld", "top1"), aligned with `items`. None for studies stored before it existed.
     floor: dict[str, list[float]] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {"items": [dataclasses.asdict(i) for i in self.items], "floor": self.floor}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | list[dict[str, Any]]) -> Reference:
+    def from_json(cls, data: JsonDict | list[JsonDict]) -> Reference:
         if isinstance(data, list):  # stored before the noise floor: the items alone
             return cls(items=[ProbeItem(**d) for d in data])
         return cls(items=[ProbeItem(**d) for d in data["items"]], floor=data.get("floor"))
@@ -126,20 +130,24 @@ class QualityResult:
         return bool(self.lossless) and self.within_floor is False
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> QualityResult:
+    def from_dict(cls, d: JsonDict) -> QualityResult:
         """The inverse of `as_dict` (a stored result, reused by a configuration of the same quality key)."""
         def est(e: dict[str, float] | None) -> Estimate | None:
             return Estimate(e["value"], e["ci_low"], e["ci_high"]) if e else None
 
-        return cls(nll_delta_per_token=est(d["nll_delta_per_token"]), greedy_agreement=est(d.get("greedy_agreement")),
+        def known(e: dict[str, float]) -> Estimate:
+            return Estimate(e["value"], e["ci_low"], e["ci_high"])
+
+        return cls(nll_delta_per_token=known(d["nll_delta_per_token"]),
+                   greedy_agreement=est(d.get("greedy_agreement")),
                    exact_match=d.get("exact_match"), accuracy=est(d.get("accuracy")), n_prompts=d["n_prompts"],
                    kld=est(d.get("kld")), top1_agreement=est(d.get("top1_agreement")),
                    ppl_change=est(d.get("ppl_change")),
-                   beyond_floor={k: est(v) for k, v in d["beyond_floor"].items()} if d.get("beyond_floor") else None,
+                   beyond_floor={k: known(v) for k, v in d["beyond_floor"].items()} if d.get("beyond_floor") else None,
                    within_floor=d.get("within_floor"), top_k=d.get("top_k", 0), n_tokens=d.get("n_tokens", 0),
                    reused_from=d.get("reused_from"), key=d.get("key"), lossless=d.get("lossless"))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonDict:
         optional = {"kld": self.kld, "top1_agreement": self.top1_agreement, "ppl_change": self.ppl_change}
         return {
             "nll_delta_per_token": self.nll_delta_per_token.as_dict(),
@@ -170,7 +178,7 @@ QUALITY_SETTINGS = ("model", "dtype", "quantization", "kv_cache_dtype", "specula
 LOSSLESS_SETTINGS = ("speculative",)
 
 
-def _quality_settings(config_json: dict[str, Any], settings: Sequence[str] = QUALITY_SETTINGS) -> dict[str, Any]:
+def _quality_settings(config_json: JsonDict, settings: Sequence[str] = QUALITY_SETTINGS) -> JsonDict:
     """The settings a configuration's quality depends on, each as it takes effect: the model named by
     its directory (as `config_key`), "auto" the same as unset (vLLM's default), no speculation the
     same whatever its unused draft length."""
@@ -182,13 +190,13 @@ def _quality_settings(config_json: dict[str, Any], settings: Sequence[str] = QUA
     return ident
 
 
-def quality_key(config_json: dict[str, Any]) -> str:
+def quality_key(config_json: JsonDict) -> str:
     """Identity of a configuration's quality."""
     ident = _quality_settings(config_json)
     return "quality:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
 
 
-def lossless_by_construction(config_json: dict[str, Any], reference_json: dict[str, Any]) -> bool:
+def lossless_by_construction(config_json: JsonDict, reference_json: JsonDict) -> bool:
     """The configuration has the reference's weights, precisions and kernels, and differs from it at
     most in batching, caching, scheduling and speculation: it must measure within the noise floor."""
     settings = [k for k in QUALITY_SETTINGS if k not in LOSSLESS_SETTINGS]
@@ -232,7 +240,7 @@ def _labelled_near(by_length: list[str], rank: int, seen: dict[str, tuple[int, s
     return by_length[rank]
 
 
-def _complete(client: httpx.Client, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+def _complete(client: httpx.Client, endpoint: Endpoint, body: JsonDict) -> JsonDict:
     body = {"model": endpoint.model, "temperature": 0.0, **body}
     try:
         response = client.post(endpoint.base_url + "/v1/completions", json=body, headers=endpoint.headers)
@@ -288,7 +296,7 @@ def kl_top_k(p: dict[str, float], q: dict[str, float]) -> float:
 
 
 def _top1(top: dict[str, float]) -> str:
-    return max(top, key=top.get)
+    return max(top, key=lambda token: top[token])
 
 
 def chunk_bounds(n: int, size: int = CHUNK_TOKENS) -> list[tuple[int, int]]:
@@ -318,9 +326,9 @@ def _columns(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
     return {k: [r[k] for r in rows] for k in sorted(keys)}
 
 
-def _each(items: Sequence[Any], work: Any, timeout_s: float) -> list[Any]:
+def _each(items: Sequence[_Item], work: Callable[[httpx.Client, _Item], _Out], timeout_s: float) -> list[_Out]:
     """`work(client, item)` for every item at once (one client each; the engine batches them)."""
-    def one(item: Any) -> Any:
+    def one(item: _Item) -> _Out:
         with httpx.Client(timeout=timeout_s) as client:
             return work(client, item)
 
@@ -393,7 +401,7 @@ def _answers_correct(endpoint: Endpoint, reference: Reference, timeout_s: float)
     """Per labelled probe prompt: 1.0 when its label appears in the server's short greedy answer."""
     def one(client: httpx.Client, item: ProbeItem) -> float:
         _, _, text = _generate(client, endpoint, item.prompt_ids, ANSWER_TOKENS)
-        return float(item.expected.strip().lower() in text.lower())
+        return float((item.expected or "").strip().lower() in text.lower())
 
     return _each([i for i in reference.items if i.expected is not None], one, timeout_s)
 
@@ -431,7 +439,8 @@ def summarize_quality(reference: Reference, units: dict[str, list[float]], agree
     chunk per prompt), and the verdict against the floor."""
     nll = bootstrap_ci(units["nll"], "mean", seed=seed)
     ppl = Estimate(math.expm1(nll.value), math.expm1(nll.low), math.expm1(nll.high))
-    beyond = within = None
+    beyond: dict[str, Estimate] | None = None
+    within: bool | None = None
     if reference.floor:
         shared = [k for k in ("kld", "nll") if k in units and len(reference.floor.get(k, [])) == len(units[k])]
         beyond = {k: bootstrap_ci([c - f for c, f in zip(units[k], reference.floor[k])], "mean", seed=seed)
