@@ -22,6 +22,7 @@ class Judged(Protocol):
     on_front: bool
     quality: JsonDict | None
     violations: list[str]
+    gate_decision: GateDecision | None
 
     @property
     def measured(self) -> bool: ...
@@ -44,6 +45,13 @@ def undecided_by_the_gate(trials: Iterable[Judged], gate: QualityGate | None) ->
             t.feasible = False
             out.add(t.number)
     return out
+
+
+def quality_words(trials: Iterable[Judged], gate_words: str) -> dict[int | str, str]:
+    """The gate's word on each trial it does not hold within (outside, or undecided with the probe
+    size that would decide it), for the verdict (`tuner.front.Decision.quality_words`)."""
+    return {t.number: t.gate_decision.text(gate_words) for t in trials
+            if t.gate_decision is not None and t.gate_decision.measured is not None and not t.gate_decision.within}
 
 
 def breach(reference: JsonDict | None, slos: Sequence[SLO], feasible: bool) -> str:

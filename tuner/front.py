@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tracetune.types import JsonDict
@@ -127,6 +127,8 @@ class Decision:
     outside_constraints: int = 0  # measured trials left out of the front for breaking a constraint
     beyond_gate: BeyondGate | None = None  # the best trade the quality gate turned down
     reference_values: tuple[float, ...] | None = None  # vLLM's defaults, on the front or not
+    # the quality gate's word on trials it does not hold within (`quality.gate.GateDecision.text`)
+    quality_words: Mapping[Label, str] = dataclasses.field(default_factory=dict)
 
     @property
     def reference_is_best(self) -> bool:
@@ -137,9 +139,11 @@ class Decision:
         return [c.label for c in self.front if c.label != REFERENCE]
 
     def verdict(self) -> str:
-        """The answer in plain words: the best within the quality gate, then, where the gate turned
-        down a better trade, that trade and its cost."""
-        return self._within_gate() + self._beyond_gate_text()
+        """The answer in plain words: the best within the quality gate (and, where the gate does not
+        hold it within, e.g. a study without a gate, the gate's word on it), then, where the gate
+        turned down a better trade, that trade and its cost."""
+        words = self.quality_words.get(self.best.label) if self.best is not None else None
+        return self._within_gate() + (f" Its quality: {words}." if words else "") + self._beyond_gate_text()
 
     def _within_gate(self) -> str:
         if self.best is None:
@@ -190,14 +194,16 @@ class Decision:
 
 def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
            directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0,
-           beyond_gate: Sequence[BeyondGate] = (), reference_breach: str = "") -> Decision:
+           beyond_gate: Sequence[BeyondGate] = (), reference_breach: str = "",
+           quality_words: Mapping[Label, str] | None = None) -> Decision:
     """The front of the feasible trials and the reference (while it keeps the SLO: `reference_feasible`;
     one that breaks it is neither on the front nor best, and beats no trial that keeps it), and the
     best of it by the deciding objective (ties go to the reference: a change must earn its place).
     `outside_constraints` (measured trials that broke a constraint) and `reference_breach` (how the
     reference breaks the SLO, `slo_breach`) shape the verdict's words; `beyond_gate` (trials that broke
     only the quality gate) too: the best of them is named, with its cost, when it beats the
-    recommendation by the deciding objective."""
+    recommendation by the deciding objective. `quality_words`: the gate's word on the trials it does
+    not hold within (outside, or undecided: their interval reaches both sides), said of the best."""
     competing = reference if reference is not None and reference_feasible else None
     candidates = ([competing] if competing is not None else []) + list(trials)
     on_front = front(candidates, directions)
@@ -212,7 +218,8 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
                     reference_breach=reference_breach if not reference_feasible else "",
                     outside_constraints=outside_constraints,
                     beyond_gate=next((b for b in beyond_gate if b.candidate is turned_down), None),
-                    reference_values=reference.values if reference is not None else None)
+                    reference_values=reference.values if reference is not None else None,
+                    quality_words=dict(quality_words or {}))
 
 
 def _better(a: Candidate, b: Candidate, key: int, direction: str) -> bool:

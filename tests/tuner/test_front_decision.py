@@ -45,3 +45,11 @@ def test_slo_breach_names_each_statistic_failures_and_failed_loads():
     assert slo_breach(summary, slos) == "TTFT p95 17.8 s against 2 s, ITL p99 450 ms against 200 ms, 3 of 12 " \
                                         "requests failed"
     assert slo_breach(None, slos) == ""
+
+
+def test_the_verdict_says_the_gates_word_on_the_best():
+    words = {2: "undecided against the default quality gate ppl<=+1% (this study set none): its 95% interval "
+                "[-13.37%, +4.86%] reaches both sides of the limit"}
+    d = decide([Candidate(1, (4.0, 0.0)), Candidate(2, (6.0, 0.1))], None, OBJS, DIRS, quality_words=words)
+    assert d.verdict() == f"trial 2 is best by capacity on the front (vLLM's defaults included). Its quality: {words[2]}."
+    assert "Its quality" not in decide([Candidate(1, (7.0, 0.0))], None, OBJS, DIRS, quality_words=words).verdict()
