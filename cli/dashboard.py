@@ -190,7 +190,8 @@ def export_command(args: argparse.Namespace, console) -> int:
 
     from tracetune.dashboard.data import load_study
     from tracetune.dashboard.export import FILE_NAMES, ExportOptions, export
-    from tracetune.dashboard.pick import best_rule, choice_notes, parse_pick, select_trial
+    from tracetune.dashboard.export.notes import choice_notes
+    from tracetune.dashboard.export.pick import best_rule, parse_pick, select_trial
     from tracetune.dashboard.storage import storage_url
     from tracetune.files import write_atomic
 

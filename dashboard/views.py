@@ -20,7 +20,7 @@ from tracetune.dashboard import (
     trace,
 )
 from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
-from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
+from tracetune.dashboard.export.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
 from tracetune.errors import TuneError
 from tracetune.quality.gate import verdict
 

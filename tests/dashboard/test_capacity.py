@@ -13,7 +13,7 @@ from tests.cli.test_dashboard import tune
 from tests.dashboard.synthetic import CAPACITY_SLO, CAPACITY_STUDIES, REFERENCE_CAPACITY
 from tracetune.dashboard import capacity, charts, data, metrics, tables
 from tracetune.dashboard.export import export
-from tracetune.dashboard.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for, select_trial
+from tracetune.dashboard.export.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for, select_trial
 from tracetune.errors import InputError
 
 

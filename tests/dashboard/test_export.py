@@ -15,7 +15,7 @@ import yaml
 from tests.dashboard.synthetic import REF_MODEL, SLO
 from tracetune.dashboard import data
 from tracetune.dashboard.export import FORMATS, ExportOptions, comment_safe, export, k8s_name
-from tracetune.dashboard.pick import best_rule, parse_pick, pick_trial, select_trial
+from tracetune.dashboard.export.pick import best_rule, parse_pick, pick_trial, select_trial
 from tracetune.errors import InputError
 
 NASTY_PATHS = [REF_MODEL, "/m/a b/c\"d'e;f$(touch x)`g`\\h", "/m/$HOME ${PATH} $$ %s {{x}}", "/m/new\nline",

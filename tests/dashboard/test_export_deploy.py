@@ -19,7 +19,8 @@ from tests.dashboard.synthetic import add_measured_trial
 from tests.dashboard.test_export import _validate_k8s, parse_args, unescape_dollars
 from tracetune.dashboard import data
 from tracetune.dashboard.export import ExportOptions, export
-from tracetune.dashboard.pick import best_rule, choice_notes, parse_pick, select_trial
+from tracetune.dashboard.export.notes import choice_notes
+from tracetune.dashboard.export.pick import best_rule, parse_pick, select_trial
 from tracetune.engine_adapter.models import tracetune_home
 from tracetune.errors import InputError
 

@@ -1,5 +1,6 @@
 """Which trial to export: by number, the front's best (vLLM's defaults competing: when they win, say so
-instead of exporting a worse config), or a `--pick` rule over the front."""
+instead of exporting a worse config), or a `--pick` rule over the front. What the choice costs, in words:
+`notes.choice_notes`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import re
 
 from tracetune.dashboard.data import StudyView, TrialView
-from tracetune.dashboard.metrics import METRICS, display_value
+from tracetune.dashboard.metrics import METRICS
 from tracetune.dashboard.tables import Condition, parse_conditions
 from tracetune.errors import InputError
 
@@ -119,54 +120,3 @@ def select_trial(study: StudyView, *, trial: int | None = None, best: bool = Fal
         return chosen
     return best_trial(study) if best else pick_for(study, parse_pick(pick))
 
-
-# -- what the choice costs in quality, in words (the console and the export's comments) ------------
-def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = None) -> list[str]:
-    """The chosen configuration's quality cost against vLLM's defaults (perplexity change with its
-    interval, KLD, top-1 agreement), whether the study's quality gate holds it (or that no gate was
-    set), and, for a rule (`--best`/`--pick`), the better trade the gate turned down."""
-    from tracetune.quality.gate import cost_text
-
-    if trial.is_reference:
-        lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
-        return lines + _turned_down(study, trial, rule)
-    if (trial.config or {}).get("load_format") == "dummy":
-        return ["quality cost vs vLLM's defaults: not measurable (random weights give speed, never quality): "
-                "measure it with the real weights before relying on it"]
-    measured = bool(trial.quality and trial.quality.get("ppl_change"))
-    lines = ["quality cost vs vLLM's defaults: " + (cost_text(trial.quality) if measured else "not measured")]
-    gate = study.quality_gate
-    if gate is None:  # the page judges by the default gate then (`StudyView.shown_gate`): so does the export
-        default = study.shown_gate
-        judged = ("" if not measured else f"; it is within the default gate ({default})"
-                  if default.violation(trial.quality) <= 0 else
-                  f"; it is OUTSIDE the default gate ({default}): not recommended unless that loss is acceptable "
-                  f"for this model and traffic")
-        lines.append("this study set no quality gate (--max-quality-loss none, or a study from before the "
-                     "default gate), so nothing held this cost back" + judged)
-    elif not measured:
-        lines.append(f"the study's quality gate ({gate}) could not be checked: this quality was not measured")
-    elif gate.violation(trial.quality) <= 0:
-        lines.append(f"within the study's quality gate ({gate})")
-    else:
-        lines.append(f"OUTSIDE the study's quality gate ({gate}): not recommended unless that loss is acceptable "
-                     f"for this model and traffic")
-    return lines + _turned_down(study, trial, rule)
-
-
-def _turned_down(study: StudyView, chosen: TrialView, rule: PickRule | None) -> list[str]:
-    """The trial the quality gate alone turned down (`TrialView.only_the_gate`: every SLO kept, every
-    request served) that would beat `chosen` by the rule, with its cost."""
-    from tracetune.quality.gate import cost_text
-
-    if rule is None or study.quality_gate is None:
-        return []
-    sign = 1 if rule.goal == "max" else -1
-    beyond = [t for t in study.trials if t.only_the_gate and all(c.holds(t.metric(c.metric)) for c in rule.where)
-              and sign * t.metric(rule.metric) > sign * chosen.metric(rule.metric)]
-    if not beyond:
-        return []
-    best = max(beyond, key=lambda t: (sign * t.metric(rule.metric), -t.number))
-    return [f"outside the quality gate ({study.quality_gate}): trial {best.number} reaches {rule.metric} "
-            f"{display_value(rule.metric, best.metric(rule.metric))} at {cost_text(best.quality)}; not exported "
-            f"(--trial {best.number} exports it anyway)"]

@@ -1,0 +1,60 @@
+"""Exports of a measured configuration to something a cluster runs.
+
+Formats: `vllm-cmd` (one shell command, `shell`), `compose` (a docker compose service, `compose`),
+`k8s` (Deployment + Service, `kubernetes`), `helm-values` (values for a generic deployment chart,
+`helm`), `json` (everything, for tools, `document`). The trial is chosen in `pick`; the server each
+format runs (the engine's command line, image and release) is `serve`; the comments are `notes`;
+the deployment's shape is `options`; safe text (comments, `$`, YAML) is `text`.
+
+The vLLM flags come from the engine's command builder (`EngineKind.command`) for CUDA; what only a
+CPU measurement needed is left out, saying so. Deployment formats run the `vllm/vllm-openai` image as
+`vllm serve MODEL ARGS...` on GPUs, the model mounted read-only under `/models/<directory name>`;
+comments say how to place a model made on the measuring machine (docs/export.md).
+
+Safety: commands are lists (exec form) or `shlex`-quoted; YAML and JSON are written by their libraries
+(any model path round-trips exactly); `$` is doubled where compose or Kubernetes would expand it;
+comments lose control characters. Credential-like settings (names like key/token/secret/password,
+values shaped like API tokens) are dropped, their names listed, never their values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from tracetune.dashboard.data import StudyView, TrialView
+from tracetune.dashboard.export.compose import to_compose
+from tracetune.dashboard.export.document import to_json
+from tracetune.dashboard.export.helm import to_helm_values
+from tracetune.dashboard.export.kubernetes import to_k8s
+from tracetune.dashboard.export.notes import is_dummy, label
+from tracetune.dashboard.export.options import DEFAULT_PORT, ExportOptions, k8s_name
+from tracetune.dashboard.export.serve import image_of
+from tracetune.dashboard.export.shell import to_vllm_cmd
+from tracetune.dashboard.export.text import comment_safe
+from tracetune.errors import InputError
+
+__all__ = ["DEFAULT_PORT", "FILE_NAMES", "FORMATS", "ExportOptions", "comment_safe", "export", "image_of",
+           "k8s_name"]
+
+FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
+# A format -> the file `tune export -o FOLDER` and the dashboard's download write.
+FILE_NAMES = {"vllm-cmd": "serve.sh", "compose": "compose.yaml", "k8s": "deployment.yaml",
+              "helm-values": "values.yaml", "json": "trial.json"}
+_EXPORTERS: dict[str, Callable[[StudyView, TrialView, ExportOptions], str]] = {
+    "vllm-cmd": to_vllm_cmd, "compose": to_compose, "k8s": to_k8s, "helm-values": to_helm_values, "json": to_json}
+
+
+def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions | None = None) -> str:
+    """`trial`'s configuration in format `fmt` (one of FORMATS)."""
+    if fmt not in _EXPORTERS:
+        raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if trial.config is None:
+        raise InputError(f"{label(trial)} has no stored config ({trial.status}); nothing to export")
+    options = options or ExportOptions()
+    options = dataclasses.replace(options, image=image_of(study, options))
+    if is_dummy(trial) and not options.allow_dummy_weights:
+        raise InputError(f"{label(trial)} was measured with random weights (load_format dummy): deployed as it is, "
+                         f"the server would answer with noise. Its speed holds for real weights of the same shape: "
+                         f"deploy those; --allow-dummy-weights exports it anyway (a test deployment)")
+    return _EXPORTERS[fmt](study, trial, options)

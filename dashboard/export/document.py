@@ -1,0 +1,41 @@
+"""The `json` format: everything about the export for tools (the trial, its measurements, the
+config without credentials, the server's argv and environment, the notes)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tracetune.dashboard import capacity
+from tracetune.dashboard.data import StudyView, TrialView
+from tracetune.dashboard.export.notes import choice_notes, placing_lines, platform_lines
+from tracetune.dashboard.export.options import ExportOptions
+from tracetune.dashboard.export.serve import gpu_vllm_version, serve_spec
+from tracetune.tuner.secrets import is_secret, strip_secret_args
+
+
+def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    """The export as one JSON document (`tracetune_export: 1`)."""
+    spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform)
+    config = json.loads(json.dumps(trial.config))
+    config["extra_args"] = strip_secret_args(list(config.get("extra_args") or []), [])
+    config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not is_secret(k, v)}
+    doc: dict[str, object] = {
+        "tracetune_export": 1,
+        "study": study.name, "trial": "reference" if trial.is_reference else trial.number,
+        "measured_platform": study.platform, "measured_vllm": study.vllm_version,
+        "target_vllm": gpu_vllm_version(study, options), "note": " ".join(platform_lines(study, options)),
+        "chosen_under": {"slos": study.slos, "quality_gate": str(study.quality_gate) if study.quality_gate else None},
+        "quality": trial.quality,
+        "objectives": {o: None if math.isnan(v := trial.metric(o)) else v for o in study.objectives},
+        "feasible": trial.feasible,
+        "differs_from_reference": trial.diff,
+        "config": config,
+        "serve": {"argv": ["vllm", "serve", *spec.args], "env": spec.env},
+        "left_out": spec.dropped,
+        "left_out_for_gpu": spec.platform_only,
+        "notes": choice_notes(study, trial, options.chosen_by) + placing_lines(spec, "json", options),
+    }
+    if trial.summary is not None and capacity.capacity_of(trial.summary):
+        doc["capacity"] = trial.summary.capacity  # as stored, with its cost (`dashboard.data.with_costs`)
+    return json.dumps(doc, indent=2, default=str) + "\n"

@@ -1,0 +1,83 @@
+"""The `k8s` format: a Deployment and its Service, the models read from a PersistentVolumeClaim,
+probes on /health, GPU placement as NVIDIA's GPU operator labels and taints nodes. The container,
+volumes and placement are shared with the Helm values (`helm`)."""
+
+from __future__ import annotations
+
+from tracetune.dashboard.data import StudyView, TrialView
+from tracetune.dashboard.export.notes import header, trial_id
+from tracetune.dashboard.export.options import ExportOptions, deployment_name
+from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, ServeSpec, serve_spec
+from tracetune.dashboard.export.text import dollars, yaml_text
+
+# A Kubernetes object as written: nested mappings and lists of plain values.
+Manifest = dict[str, object]
+
+
+def probes(port_name: str) -> Manifest:
+    """Startup, readiness and liveness probes on /health."""
+    get = {"path": "/health", "port": port_name}
+    # vLLM loads weights and (unless eager) compiles before /health answers: allow 15 minutes.
+    return {"startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
+            "readinessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 3},
+            "livenessProbe": {"httpGet": get, "periodSeconds": 30, "failureThreshold": 3, "timeoutSeconds": 10}}
+
+
+def container(spec: ServeSpec, options: ExportOptions) -> Manifest:
+    """The server's container: image, command, resources, probes, mounts."""
+    gpu = {"nvidia.com/gpu": options.gpus} if options.gpus else {}
+    resources = {"requests": {**options.requests(), **gpu}, **({"limits": gpu} if gpu else {})}
+    return {
+        "name": "vllm",
+        "image": options.image,
+        "command": ["vllm", "serve"],
+        "args": [dollars(a) for a in spec.args],
+        "env": [{"name": k, "value": dollars(v)} for k, v in spec.env.items()],
+        "ports": [{"name": "http", "containerPort": options.port, "protocol": "TCP"}],
+        "resources": resources,
+        **probes("http"),
+        "volumeMounts": [{"name": "models", "mountPath": CONTAINER_MODELS_DIR, "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def volumes(options: ExportOptions) -> list[Manifest]:
+    """The models' claim (read-only) and a memory-backed /dev/shm."""
+    return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{options.shm_gib}Gi"}}]
+
+
+# Where a GPU pod may run: the taint and label NVIDIA's GPU operator sets (adjust to your cluster's).
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+
+
+def placement(options: ExportOptions) -> Manifest:
+    """nodeSelector and tolerations for GPU nodes (none without GPUs)."""
+    return {"nodeSelector": GPU_NODE_SELECTOR, "tolerations": GPU_TOLERATIONS} if options.gpus else {}
+
+
+def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[list[Manifest], ServeSpec]:
+    """The Deployment and the Service, and the server they run."""
+    spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform)
+    name = deployment_name(study, trial, options)
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tracetune"}
+    meta: Manifest = {"name": name, "labels": labels,
+                      "annotations": {"tracetune.io/study": study.name, "tracetune.io/trial": trial_id(trial),
+                                      "tracetune.io/measured-platform": study.platform}}
+    if options.namespace:
+        meta["namespace"] = options.namespace
+    pod = {"containers": [container(spec, options)], "volumes": volumes(options), **placement(options)}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+                  "spec": {"replicas": options.replicas, "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                           "template": {"metadata": {"labels": labels}, "spec": pod}}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {k: v for k, v in meta.items() if k != "annotations"},
+               "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
+                        "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]}}
+    return [deployment, service], spec
+
+
+def to_k8s(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    """The manifests as one YAML file, the comments first."""
+    docs, spec = k8s_manifests(study, trial, options)
+    return "\n".join(header(study, trial, "k8s", options, spec)) + "\n" + yaml_text(docs)

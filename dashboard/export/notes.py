@@ -1,0 +1,176 @@
+"""What an export says in its comments: where and how the trial was measured, what it costs in
+quality and why it was chosen (`choice_notes`, also shown by `tune export` and the dashboard), what
+was left out, and how to place each model directory where the deployment reads it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import PurePosixPath
+
+from tracetune.dashboard import capacity
+from tracetune.dashboard.data import StudyView, TrialView
+from tracetune.dashboard.export.options import ExportOptions
+from tracetune.dashboard.export.pick import PickRule
+from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, ServeSpec, gpu_vllm_version
+from tracetune.dashboard.export.text import comment_safe
+from tracetune.dashboard.metrics import display_value
+
+
+def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
+    """The `#` comment lines every text format starts with."""
+    lines = [
+        f"tracetune export ({fmt}): study {study.name!r}, {label(trial)}",
+        *platform_lines(study, options),
+        "measured: " + ", ".join(f"{o}={display_value(o, trial.metric(o))}" for o in study.objectives),
+    ]
+    chosen_under = study.slos + ([f"quality gate {study.quality_gate}"] if study.quality_gate else [])
+    if chosen_under:
+        lines.append("chosen under: " + ", ".join(chosen_under))
+    lines += choice_notes(study, trial, options.chosen_by)
+    if is_dummy(trial):
+        lines.append("WARNING: measured with random weights (load_format dummy): this server answers with noise "
+                     "until --load-format is removed and the model points at real weights of the same shape")
+    if trial.diff:
+        lines.append("differs from the reference: " + ", ".join(f"{k}={v}" for k, v in trial.diff.items()))
+    if trial.category == "infeasible":
+        lines.append("WARNING: this trial violates the study's SLOs or quality gate")
+    if trial.beaten_by_reference:
+        lines.append("WARNING: vLLM's defaults (the reference) are at least as good on every objective: "
+                     "prefer the defaults")
+    lines += capacity.header_lines(capacity.capacity_of(trial.summary))
+    costs = study.costs(trial.summary)
+    if "usd_per_1m_output_tokens" in costs:
+        lines.append(f"at capacity, ${study.economics['gpu_hour_cost']:g}/GPU-hour: "
+                     f"${costs['usd_per_1m_output_tokens']:.3g} per 1M output tokens, "
+                     f"${costs['usd_per_1m_input_tokens']:.3g} per 1M input tokens")
+    if "replicas" in costs:
+        lines.append(f"for {study.economics['target_rate']:g} req/s of this traffic: {costs['replicas']:g} replicas, "
+                     f"{costs['gpus_total']:g} GPUs")
+    if fmt != "vllm-cmd":
+        lines.append(f"image: {options.image}; port {options.port}; GPUs: {options.gpus}")
+        if fmt in ("k8s", "helm-values"):
+            req = options.requests()
+            lines.append(f"requests: {req['cpu']} CPU, {req['memory']} memory (--cpu, --memory), /dev/shm "
+                         f"{options.shm_gib}Gi (--shm-gib); nodeSelector and tolerations are the GPU operator's "
+                         f"defaults: adjust them to your GPU nodes")
+    if spec.dropped:
+        lines.append("left out (credential-like, supply them from a secret store): " + ", ".join(spec.dropped))
+    if spec.platform_only:
+        lines.append("left out for the GPU (measured on the CPU, only the CPU needed them): "
+                     + "; ".join(spec.platform_only))
+    lines += placing_lines(spec, fmt, options)
+    return ["# " + comment_safe(line) for line in lines]
+
+
+def label(trial: TrialView) -> str:
+    """The trial as the comments name it."""
+    return "the reference (vLLM's defaults)" if trial.is_reference else f"trial {trial.number}"
+
+
+def trial_id(trial: TrialView) -> str:
+    """How exports name the trial in annotations and JSON: its number, or "reference"."""
+    return "reference" if trial.is_reference else str(trial.number)
+
+
+def is_dummy(trial: TrialView) -> bool:
+    """Measured with random weights (load_format dummy)."""
+    return (trial.config or {}).get("load_format") == "dummy"
+
+
+def platform_lines(study: StudyView, options: ExportOptions) -> list[str]:
+    """Where the study measured, and the release whose flags the export writes."""
+    version = gpu_vllm_version(study, options)
+    measured = f"vLLM {study.vllm_version}" if study.vllm_version else "a vLLM version the study did not record"
+    if study.platform == "cuda":
+        target = (f"flags for vLLM {version}" if options.vllm_version or study.vllm_version else
+                  f"flags for vLLM {version}, the GPU release tracetune runs (--vllm-version names another)")
+        return [f"measured on NVIDIA GPU with {measured}; {target}"]
+    return [f"measured on platform {study.platform} with {measured}: these are the same "
+            f"settings as flags of vLLM {version} for NVIDIA GPUs, where their speed was not measured; "
+            f"run a study on the GPU before relying on its numbers"]
+
+
+# Where tracetune keeps what it makes (engine_adapter.models, vllm.quantize, vllm.draft).
+_MADE = {"quantized": "a quantized checkpoint tracetune made", "drafts": "a draft model tracetune derived",
+         "models": "the model as tracetune prepared it"}
+
+
+def made_here(path: str) -> str | None:
+    """What a model directory is when tracetune made it (under its home, e.g.
+    ~/.cache/tracetune/quantized/NAME-W8A8-HASH, or named so under another home), else None."""
+    from tracetune.engine_adapter.models import tracetune_home
+
+    p = PurePosixPath(path.rstrip("/"))
+    mine = p.parent.parent == PurePosixPath(str(tracetune_home())) or re.search(r"-[0-9a-f]{12}$", p.name)
+    return _MADE.get(p.parent.name) if mine else None
+
+
+def placing_lines(spec: ServeSpec, fmt: str, options: ExportOptions) -> list[str]:
+    """How to put each model directory where the deployment reads it, and the name clients use."""
+    lines = []
+    for host in spec.models:
+        what, name = made_here(host), PurePosixPath(host.rstrip("/")).name
+        if fmt in ("k8s", "helm-values"):
+            copy = (f"read from PVC {options.models_pvc!r} at {CONTAINER_MODELS_DIR}/{name}: copy it there (from a pod "
+                    f"that mounts the claim read-write): kubectl cp {shlex.quote(host)} POD:{CONTAINER_MODELS_DIR}/"
+                    f"{shlex.quote(name)}")
+        else:
+            there = shlex.quote(host + "/")
+            copy = (f"{'mounted at ' + spec.mounts[host] + '; ' if host in spec.mounts else ''}on the GPU host at "
+                    f"the same path: rsync -a {there} GPU_HOST:{there}")
+        lines.append(f"model directory {host}" + (f" ({what}, on the measuring machine only)" if what else "")
+                     + ": " + copy)
+    lines.append(f"clients request the model as {spec.served_name!r} (--served-model-name, the name measured)")
+    return lines
+
+
+def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = None) -> list[str]:
+    """The chosen configuration's quality cost against vLLM's defaults (perplexity change with its
+    interval, KLD, top-1 agreement), whether the study's quality gate holds it (or that no gate was
+    set), and, for a rule (`--best`/`--pick`), the better trade the gate turned down."""
+    from tracetune.quality.gate import cost_text
+
+    if trial.is_reference:
+        lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
+        return lines + _turned_down(study, trial, rule)
+    if (trial.config or {}).get("load_format") == "dummy":
+        return ["quality cost vs vLLM's defaults: not measurable (random weights give speed, never quality): "
+                "measure it with the real weights before relying on it"]
+    measured = bool(trial.quality and trial.quality.get("ppl_change"))
+    lines = ["quality cost vs vLLM's defaults: " + (cost_text(trial.quality) if measured else "not measured")]
+    gate = study.quality_gate
+    if gate is None:  # the page judges by the default gate then (`StudyView.shown_gate`): so does the export
+        default = study.shown_gate
+        judged = ("" if not measured else f"; it is within the default gate ({default})"
+                  if default.violation(trial.quality) <= 0 else
+                  f"; it is OUTSIDE the default gate ({default}): not recommended unless that loss is acceptable "
+                  f"for this model and traffic")
+        lines.append("this study set no quality gate (--max-quality-loss none, or a study from before the "
+                     "default gate), so nothing held this cost back" + judged)
+    elif not measured:
+        lines.append(f"the study's quality gate ({gate}) could not be checked: this quality was not measured")
+    elif gate.violation(trial.quality) <= 0:
+        lines.append(f"within the study's quality gate ({gate})")
+    else:
+        lines.append(f"OUTSIDE the study's quality gate ({gate}): not recommended unless that loss is acceptable "
+                     f"for this model and traffic")
+    return lines + _turned_down(study, trial, rule)
+
+
+def _turned_down(study: StudyView, chosen: TrialView, rule: PickRule | None) -> list[str]:
+    """The trial the quality gate alone turned down (`TrialView.only_the_gate`: every SLO kept, every
+    request served) that would beat `chosen` by the rule, with its cost."""
+    from tracetune.quality.gate import cost_text
+
+    if rule is None or study.quality_gate is None:
+        return []
+    sign = 1 if rule.goal == "max" else -1
+    beyond = [t for t in study.trials if t.only_the_gate and all(c.holds(t.metric(c.metric)) for c in rule.where)
+              and sign * t.metric(rule.metric) > sign * chosen.metric(rule.metric)]
+    if not beyond:
+        return []
+    best = max(beyond, key=lambda t: (sign * t.metric(rule.metric), -t.number))
+    return [f"outside the quality gate ({study.quality_gate}): trial {best.number} reaches {rule.metric} "
+            f"{display_value(rule.metric, best.metric(rule.metric))} at {cost_text(best.quality)}; not exported "
+            f"(--trial {best.number} exports it anyway)"]

@@ -1,0 +1,25 @@
+"""The `vllm-cmd` format: one shell command (environment assignments, then `vllm serve`), each
+value `shlex`-quoted, a flag per line."""
+
+from __future__ import annotations
+
+import shlex
+
+from tracetune.dashboard.data import StudyView, TrialView
+from tracetune.dashboard.export.notes import header
+from tracetune.dashboard.export.options import ExportOptions
+from tracetune.dashboard.export.serve import serve_spec
+
+
+def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    """One shell command (environment assignments, then `vllm serve`), a flag per line."""
+    spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform)
+    lines = [" ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()),
+             shlex.join(["vllm", "serve", spec.args[0]])]
+    for arg in spec.args[1:]:
+        if arg.startswith("--"):
+            lines.append(shlex.quote(arg))
+        else:
+            lines[-1] += " " + shlex.quote(arg)
+    command = " \\\n  ".join(line for line in lines if line)
+    return "\n".join([*header(study, trial, "vllm-cmd", options, spec), command]) + "\n"
