@@ -22,11 +22,12 @@ import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from tracetune.errors import InputError
-from tracetune.replay.synth import PromptSynthesizer, implied_reuse_ratio, prefix_reuse_ratio
+from tracetune.replay.synth import PromptSynthesizer, Tokenizer, implied_reuse_ratio, prefix_reuse_ratio
 from tracetune.replay.trace import MAX_TOKENS, Message, TraceRecord
+from tracetune.types import Json, JsonDict
 
 FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -153,9 +154,9 @@ def _bad(path: Path, line: int, field: str, message: str) -> InputError:
     return InputError(f"{path}:{line}: field '{field}': {message}")
 
 
-def _int_field(path: Path, line: int, row: dict[str, Any], field: str, *, minimum: int = 0) -> int:
+def _int_field(path: Path, line: int, row: JsonDict, field: str, *, minimum: int = 0) -> int:
     """A token count: a whole number from `minimum` to MAX_TOKENS (a larger one is a corrupt row)."""
-    value = row.get(field)
+    value: Json = row.get(field)
     try:
         number = int(value) if not isinstance(value, bool) and float(value) == int(float(value)) else None
     except (TypeError, ValueError, OverflowError):
@@ -170,8 +171,8 @@ def _int_field(path: Path, line: int, row: dict[str, Any], field: str, *, minimu
     return number
 
 
-def _float_field(path: Path, line: int, row: dict[str, Any], field: str) -> float:
-    value = row.get(field)
+def _float_field(path: Path, line: int, row: JsonDict, field: str) -> float:
+    value: Json = row.get(field)
     try:
         if isinstance(value, bool):
             raise TypeError(value)
@@ -198,7 +199,7 @@ def _text(path: Path) -> str:
         raise InputError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from None
 
 
-def _json(path: Path, line: int, text: str) -> Any:
+def _json(path: Path, line: int, text: str) -> Json:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -268,7 +269,8 @@ def read_burstgpt(path: Path) -> Iterator[RawRequest]:
 def _list_item_lines(text: str) -> list[int]:
     """1-based line of each element of the (already validated) top-level JSON list in `text`."""
     decoder = json.JSONDecoder()
-    lines, i = [], text.index("[") + 1
+    lines: list[int] = []
+    i = text.index("[") + 1
     line, counted_to = 1, 0
     while True:
         while text[i] in " \t\r\n,":
@@ -347,7 +349,7 @@ def read_requests(fmt: str, path: Path, options: ConvertOptions) -> tuple[list[R
     return raw, report
 
 
-def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
+def convert(fmt: str, path: Path, tokenizer: Tokenizer, options: ConvertOptions,
             synthesizer: PromptSynthesizer | None = None,
             read: tuple[list[RawRequest], ConvertReport] | None = None) -> tuple[list[TraceRecord], ConvertReport]:
     """Read `path` in format `fmt` (or take `read`, what read_requests returned) and return native
@@ -382,10 +384,11 @@ def convert(fmt: str, path: Path, tokenizer: Any, options: ConvertOptions,
             out_len = max(1, len(tokenizer.encode(r.reply, add_special_tokens=False)))
         if options.max_output_tokens is not None:
             out_len = min(out_len, options.max_output_tokens)
-        arrival = r.timestamp_s - t0 + (jitter.uniform(0, report.grid.step_s) if report.spread else 0.0)
-        fields: dict[str, Any] = {"timestamp": round(arrival, 6), "output_length": out_len,
+        arrival = r.timestamp_s - t0 + (jitter.uniform(0, report.grid.step_s) if report.spread and report.grid else 0.0)
+        fields: JsonDict = {"timestamp": round(arrival, 6), "output_length": out_len,
                                   "id": f"{path.stem}:{r.line}"}
         if r.input_length is not None:
+            assert synthesizer is not None  # made above for any request with an input length
             length = max(1, round(r.input_length * scale))
             hash_ids = r.hash_ids
             if length > options.max_input_tokens:

@@ -169,7 +169,8 @@ def _prefix_keys(record: TraceRecord) -> list[object]:
     if record.input_length is not None:
         return []
     text = prompt_text(record)
-    digest, keys = hashlib.blake2b(digest_size=16), []
+    digest = hashlib.blake2b(digest_size=16)
+    keys: list[object] = []
     for start in range(0, len(text), PREFIX_CHUNK):
         digest.update(text[start:start + PREFIX_CHUNK].encode("utf-8", "replace"))
         keys.append(digest.copy().digest())

@@ -38,7 +38,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TextIO
 
 from tracetune.errors import InputError
 from tracetune.replay.recorded import (
@@ -52,8 +52,11 @@ from tracetune.replay.recorded import (
 
 if TYPE_CHECKING:
     import asyncio
+    from types import SimpleNamespace
 
+    import aiohttp
     from aiohttp import web
+    from multidict import CIMultiDictProxy
 
     from tracetune.replay.trace import TraceRecord
 
@@ -114,7 +117,7 @@ def parse_upstream(url: str) -> str:
 # --- the proxy -----------------------------------------------------------------------------------
 
 
-def _filtered(headers: Any) -> list[tuple[str, str]]:
+def _filtered(headers: CIMultiDictProxy[str]) -> list[tuple[str, str]]:
     """Headers minus hop-by-hop ones, including those the Connection header names."""
     named = {t.strip().lower() for v in headers.getall("Connection", []) for t in v.split(",")}
     return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named]
@@ -155,12 +158,12 @@ class RecordingProxy:
         self._next_write = 0
         self._finished: dict[int, tuple[float, TraceRecord | None]] = {}
         self._t0: float | None = None
-        self._file = None
-        self._session = None
-        self._runner = None
+        self._file: TextIO | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
         self._idle: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
-        self._tasks: set[asyncio.Task] = set()  # handlers running now, to cut off at shutdown
+        self._tasks: set[asyncio.Task[object]] = set()  # handlers running now, to cut off at shutdown
 
     @property
     def base_url(self) -> str:
@@ -188,7 +191,7 @@ class RecordingProxy:
         self._idle.set()
         self._hurry = asyncio.Event()
 
-        async def sent(session: Any, ctx: Any, params: Any) -> None:
+        async def sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
             # Fires for the headers and again for each body chunk, just before it is written.
             if isinstance(ctx.trace_request_ctx, dict):
                 ctx.trace_request_ctx["sent"] = self.clock()
@@ -222,6 +225,7 @@ class RecordingProxy:
 
         if self._runner is None:
             return
+        assert self._idle is not None and self._hurry is not None  # made by start(), with the runner
         for site in list(self._runner.sites):
             await site.stop()
         waits = [asyncio.ensure_future(self._idle.wait()), asyncio.ensure_future(self._hurry.wait())]
@@ -260,19 +264,22 @@ class RecordingProxy:
         import asyncio
 
         kind = RECORDED_PATHS.get(request.path) if request.method == "POST" else None
-        seq = arrival = None
+        seq: int | None = None
+        arrival = 0.0
         if kind is not None:
             # Sequence and arrival time are taken together, before any await: arrival order.
             seq, arrival = self._next_seq, self.clock()
             self._next_seq += 1
         self.in_flight += 1
+        assert self._idle is not None  # made by start(), before the server listens
         self._idle.clear()
         task = asyncio.current_task()
+        assert task is not None  # a handler runs in its own task
         self._tasks.add(task)
         record = None
         try:
             response, exchange = await self._forward(request, capture=kind is not None)
-            if exchange is not None:
+            if exchange is not None and kind is not None:  # an exchange is captured only on a recorded path
                 summary = self._summary_of(kind, exchange)
                 if summary.error:  # a failure the server could only report inside the stream
                     self.errors += 1
@@ -308,6 +315,7 @@ class RecordingProxy:
         body = await request.read()
         received = self.clock()
         marks: dict[str, float] = {}
+        assert self._session is not None  # opened by start(), before the server listens
         try:
             upstream = await self._session.request(
                 request.method, URL(self.upstream + request.raw_path, encoded=True),

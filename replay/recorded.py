@@ -8,9 +8,10 @@ import dataclasses
 import json
 import math
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tracetune.engine_adapter.http_stream import sse_payloads
+from tracetune.types import Json, JsonDict
 
 if TYPE_CHECKING:
     from tracetune.replay.trace import TraceRecord
@@ -55,7 +56,7 @@ def decoded(raw: bytes, content_encoding: str) -> bytes | None:
     return None
 
 
-def _choice_text(choice: dict[str, Any], chat: bool, stream: bool) -> str | None:
+def _choice_text(choice: JsonDict, chat: bool, stream: bool) -> str | None:
     if chat:
         part = choice.get("delta" if stream else "message")
         content = part.get("content") if isinstance(part, dict) else None
@@ -102,7 +103,7 @@ def summarize_response(raw: bytes, *, chat: bool, sse: bool) -> ResponseSummary:
     return out
 
 
-def _message(raw: Any) -> dict[str, str] | None:
+def _message(raw: Json) -> JsonDict | None:
     """A chat message as the trace's `{role, content}`, or None when it holds more than text."""
     if not isinstance(raw, dict):
         return None
@@ -116,12 +117,12 @@ def _message(raw: Any) -> dict[str, str] | None:
     return {"role": raw.get("role"), "content": content}
 
 
-def _sampling(body: dict[str, Any]) -> dict[str, Any] | None:
+def _sampling(body: JsonDict) -> JsonDict | None:
     from pydantic import ValidationError
 
     from tracetune.replay.trace import Sampling
 
-    fields: dict[str, Any] = {}
+    fields: JsonDict = {}
     for name in SAMPLING_FIELDS:
         value = body.get(name)
         if value is None:
@@ -150,7 +151,7 @@ def build_record(kind: str, request_body: bytes, response: ResponseSummary, *,
         return None
     if not isinstance(body, dict):
         return None
-    fields: dict[str, Any] = {"timestamp": 0.0}
+    fields: JsonDict = {"timestamp": 0.0}
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -167,7 +168,8 @@ def build_record(kind: str, request_body: bytes, response: ResponseSummary, *,
             return None
         fields["prompt"] = prompt
 
-    n = body.get("n") if isinstance(body.get("n"), int) and body.get("n") > 0 else 1
+    n = body.get("n")
+    n = n if isinstance(n, int) and n > 0 else 1
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if response.completion_tokens:
         output_length = math.ceil(response.completion_tokens / n)  # usage counts every choice

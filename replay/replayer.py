@@ -8,12 +8,14 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import TypeVar
 
 from tracetune.engine_adapter.openai_client import StreamedCompletion, encoded_request, new_session, stream_completion
 from tracetune.errors import InputError
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, RequestRecord, StopWhen
+
+T = TypeVar("T")
 
 Clock = Callable[[], float]
 PROGRESS_EVERY_S = 0.25
@@ -129,18 +131,19 @@ class Replayer:
         try:
             if stop_when is None:
                 await sender
-            while not sender.done():
-                await asyncio.wait({sender}, timeout=0.05)
-                if not sender.done() and stop_when(self.finished, list(self.live.values()), self.clock()):
-                    self.abandoned = True
-                    await stop_all()
+            else:
+                while not sender.done():
+                    await asyncio.wait({sender}, timeout=0.05)
+                    if not sender.done() and stop_when(self.finished, list(self.live.values()), self.clock()):
+                        self.abandoned = True
+                        await stop_all()
         except asyncio.CancelledError:
             # Ctrl-C or SIGTERM: the requests in flight are cancelled too, before the session closes
             # under them (a request cut off by that close would be recorded as a truncated stream).
             await stop_all()
             raise
 
-    async def run(self, requests: Sequence[PreparedRequest], between: Callable[[], Any] | None = None,
+    async def run(self, requests: Sequence[PreparedRequest], between: Callable[[], Awaitable[None]] | None = None,
                   stop_when: StopWhen | None = None) -> tuple[list[RequestRecord], float, int]:
         """Warm up, call `between()` (e.g. snapshot engine counters), then replay; return records,
         measured duration and warm-up failures. `stop_when` (open loop only) may end the replay
@@ -193,7 +196,7 @@ def quiet_gc() -> Iterator[None]:
         gc.collect()
 
 
-def loop_runner() -> Callable[[Any], Any]:
+def loop_runner() -> Callable[[Coroutine[object, object, T]], T]:
     """uvloop's `run` where installed (the client's numbers were measured on it), else asyncio's."""
     try:
         import uvloop

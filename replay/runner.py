@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from tracetune.engine_adapter.http_stream import connection_budget
 from tracetune.engine_adapter.metrics import EngineMetrics
@@ -21,6 +21,19 @@ from tracetune.replay.profile import input_tokens
 from tracetune.replay.replayer import Replayer, loop_runner, quiet_gc, split_warmup
 from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
+
+if TYPE_CHECKING:
+    from tracetune.replay.synth import PromptSynthesizer
+    from tracetune.replay.workers import ClientPool
+
+OnProgress = Callable[[int, int, int], None]
+OnRecord = Callable[[RequestRecord], None]
+
+
+class MetricsSource(Protocol):
+    """An engine as a replay reads it: snapshots of its counters (`engine_adapter.base.Engine` meets it)."""
+
+    def metrics(self) -> EngineMetrics: ...
 
 
 def kept(records: Sequence[TraceRecord], options: ReplayOptions) -> list[TraceRecord]:
@@ -36,7 +49,8 @@ def kept(records: Sequence[TraceRecord], options: ReplayOptions) -> list[TraceRe
     return out
 
 
-def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> list[PreparedRequest]:
+def prepare(trace: Trace, options: ReplayOptions,
+            synthesizer: PromptSynthesizer | None = None) -> list[PreparedRequest]:
     """Apply the options' caps and scaling, and give every request its text."""
     out: list[PreparedRequest] = []
     for index, r in enumerate(kept(trace.records, options)):
@@ -51,6 +65,7 @@ def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> li
         elif r.prompt is not None:
             request.prompt = r.prompt
         else:
+            assert r.input_length is not None  # a record holds messages, a prompt or an input length
             if synthesizer is None:
                 raise InputError(
                     f"{trace.source}:{index + 1}: field 'input_length': length-only requests need a "
@@ -65,10 +80,10 @@ def prepare(trace: Trace, options: ReplayOptions, synthesizer: Any = None) -> li
 
 
 def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], options: ReplayOptions, *,
-           engine: Any = None, headers: dict[str, str] | None = None,
-           on_progress: Callable[[int, int, int], None] | None = None,
-           stop_when: StopWhen | None = None, client_procs: int = 1, pool: Any = None,
-           on_record: Callable[[RequestRecord], None] | None = None) -> ReplayResult:
+           engine: MetricsSource | None = None, headers: dict[str, str] | None = None,
+           on_progress: OnProgress | None = None,
+           stop_when: StopWhen | None = None, client_procs: int = 1, pool: ClientPool | None = None,
+           on_record: OnRecord | None = None) -> ReplayResult:
     """Run a replay to completion, or until `stop_when` says its outcome is certain (uvloop when
     available). `engine`, if given, supplies `metrics()` snapshots taken after the warm-up and at
     the end. An open-loop replay with `client_procs` > 1 (or a `replay.workers.ClientPool`) is sent
@@ -85,8 +100,9 @@ def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], optio
     return _single(base_url, model, requests, options, engine, headers, on_progress, stop_when, on_record)
 
 
-def _pooled(base_url, model, requests, options, engine, headers, on_progress, stop_when, pool,
-            on_record=None) -> ReplayResult:
+def _pooled(base_url: str, model: str, requests: Sequence[PreparedRequest], options: ReplayOptions,
+            engine: MetricsSource | None, headers: dict[str, str] | None, on_progress: OnProgress | None,
+            stop_when: StopWhen | None, pool: ClientPool, on_record: OnRecord | None = None) -> ReplayResult:
     warm, measured = split_warmup(requests, options)
     replayer = Replayer(base_url, model, options, headers=headers)
 
@@ -107,8 +123,9 @@ def _pooled(base_url, model, requests, options, engine, headers, on_progress, st
                         connection_waits=run.connection_waits, connection_limit=connection_budget())
 
 
-def _single(base_url, model, requests, options, engine, headers, on_progress, stop_when,
-            on_record=None) -> ReplayResult:
+def _single(base_url: str, model: str, requests: Sequence[PreparedRequest], options: ReplayOptions,
+            engine: MetricsSource | None, headers: dict[str, str] | None, on_progress: OnProgress | None,
+            stop_when: StopWhen | None, on_record: OnRecord | None = None) -> ReplayResult:
     replayer = Replayer(base_url, model, options, headers=headers, on_progress=on_progress, on_record=on_record)
     before: list[EngineMetrics] = []
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from tracetune.errors import InputError
 
@@ -37,7 +37,15 @@ def load_corpus_text(path: Path | None = None) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _stable_int(*parts: Any) -> int:
+class Tokenizer(Protocol):
+    """What a prompt needs of a tokenizer (a Hugging Face tokenizer meets it)."""
+
+    def encode(self, text: str, /, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], /) -> str: ...
+
+
+def _stable_int(*parts: object) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
@@ -45,7 +53,7 @@ def _stable_int(*parts: Any) -> int:
 class PromptSynthesizer:
     """Build prompts of exact token counts from real text with a given tokenizer."""
 
-    def __init__(self, tokenizer: Any, corpus_text: str | None = None, *, block_tokens: int = 512, seed: int = 0):
+    def __init__(self, tokenizer: Tokenizer, corpus_text: str | None = None, *, block_tokens: int = 512, seed: int = 0):
         self.tokenizer = tokenizer
         self.block_tokens = block_tokens
         self.seed = seed
@@ -102,7 +110,7 @@ class PromptSynthesizer:
         start = key % max(len(self.stream) - n, 1)
         return self.tokenizer.decode(self.stream[start:start + n])
 
-    def prompt(self, input_length: int, *, hash_ids: Sequence[int] | None = None, unique_key: Any = None) -> str:
+    def prompt(self, input_length: int, *, hash_ids: Sequence[int] | None = None, unique_key: object = None) -> str:
         """A prompt of exactly `input_length` tokens.
 
         With `hash_ids`, full blocks of `block_tokens` are taken per id (shared ids -> shared text);

@@ -21,12 +21,14 @@ import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, NoReturn
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from tracetune.errors import InputError, opened_input
 from tracetune.files import open_atomic, refuse_overwrite
+from tracetune.types import Json, JsonDict
 
 MAX_LINE_BYTES = 64 * 2**20
 # Far beyond any model's context; a larger length is a corrupt line, and synthesising its prompt
@@ -42,7 +44,7 @@ class TraceError(InputError):
     """A trace file that cannot be used, with file, line and field."""
 
 
-def _json_number(value: Any) -> Any:
+def _json_number(value: object) -> object:
     # pydantic's lax mode would read true as 1 and "5" as 5; a trace writes numbers as numbers.
     if isinstance(value, bool):
         raise ValueError("must be a number, not a boolean")
@@ -119,7 +121,7 @@ class Trace(BaseModel):
         return self.records[-1].timestamp - self.records[0].timestamp if self.records else 0.0
 
 
-def _field_of(error: dict[str, Any]) -> str:
+def _field_of(error: ErrorDetails) -> str:
     loc = [str(p) for p in error["loc"]]
     return ".".join(loc) if loc else "(record)"
 
@@ -128,14 +130,14 @@ class _NonFinite(ValueError):
     """NaN or Infinity in a line: Python's json reads them, but JSON has no such numbers."""
 
 
-def _refuse_constant(name: str) -> Any:
+def _refuse_constant(name: str) -> NoReturn:
     raise _NonFinite(name)
 
 
-def _unencodable(data: dict[str, Any]) -> str | None:
+def _unencodable(data: JsonDict) -> str | None:
     """The field of the first string that cannot be sent as UTF-8 (a lone surrogate written as
     an escape such as \\ud800), or None. Iterative: a line may nest as deep as json allows."""
-    stack: list[tuple[str, Any]] = [("", data)]
+    stack: list[tuple[str, Json]] = [("", data)]
     while stack:
         field, value = stack.pop()
         if isinstance(value, str):

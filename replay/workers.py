@@ -19,12 +19,12 @@ import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.process
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -81,7 +81,7 @@ class ClientPool:
     def __init__(self, procs: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conns: list[multiprocessing.connection.Connection] = []
-        self.procs: list[Any] = []
+        self.procs: list[multiprocessing.process.BaseProcess] = []
         for _ in range(procs):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="tracetune-client")
@@ -168,6 +168,7 @@ class _Collect:
         """Read every report that arrives within `timeout_s`."""
         ready = multiprocessing.connection.wait([conns[i] for i in self.pending], timeout=timeout_s)
         for conn in ready:
+            assert isinstance(conn, multiprocessing.connection.Connection)  # wait() was given only these
             i = conns.index(conn)
             kind, records, live, count, conn_waits = _receive(conn, i)
             self.finished += records
