@@ -5,6 +5,8 @@ toward --trials, and recovering the trials of workers that are gone (`Coordinato
 from __future__ import annotations
 
 import contextlib
+import datetime
+import enum
 import hashlib
 import json
 import os
@@ -13,14 +15,41 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from tracetune.errors import InputError
 from tracetune.tuner.reporter import Reporter
-from tracetune.tuner.storage import COUNTED, SKIPPED, ResultStore, claims, normalize_url, utc_now
+from tracetune.tuner.storage import ResultStore, claims, normalize_url, utc_now
+from tracetune.tuner.trial_record import TrialRecord
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import RDBStorage
+
+    from tracetune.search_spaces.space import SearchSpace
+
+
+class ClaimState(enum.StrEnum):
+    """A claim's state, as stored in `storage.claims`."""
+
+    RUNNING = "running"  # its owner is measuring it (while it keeps the heartbeat fresh)
+    DONE = "done"        # its trial's stored result answers it
+
+
+class ClaimRow(TypedDict):
+    """A row of the claims table (`storage.claims`)."""
+
+    id: int
+    study_name: str
+    key: str
+    owner: str
+    trial_number: int
+    state: str
+    heartbeat_at: datetime.datetime
 
 
 def worker_id() -> str:
@@ -51,7 +80,8 @@ def owner_is_dead(owner: str) -> bool:
         return False
     return False
 
-def make_storage(url: str, heartbeat_s: int):
+
+def make_storage(url: str, heartbeat_s: int) -> RDBStorage:
     """Optuna's RDBStorage with the heartbeat on: a RUNNING trial whose worker stops beating for
     2 x `heartbeat_s` is failed and re-queued (WAITING, same parameters) up to twice."""
     import warnings
@@ -59,7 +89,7 @@ def make_storage(url: str, heartbeat_s: int):
     import optuna
 
     url = normalize_url(url)
-    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    engine_kwargs: dict[str, object] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine_kwargs = {"connect_args": {"timeout": 60}}
     import random
@@ -79,9 +109,10 @@ def make_storage(url: str, heartbeat_s: int):
             if attempt == 5:
                 raise
             time.sleep(0.2 + random.random())
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def config_key(config_json: dict[str, Any]) -> str:
+def config_key(config_json: JsonDict) -> str:
     """Identity of a configuration across workers and hosts: the engine config without the
     worker's own environment (CPU binding, visible GPUs) and with the model named by its
     directory (checkpoint caches live in different places on different hosts)."""
@@ -99,7 +130,7 @@ class Claims:
         self.engine = store.engine
 
     def claim(self, study_name: str, key: str, *, owner: str, trial_number: int,
-              stale_after_s: float) -> dict[str, Any] | None:
+              stale_after_s: float) -> ClaimRow | None:
         """Take `key` for `owner`; None when it is now ours, else the current claim row (done, or
         held by a live worker). A claim whose heartbeat is older than `stale_after_s`, or whose
         owner process on this host is gone, is taken over (compare-and-set on owner + heartbeat,
@@ -108,18 +139,19 @@ class Claims:
         try:
             with self.engine.begin() as conn:
                 conn.execute(claims.insert().values(study_name=study_name, key=key, owner=owner,
-                                                    trial_number=trial_number, state="running", heartbeat_at=now))
+                                                    trial_number=trial_number, state=ClaimState.RUNNING.value,
+                                                    heartbeat_at=now))
             return None
         except IntegrityError:
             pass
         with self.engine.connect() as conn:
-            row = conn.execute(select(claims).where(claims.c.study_name == study_name, claims.c.key == key)) \
+            found = conn.execute(select(claims).where(claims.c.study_name == study_name, claims.c.key == key)) \
                 .mappings().first()
-        if row is None:  # released between our insert and this read: try again
+        if found is None:  # released between our insert and this read: try again
             return self.claim(study_name, key, owner=owner, trial_number=trial_number, stale_after_s=stale_after_s)
-        row = dict(row)
-        if row["state"] == "done" or row["owner"] == owner:
-            return row if row["state"] == "done" else None
+        row = cast(ClaimRow, dict(found))
+        if row["state"] == ClaimState.DONE or row["owner"] == owner:
+            return row if row["state"] == ClaimState.DONE else None
         stale = (now - row["heartbeat_at"]).total_seconds() > stale_after_s or owner_is_dead(row["owner"])
         if not stale:
             return row
@@ -127,10 +159,10 @@ class Claims:
             return None
         return self.claim(study_name, key, owner=owner, trial_number=trial_number, stale_after_s=stale_after_s)
 
-    def _take_over(self, row: dict[str, Any], owner: str, trial_number: int, now: Any) -> bool:
+    def _take_over(self, row: ClaimRow, owner: str, trial_number: int, now: datetime.datetime) -> bool:
         with self.engine.begin() as conn:
             return conn.execute(claims.update().where(
-                claims.c.id == row["id"], claims.c.owner == row["owner"], claims.c.state == "running",
+                claims.c.id == row["id"], claims.c.owner == row["owner"], claims.c.state == ClaimState.RUNNING.value,
                 claims.c.heartbeat_at == row["heartbeat_at"]).values(
                 owner=owner, trial_number=trial_number, heartbeat_at=now)).rowcount == 1
 
@@ -145,13 +177,13 @@ class Claims:
         with self.engine.begin() as conn:
             conn.execute(claims.update().where(claims.c.study_name == study_name, claims.c.key == key,
                                                claims.c.owner == owner)
-                         .values(state="done", trial_number=trial_number, heartbeat_at=utc_now()))
+                         .values(state=ClaimState.DONE.value, trial_number=trial_number, heartbeat_at=utc_now()))
 
     def release(self, study_name: str, key: str, owner: str) -> None:
         """Give a claim up unfinished (interrupted): the next worker measures the configuration."""
         with self.engine.begin() as conn:
             conn.execute(claims.delete().where(claims.c.study_name == study_name, claims.c.key == key,
-                                               claims.c.owner == owner, claims.c.state == "running"))
+                                               claims.c.owner == owner, claims.c.state == ClaimState.RUNNING.value))
 
 
 class ClaimHeartbeat:
@@ -178,28 +210,29 @@ class ClaimHeartbeat:
         self._thread.join(timeout=5)
 
 
-def counted(study: Any) -> int:
+def counted(study: optuna.Study) -> int:
     """Trials that count toward --trials: measured or failed with a reason. Interrupted trials
     (Ctrl-C, a killed worker) have no status and are run again."""
     return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state.is_finished() and t.user_attrs.get("status") in COUNTED)
+               if t.state.is_finished() and TrialRecord.of(t).counts)
 
 
-def skipped(study: Any) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") in SKIPPED)
+def skipped(study: optuna.Study) -> int:
+    """Trials that cost no engine time (rejected, duplicate): not counted toward --trials."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if TrialRecord.of(t).skipped)
 
 
-def running(study: Any) -> int:
+def running(study: optuna.Study) -> int:
     import optuna
 
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
-def stored_choices(study: Any) -> dict[str, tuple]:
+def stored_choices(study: optuna.Study) -> dict[str, tuple[object, ...]]:
     """Categorical choices each parameter had in the study's earlier trials."""
     import optuna
 
-    out: dict[str, tuple] = {}
+    out: dict[str, tuple[object, ...]] = {}
     for t in study.get_trials(deepcopy=False):
         for name, dist in t.distributions.items():
             if isinstance(dist, optuna.distributions.CategoricalDistribution):
@@ -207,7 +240,7 @@ def stored_choices(study: Any) -> dict[str, tuple]:
     return out
 
 
-def check_same_choices(study: Any, space: Any, study_name: str) -> None:
+def check_same_choices(study: optuna.Study, space: SearchSpace, study_name: str) -> None:
     """Optuna cannot resume a study whose categorical choices changed (e.g. another --space, or
     choices this platform cannot run removed on another kind of machine): say so up front."""
     for name, before in stored_choices(study).items():
@@ -233,7 +266,7 @@ class Coordinator:
         self.reporter = reporter
         self.worker = worker or worker_id()
 
-    def claim_or_wait(self, key: str, trial_number: int, what: str) -> dict[str, Any] | None:
+    def claim_or_wait(self, key: str, trial_number: int, what: str) -> ClaimRow | None:
         """None once this worker owns `key`; the finished claim row when another worker (or an
         earlier trial) has measured it. Waits while a live worker is still measuring it; one silent
         for 2 x heartbeat_s is considered dead and its claim taken over."""
@@ -241,7 +274,7 @@ class Coordinator:
         while True:
             holder = self.claims.claim(self.study_name, key, owner=self.worker, trial_number=trial_number,
                                        stale_after_s=2 * self.heartbeat_s)
-            if holder is None or holder["state"] == "done":
+            if holder is None or holder["state"] == ClaimState.DONE:
                 return holder
             if not announced:
                 self.reporter.on_waiting(what=what, owner=holder["owner"], trial=holder["trial_number"])
@@ -261,7 +294,7 @@ class Coordinator:
             raise
         self.claims.finish(self.study_name, key, self.worker, trial_number)
 
-    def recover(self, study: Any, storage: Any) -> list[int]:
+    def recover(self, study: optuna.Study, storage: RDBStorage) -> list[int]:
         """Fail the RUNNING trials of dead workers and re-queue them (same parameters): workers on
         this host whose process is gone at once, any other after its heartbeat's grace period.
         `storage` is the study's (`make_storage`). Returns the numbers of the trials failed here."""
@@ -272,7 +305,7 @@ class Coordinator:
         study_id = storage.get_study_id_from_name(study.study_name)
         failed = []
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = t.user_attrs.get("worker")
+            owner = TrialRecord.of(t).worker
             if owner and owner != self.worker and owner_is_dead(owner):
                 trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
                 try:
@@ -291,7 +324,7 @@ class Coordinator:
             self.reporter.on_recovered(trials=failed)
         return failed
 
-    def requeue_interrupted(self, study: Any) -> None:
+    def requeue_interrupted(self, study: optuna.Study) -> None:
         """A Ctrl-C'd (or SIGTERMed) trial is FAIL in Optuna: queue it again, with the same
         parameters, so the next run measures it. Interruptions are not the configuration's
         fault, so unlike dead workers' trials these are re-queued every time."""
@@ -303,5 +336,6 @@ class Coordinator:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             requeue = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-            if t.user_attrs.get("worker") == self.worker and "status" not in t.user_attrs:
+            record = TrialRecord.of(t)
+            if record.worker == self.worker and not record.ended:
                 requeue(study, t)

@@ -36,10 +36,11 @@ def open_study(settings: StudySettings, *, space: SearchSpace, engine: str, mode
 
     # Failed trials are reported by tracetune itself; optuna would add a traceback per trial.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    directions = [OBJECTIVES[name] for name in settings.objectives]
+    directions = [OBJECTIVES[name] for name in settings.objectives]  # "minimize" | "maximize"
     storage = make_storage(settings.storage_url, settings.heartbeat_s)
     study = optuna.create_study(
-        study_name=settings.study_name, storage=storage, directions=directions,
+        study_name=settings.study_name, storage=storage,
+        directions=[optuna.study.StudyDirection[d.upper()] for d in directions],
         sampler=make_sampler(settings.sampler, settings.seed, 1 + settings.n_user_constraints,
                              n_startup=startup_trials(space.size())), load_if_exists=True)
     if [d.name.lower() for d in study.directions] != directions:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracetune.capacity.step import Verdict
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.registry import EngineKind, engine_kind
 from tracetune.errors import EngineError, Rejected, TuneError
@@ -58,7 +59,8 @@ from tracetune.types import JsonDict
 if TYPE_CHECKING:
     import optuna
     from optuna.storages import RDBStorage
-    from pydantic import BaseModel
+
+    from tracetune.engine_adapter.kind import EngineConfig
 
 __all__ = ["Measurement", "NullReporter", "Reporter", "StudySettings", "TrialRunner", "Tuner", "config_diff"]
 
@@ -89,7 +91,7 @@ class Tuner:
         self.worker = self.coord.worker
         self.ending = TrialEnd(settings, self.store, self.reporter, self.redact)  # records every trial's outcome
         self.reference: Reference | None = None
-        self.reference_config: BaseModel | None = None  # the engine's settings model (engine.config_model)
+        self.reference_config: EngineConfig | None = None  # the engine's settings model (engine.config_model)
         self.reference_values: list[float] | None = None
         self.reference_capacity: float | None = None  # the reference's capacity level k
         self._quality_known: dict[str, tuple[int, JsonDict]] = {}  # quality key -> (trial, quality)
@@ -99,8 +101,9 @@ class Tuner:
     def ensure_reference(self) -> None:
         """Measure the unquantized reference once per study (reused on resume, and by every other
         worker: the first one claims it, the others wait for its row)."""
-        name = self.settings.study_name
-        self.reference_config = self.engine.reference(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
+        name, reference_of = self.settings.study_name, self.engine.reference
+        assert reference_of is not None, "a tuned engine is tunable (cli.tune checks)"
+        self.reference_config = reference_of(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
         stored = self.store.reference(name)
         if stored is None:
             holder = self.coord.claim_or_wait("reference", REFERENCE_RUN, "the reference")
@@ -129,7 +132,7 @@ class Tuner:
                                       summary=measured.summary.as_dict())
             self.store.save_trial(name, REFERENCE_RUN, Status.MEASURED, config=config, **measured.stored())
             self.store.save_levels(name, REFERENCE_RUN, measured.levels)
-        self._set_reference_values(measured.summary.as_dict())
+        self._set_reference_values(measured.summary)
         self.reporter.on_reference_done(summary=measured.summary, quality=measured.quality)
 
     def _probe(self) -> QualityProbe:
@@ -153,24 +156,26 @@ class Tuner:
             return 1.0
         return min(max(self.reference_capacity, capacity.min_scale), capacity.max_scale)
 
-    def _set_reference_values(self, summary: JsonDict) -> None:
+    def _set_reference_values(self, summary: Summary | JsonDict) -> None:
         """The reference as a candidate: its objective values (quality loss 0 by definition) and
-        its capacity level, where trials start their capacity search."""
-        self.reference_values = [objective_value(n, Summary.from_dict(summary), None) if n != "quality_loss" else 0.0
+        its capacity level, where trials start their capacity search. `summary` as measured, or as stored."""
+        if not isinstance(summary, Summary):
+            summary = Summary.from_dict(summary)
+        self.reference_values = [objective_value(n, summary, None) if n != "quality_loss" else 0.0
                                  for n in self.settings.objectives]
-        self.reference_capacity = (summary.get("capacity") or {}).get("capacity_scale") or None
+        self.reference_capacity = (summary.capacity or {}).get("capacity_scale") or None
 
     # -- the Optuna objective ------------------------------------------------------------------
     def objective(self, trial: optuna.trial.Trial) -> list[float]:
         """One trial: its outcome computed (`_measure`, `_reused`, or infeasible before any engine
         starts), then recorded in one place (`TrialEnd.record`)."""
-        attempt = Attempt(trial.number, self.space.sample(trial))
+        attempt, translate = Attempt(trial.number, self.space.sample(trial)), self.engine.translate
+        assert translate is not None, "a tuned engine is tunable (cli.tune checks)"
         TrialRecord(values=attempt.values, worker=self.worker).write(trial)
         try:
-            config = self.engine.translate(dict(attempt.values), fixed=self.space.fixed, platform=self.platform,
-                                           model_dir=self.model_dir,
-                                           quantized_checkpoints=self.space.quantized_checkpoints,
-                                           make_checkpoint=self.make_checkpoint, base=self.base)
+            config = translate(dict(attempt.values), fixed=self.space.fixed, platform=self.platform,
+                               model_dir=self.model_dir, quantized_checkpoints=self.space.quantized_checkpoints,
+                               make_checkpoint=self.make_checkpoint, base=self.base)
         except Rejected as exc:
             return self._end(trial, attempt, Infeasible(Status.REJECTED, f"rejected before start: {exc}"))
         except TuneError as exc:  # e.g. the quantized checkpoint could not be made
@@ -187,7 +192,7 @@ class Tuner:
     def _end(self, trial: optuna.trial.Trial, attempt: Attempt, outcome: Outcome) -> list[float]:
         return self.ending.record(trial, attempt, outcome, self.reference_values)
 
-    def _measure(self, trial: optuna.trial.Trial, config: BaseModel, attempt: Attempt) -> Outcome:
+    def _measure(self, trial: optuna.trial.Trial, config: EngineConfig, attempt: Attempt) -> Outcome:
         """Measure the trial's configuration; what it measured, judged (`_judged`)."""
         self.reporter.on_trial_start(number=trial.number, values=dict(attempt.values), config=config)
         self._rival = None
@@ -198,7 +203,7 @@ class Tuner:
         except EngineError as exc:
             return Infeasible(Status.ENGINE_FAILED, exc.reason, log_tail=exc.log_tail)
         quality = measured.quality
-        if quality is not None and quality.reused_from is None:
+        if quality is not None and quality.reused_from is None and quality.key is not None:
             self._quality_known[quality.key] = (trial.number, quality.as_dict())
         return self._judged(measured, attempt.config or {})
 
@@ -207,20 +212,19 @@ class Tuner:
         summary, quality, settings = measured.summary, measured.quality, self.settings
         objectives = [objective_value(name, summary, quality) for name in settings.objectives]
         constraints = constraint_values(summary, quality, settings.slos, settings.max_quality_loss)
-        why = None  # measured, but never on the front (stored and shown)
-        if summary.client_overloaded:  # stored with everything it saw, under its own status
-            status, reason = Status.UNMEASURABLE, client_overload_reason(summary)
-        elif summary.capacity and summary.capacity.get("verdict") == "pruned":
-            status, reason = Status.PRUNED, pruned_reason(settings.objectives, self._rival, summary.capacity)
-        else:
-            why = not_meaningful(config) or None
-            status, reason = Status.MEASURED, why
+        overloaded = summary.client_overloaded  # stored with everything it saw, under its own status
+        pruned = not overloaded and (summary.capacity or {}).get("verdict") == Verdict.PRUNED
+        why = None if overloaded or pruned else not_meaningful(config) or None  # measured, never on the front
         if any(math.isnan(v) for v in objectives):
             return Infeasible(Status.FAILED, "an objective could not be measured (NaN)", measurement=measured,
                               not_meaningful=why)
-        if status == Status.UNMEASURABLE:
-            return Infeasible(status, reason, measurement=measured)
-        return Measured(measured, objectives, constraints, status=status, reason=reason, not_meaningful=why)
+        if overloaded:
+            return Infeasible(Status.UNMEASURABLE, client_overload_reason(summary), measurement=measured)
+        if pruned:
+            assert summary.capacity is not None
+            return Measured(measured, objectives, constraints, status=Status.PRUNED,
+                            reason=pruned_reason(settings.objectives, self._rival, summary.capacity))
+        return Measured(measured, objectives, constraints, reason=why, not_meaningful=why)
 
     def _reused(self, original: int) -> Outcome:
         """This configuration was already measured (by this or another worker): the same result for the
@@ -233,13 +237,14 @@ class Tuner:
             reason = (row or {}).get("failure_reason") or "no stored result"
             return Infeasible(Status.DUPLICATE, f"{note} ({(row or {}).get('status')}: {reason})"[:2000],
                               duplicate_of=original)
-        summary, quality = row["summary"], row["quality"]
+        summary = Summary.from_dict(row["summary"])
+        quality = QualityResult.from_dict(row["quality"]) if row["quality"] else None
         objectives = [objective_value(name, summary, quality) for name in settings.objectives]
         if any(math.isnan(v) for v in objectives):
             return Infeasible(Status.DUPLICATE, f"{note} (an objective was NaN)", duplicate_of=original)
         constraints = constraint_values(summary, quality, settings.slos, settings.max_quality_loss)
-        return Reused(original, objectives, constraints, error_rate=summary.get("error_rate", 0.0),
-                      error_examples=summary.get("error_examples", []), note=note)
+        return Reused(original, objectives, constraints, error_rate=summary.error_rate,
+                      error_examples=list(summary.error_examples), note=note)
 
     # -- the study ---------------------------------------------------------------------------
     def run(self) -> optuna.Study:
