@@ -98,10 +98,12 @@ def export(args, space, storage: str) -> int:
     reference = None
     ref_rows = store.trials(args.study, REFERENCE_RUN)
     if ref_rows:
+        from tracetune.replay.metrics import Summary
         from tracetune.tuner.objectives import objective_value
 
         ref = ref_rows[0]
-        values = [objective_value(n, ref["summary"], None) if n != "quality_loss" else 0.0 for n in objectives]
+        summary = Summary.from_dict(ref["summary"])
+        values = [objective_value(n, summary, None) if n != "quality_loss" else 0.0 for n in objectives]
         reference = row_of(ref, {}, values)
     table = {"space": space.name, "study": args.study, "trace": str(args.trace.relative_to(ROOT)),
              "slo": study.user_attrs.get("slos"), "platform": study.user_attrs.get("platform"),

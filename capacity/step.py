@@ -24,13 +24,25 @@ The search over load levels is `capacity.search`.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from tracetune.capacity import segments, sustain
+from tracetune.capacity import sustain
+
+# The records of a search (`capacity.result`), read here by the modules that measure and judge levels.
+from tracetune.capacity.result import (  # noqa: F401
+    VERDICT_NOTES,
+    CapacityResult,
+    DecidedBy,
+    Outcome,
+    Step,
+    Verdict,
+    bracket_rps,
+    bracket_text,
+    caveats,
+)
 from tracetune.errors import InputError
 from tracetune.replay.metrics import (
     SLO,
@@ -38,51 +50,16 @@ from tracetune.replay.metrics import (
     lag_bound_s,
     lag_p99,
     meets_slos,
-    number,
     slo_value,
     threshold,
 )
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayResult, RequestRecord
-from tracetune.types import JsonDict
 
 # A level's window by default (`capacity.sustain` says why): seconds, request lifetimes, requests.
 LEVEL_SECONDS = 30.0
 LEVEL_LIFETIMES = 5.0
 LEVEL_REQUESTS = 100
 
-
-class Outcome(enum.StrEnum):
-    """How a load level ended (a str: stored as its value)."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    ABANDONED = "abandoned"  # failed before its end: the outcome was certain
-
-
-class DecidedBy(enum.StrEnum):
-    """The test that decided a level (`capacity.sustain`): held (passed every test), or the one that failed it."""
-
-    HELD = "held"
-    ATTAINMENT = "attainment"
-    PERCENTILE_TARGET = "percentile target"
-    LAST_THIRD = "last third"
-    QUEUE_RISING = "queue rising"
-    TTFT_RISING = "TTFT rising"
-    MISSES = "misses"  # abandoned: more certain misses than the target allows
-    LAST_THIRD_MISSES = "last-third misses"  # abandoned: as many in the window's last third
-    WINDOW_SHORT = "window short"
-
-
-class Verdict(enum.StrEnum):
-    """How a capacity search ended (a str: stored as its value); OK says nothing about the number."""
-
-    OK = "ok"
-    ABOVE_MAX = "above_max"
-    BELOW_MIN = "below_min"
-    LOAD_INDEPENDENT = "load_independent"
-    CLIENT_OVERLOADED = "client_overloaded"
-    MAX_STEPS = "max_steps"
-    PRUNED = "pruned"
 
 @dataclasses.dataclass(frozen=True)
 class CapacityOptions:
@@ -122,287 +99,6 @@ class CapacityOptions:
     @property
     def lag_bound_s(self) -> float:
         return lag_bound_s(self.slos)
-
-
-@dataclasses.dataclass
-class Step:
-    """One load level as measured: `requests` were sent of `planned`, `duration_s` of wall time."""
-
-    scale: float
-    rps: float  # offered requests/s at this level
-    output_tps: float  # offered output tokens/s at this level
-    attainment: float
-    passed: bool
-    abandoned: bool
-    requests: int
-    planned: int
-    good: int
-    duration_s: float
-    lag_p99_s: float = 0.0
-    client_overloaded: bool = False
-    repeat: bool = False
-    errors: int = 0
-    client_procs: int = 1
-    # How the level was decided (`capacity.sustain`): "held" (passed every test), or the test that failed
-    # it: "attainment", "percentile target", "last third", "queue rising", "TTFT rising"; an abandoned
-    # level: "misses" or "last-third misses" (more certain misses than the target allows there).
-    decided_by: str = ""
-    window_s: float = 0.0  # the level's length: its requests over its rate
-    passes: int = 1  # times the trace was replayed end to end to fill the window
-    last_third: float | None = None  # attainment of the requests scheduled in the window's last third
-    quarters: list[float] = dataclasses.field(default_factory=list)  # attainment per quarter of the window
-    in_flight_trend: list[float] | None = None  # requests in flight at the end: slope/s, 95% low, high, end value
-    ttft_trend: list[float] | None = None  # median TTFT at the end (s): slope/s, 95% low, high, end value
-    # A level of a long trace replays some of its windows (`capacity.segments`): each with what it stands
-    # for and its own verdict; `trace_windows`: the windows the trace was cut into. None: the whole trace.
-    parts: list[JsonDict] | None = None
-    trace_windows: int = 0
-    attainment_bounds: list[float] | None = None  # the whole trace's, [low, high], from the parts replayed
-    undecided: bool = False  # the bounds still straddled the target after the most parts: the estimate decided
-
-    def as_dict(self) -> JsonDict:
-        return {**dataclasses.asdict(self), "outcome": self.outcome}
-
-    @classmethod
-    def from_dict(cls, stored: JsonDict) -> Step:
-        """A level as `as_dict` stored it; a field an older tracetune did not store takes its default
-        (`outcome` is derived, not read)."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in stored.items() if k in known}
-        for name in ("scale", "rps", "output_tps", "attainment", "duration_s"):
-            values[name] = number(values.get(name))
-        for name in ("passed", "abandoned"):
-            values[name] = bool(values.get(name))
-        for name in ("requests", "planned", "good"):
-            values[name] = int(values.get(name) or 0)
-        return cls(**values)
-
-    @property
-    def outcome(self) -> Outcome:
-        """pass, fail or abandoned (failed before its end: the outcome was certain)."""
-        return Outcome.ABANDONED if self.abandoned else Outcome.PASS if self.passed else Outcome.FAIL
-
-    def line(self, label: str = "") -> str:
-        """This level in one line, for progress output."""
-        if self.client_overloaded and not self.passed:
-            verdict = f"client overloaded (schedule lag p99 {self.lag_p99_s * 1000:.0f} ms): not counted"
-        else:
-            verdict = f"{self.outcome}: {self.why()}" if self.decided_by else "pass" if self.passed else "fail"
-        if self.abandoned:
-            attained = f"attainment <= {self.attainment:.0%} ({self.requests} of {self.planned} sent)"
-        elif self.parts is not None:  # the whole trace's estimate, from the windows' requests
-            attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good in the windows)"
-        else:
-            attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
-        procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
-        passes = f", {self.passes} passes of the trace" if self.passes > 1 else ""
-        if self.parts is not None:
-            passes = f", {len(self.parts)} of {self.trace_windows} windows"
-        return (f"{label + ': ' if label else ''}load {self.scale:.3g}x = {self.rps:.3g} req/s · {attained} · {verdict}"
-                f"{' (repeat)' if self.repeat else ''} · {self.duration_s:.1f}s{passes}{procs}{self.parts_text()}")
-
-    def parts_text(self) -> str:
-        """For a level of parts: a second line, each part's window and attainment (the first line
-        has the whole trace's attainment bounds they give)."""
-        if not self.parts:
-            return ""
-        texts = [f"{p['kind']} {segments.clock(p['start_s'])}-{segments.clock(p['end_s'])} "
-                 f"({p['rate_ratio']:.2g}x rate) {p['attainment']:.0%}" for p in self.parts]
-        return f"\n    {len(self.parts)} of {self.trace_windows} windows: " + ", ".join(texts)
-
-    def why(self) -> str:
-        """The test that decided, in a few words."""
-        last = f"last third {self.last_third:.0%}" if self.last_third is not None else ""
-        if self.parts is not None and self.decided_by in ("held", "attainment", "last third"):
-            low, high = self.attainment_bounds or (math.nan, math.nan)
-            whole = f"whole trace [{low:.0%}, {high:.0%}], {last}"
-            return f"{whole}, undecided: estimated" if self.undecided else whole
-        if self.decided_by == "held":
-            return f"held to the end ({last})" if last else "held to the end"
-        if self.decided_by == "last third":
-            return f"{last}, below the target"
-        if self.decided_by == "queue rising" and self.in_flight_trend:
-            slope, low, high = self.in_flight_trend[:3]
-            return f"queue still rising, {slope:+.2g} in flight/s [{low:+.2g}, {high:+.2g}]"
-        if self.decided_by == "TTFT rising" and self.ttft_trend:
-            slope, low, high = (v * 1000 for v in self.ttft_trend[:3])
-            return f"TTFT still rising, {slope:+.3g} ms/s [{low:+.3g}, {high:+.3g}]"
-        return {"misses": "more misses than the target allows",
-                "last-third misses": "more misses in the last third than the target allows",
-                "attainment": "below the target", "percentile target": "a percentile target missed"}.get(
-            self.decided_by, self.decided_by)
-
-
-# What a search's verdict means for the number, in a few words (verdict OK says nothing).
-VERDICT_NOTES = {
-    Verdict.ABOVE_MAX: "above the search's ceiling",
-    Verdict.BELOW_MIN: "failed even the lowest load",
-    Verdict.LOAD_INDEPENDENT: "failed at every load: the misses do not come from the rate",
-    Verdict.CLIENT_OVERLOADED: "client-limited (a lower bound)",
-    Verdict.MAX_STEPS: "step budget spent",
-    Verdict.PRUNED: "pruned: below a configuration at least as good on the other objectives "
-                    "(a bracket, not searched further)",
-}
-
-
-@dataclasses.dataclass
-class CapacityResult:
-    attainment_target: float
-    precision: float
-    slos: list[str]
-    steps: list[Step]
-    capacity_scale: float | None  # highest passing level (None: not even the lowest level passed)
-    bracket_high: float | None  # lowest failing level above it (None: no level failed up to the maximum)
-    base_rps: float  # offered requests/s at k = 1
-    base_output_tps: float
-    gpus: int = 1
-    mean_prompt_tokens: float = 0.0  # of the requests measured, as the engine counted them
-    unstable: bool = False
-    verdict: Verdict = Verdict.OK
-    search_s: float = 0.0
-    # $ per 1M output tokens at capacity: never stored by the search, set by a reader that knows the
-    # study's --gpu-hour-cost (`dashboard.data.with_costs`), so cost reads like any other metric.
-    usd_per_1m_output_tokens: float | None = None
-
-    @property
-    def capacity_rps(self) -> float:
-        return (self.capacity_scale or 0.0) * self.base_rps
-
-    @property
-    def capacity_output_tps(self) -> float:
-        return (self.capacity_scale or 0.0) * self.base_output_tps
-
-    @property
-    def capacity_rps_per_gpu(self) -> float:
-        return self.capacity_rps / max(self.gpus, 1)
-
-    @property
-    def replay_s(self) -> float:
-        return sum(s.duration_s for s in self.steps)
-
-    def as_dict(self) -> JsonDict:
-        high = self.bracket_high
-        out: JsonDict = {
-            "capacity_scale": self.capacity_scale or 0.0, "capacity_rps": self.capacity_rps,
-            "capacity_output_tps": self.capacity_output_tps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
-            "bracket_scale": [self.capacity_scale or 0.0, high],
-            "bracket_rps": [self.capacity_rps, None if high is None else high * self.base_rps],
-            "gpus": self.gpus, "attainment_target": self.attainment_target, "precision": self.precision,
-            "slo": self.slos, "unstable": self.unstable, "verdict": self.verdict,
-            "base_rps": self.base_rps, "base_output_tps": self.base_output_tps,
-            "capacity_input_tps": self.capacity_rps * self.mean_prompt_tokens,
-            "search_s": self.search_s, "replay_s": self.replay_s,
-            "steps": [s.as_dict() for s in self.steps],
-        }
-        if self.usd_per_1m_output_tokens is not None:
-            out["usd_per_1m_output_tokens"] = self.usd_per_1m_output_tokens
-        return out
-
-    @classmethod
-    def from_dict(cls, stored: JsonDict) -> CapacityResult:
-        """A result as `as_dict` stored it (the derived rates recomputed from the stored ones); a field
-        an older tracetune did not store takes its default."""
-        scale = number(stored.get("capacity_scale"))
-        scale_or_none = scale if math.isfinite(scale) and scale > 0 else None
-        high = (list(stored.get("bracket_scale") or []) + [None, None])[1]
-        base_rps = number(stored.get("base_rps"))
-        if not math.isfinite(base_rps):  # derived from the capacity it offered
-            base_rps = number(stored.get("capacity_rps")) / scale if scale_or_none else 0.0
-        rps = (scale_or_none or 0.0) * base_rps
-        input_tps = number(stored.get("capacity_input_tps"))
-        cost = stored.get("usd_per_1m_output_tokens")
-        return cls(
-            attainment_target=number(stored.get("attainment_target")), precision=number(stored.get("precision")),
-            slos=list(stored.get("slo") or []), steps=[Step.from_dict(s) for s in stored.get("steps") or []],
-            capacity_scale=scale_or_none, bracket_high=None if high is None else number(high), base_rps=base_rps,
-            base_output_tps=number(stored.get("base_output_tps") or 0.0), gpus=max(int(stored.get("gpus") or 1), 1),
-            mean_prompt_tokens=_ratio(input_tps, rps), unstable=bool(stored.get("unstable")),
-            verdict=Verdict(stored.get("verdict") or Verdict.OK), search_s=number(stored.get("search_s") or 0.0),
-            usd_per_1m_output_tokens=None if cost is None else number(cost))
-
-    @property
-    def bracket_high_rps(self) -> float | None:
-        """The lowest failing level above capacity in requests/s (None: no level failed above)."""
-        return None if self.bracket_high is None else self.bracket_high * self.base_rps
-
-    def bracket_rps(self) -> tuple[float, float | None]:
-        """[highest passing, lowest failing] offered requests/s (high None: nothing failed above)."""
-        return self.capacity_rps, self.bracket_high_rps
-
-    def bracket_text(self, *, per_gpu: bool = False) -> str:
-        """`[3.2, 3.6] req/s` (or per GPU); an open bracket `[3.2, -)` when no level failed above."""
-        low, high = self.bracket_rps()
-        gpus = max(self.gpus, 1) if per_gpu else 1
-        top = "-)" if high is None else f"{high / gpus:.3g}]"
-        return f"[{low / gpus:.3g}, {top} req/s" + (" per GPU" if per_gpu else "")
-
-    def caveats(self) -> list[str]:
-        """What a reader must know before trusting the number: unstable, client-limited, ..."""
-        out = ["unstable (a repeated level disagreed with its first measurement)"] if self.unstable else []
-        note = VERDICT_NOTES.get(self.verdict)
-        return out + [note] if note else out
-
-    def headline(self) -> str:
-        """One line for people: capacity with its bracket and how sure it is."""
-        if self.capacity_scale is None and self.verdict == Verdict.CLIENT_OVERLOADED:
-            return (f"capacity not measurable: the client could not keep the schedule at "
-                    f"{self.bracket_high:g}x the trace's rate (schedule lag p99 "
-                    f"{max(s.lag_p99_s for s in self.steps) * 1000:.0f} ms)")
-        if self.capacity_scale is None and self.verdict == Verdict.LOAD_INDEPENDENT:
-            return (f"capacity 0: fails at every load tried, down to {min(s.scale for s in self.steps):g}x the "
-                    f"trace's rate, and lowering the load did not help: the misses do not come from the rate "
-                    f"(e.g. bursts of the trace this config cannot serve within the SLO)")
-        if self.verdict == Verdict.PRUNED:
-            low = f"{self.capacity_rps:.3g}" if self.capacity_scale else "0"
-            return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({self.bracket_high * self.base_rps:.3g} "
-                    f"req/s, confirmed by a repeat), where a configuration at least as good on every other objective "
-                    f"passes: capacity [{low}, {self.bracket_high * self.base_rps:.3g}] req/s, not searched further")
-        if self.capacity_scale is None:
-            return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
-                    f"({self.attainment_target:.0%} attainment; the search goes no lower)") if self.steps \
-                else "capacity not measured"
-        high = "" if self.bracket_high is None else f", {self.bracket_high * self.base_rps:.3g}"
-        text = (f"capacity {self.capacity_rps:.3g} req/s [{self.capacity_rps:.3g}{high}] = {self.capacity_scale:.3g}x "
-                f"the trace's rate, {self.capacity_output_tps:.3g} output tok/s")
-        if self.gpus > 1:
-            text += f", {self.capacity_rps_per_gpu:.3g} req/s per GPU"
-        notes = {Verdict.ABOVE_MAX: f"never failed up to {self.capacity_scale:g}x (the search's ceiling)",
-                 Verdict.CLIENT_OVERLOADED: "the client could not keep the schedule above this level: a lower bound",
-                 Verdict.MAX_STEPS: "step budget spent before the bracket reached the precision"}
-        if self.verdict in notes:
-            text += f" · {notes[self.verdict]}"
-        if self.unstable:
-            text += " · UNSTABLE: a repeated level disagreed with its first measurement (a third decided)"
-        return text
-
-
-# -- a stored result (`CapacityResult.as_dict()`) in words -------------------------------------------
-def bracket_rps(cap: JsonDict | None) -> tuple[float, float | None]:
-    """A stored result's [highest passing, lowest failing] offered requests/s (`CapacityResult.bracket_rps`)."""
-    return CapacityResult.from_dict(cap).bracket_rps() if cap else (math.nan, None)
-
-
-def bracket_text(cap: JsonDict | None, *, per_gpu: bool = False) -> str:
-    """A stored result's bracket in words (`CapacityResult.bracket_text`; "" without one)."""
-    return CapacityResult.from_dict(cap).bracket_text(per_gpu=per_gpu) if cap else ""
-
-
-def caveats(cap: JsonDict | None) -> list[str]:
-    """A stored result's caveats (`CapacityResult.caveats`; none without one)."""
-    return CapacityResult.from_dict(cap).caveats() if cap else []
-
-
-def _ratio(value: float, per: float) -> float:
-    """`value / per` such that `per * ratio` gives `value` back exactly (0 where it cannot be
-    derived): a stored product read back into its factor, so writing it again changes no digit."""
-    if not (math.isfinite(value) and per > 0):
-        return 0.0
-    ratio = value / per
-    for _ in range(2):
-        if per * ratio == value:
-            break
-        ratio = math.nextafter(ratio, math.inf if per * ratio < value else -math.inf)
-    return ratio
 
 
 # -- one load level -------------------------------------------------------------------------------

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
+from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.files import write_atomic
+from tracetune.quality.gate import QualityGate
+from tracetune.replay.metrics import Summary
+from tracetune.tuner.objectives import OBJECTIVES
+from tracetune.types import JsonDict
 
 
 def fmt_objective(name: str, value: float) -> str:
@@ -25,14 +29,15 @@ def fmt_objective(name: str, value: float) -> str:
     return f"{value:.2f}"
 
 
-def _row(label: Any, values: dict[str, float], result: dict, ref_config: dict, args) -> dict:
+def _row(label: int | str, values: dict[str, float], result: dict, ref_config: dict, args) -> dict:
     """One candidate of the final table: the reference or a trial, with what it was measured."""
+    from tracetune.engine_adapter.registry import engine_kind
     from tracetune.tuner.front import economics
-    from tracetune.tuner.study import config_diff
 
     config = result.get("config") or {}
     summary = result.get("summary") or {}
-    diff = {} if label == "reference" else config_diff(config, ref_config) if config else {}
+    engine = engine_kind(args.engine_type)
+    diff = {} if label == "reference" else engine.config_diff(config, ref_config) if config else {}
     if "model" in diff and "weight_bits" in (result.get("values") or {}):
         # a quantized checkpoint's path says less than the search-space value that made it
         diff = {"weight_bits": result["values"]["weight_bits"], **{k: v for k, v in diff.items() if k != "model"}}
@@ -48,7 +53,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
     """The front (vLLM's defaults competing like any trial), the verdict in plain words, failures
     grouped by reason, and best.json / pareto.json."""
     from tracetune.tuner.front import REFERENCE, Candidate, decide, pareto_trials, trials_outside_constraints
-    from tracetune.tuner.objectives import OBJECTIVES, reference_feasible
+    from tracetune.tuner.objectives import reference_feasible
 
     name, objectives = tuner.settings.study_name, tuner.settings.objectives
     directions = [OBJECTIVES[o] for o in objectives]
@@ -63,8 +68,10 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
         ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
     decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
                       objectives, directions, outside_constraints=trials_outside_constraints(study),
-                      reference_feasible=reference_feasible((reference or {}).get("summary"), tuner.settings.slos),
-                      beyond_gate=_beyond_gate(study, results, tuner.settings.max_quality_loss))
+                      reference_feasible=reference_feasible(_summary_of(reference), tuner.settings.slos),
+                      beyond_gate=_beyond_gate(study, results, tuner.settings.max_quality_loss),
+                      reference_breach=_breach(reference, tuner.settings.slos),
+                      quality_words=_quality_words(results, tuner.settings.max_quality_loss))
     rows = []
     for c in decision.front:
         result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
@@ -100,13 +107,45 @@ def _beyond_gate(study, results: dict[int, dict], gate) -> list:
     their quality cost in words."""
     from tracetune.quality.gate import cost_text
     from tracetune.tuner.front import BeyondGate, Candidate, trials_beyond_only_the_gate
+    from tracetune.tuner.storage import StoredRun
 
     out = []
     for t in trials_beyond_only_the_gate(study):
-        row = results.get(t.number) or {}
-        if (row.get("summary") or {}).get("error_rate", 0.0) == 0:
-            out.append(BeyondGate(Candidate(t.number, tuple(t.values)), str(gate), cost_text(row.get("quality"))))
+        row = StoredRun.from_row(results[t.number]) if t.number in results else StoredRun(t.number, "")
+        if row.summary is None or row.summary.error_rate == 0:
+            out.append(BeyondGate(Candidate(t.number, tuple(t.values)), str(gate), cost_text(row.quality)))
     return out
+
+
+def _quality_words(results: dict[int, JsonDict], gate: QualityGate | float | None) -> dict[int | str, str]:
+    """The quality gate's word (`QualityGate.decide`: outside, or undecided) on each trial it does not hold
+    within; a study without a gate is judged by the default gate, as the dashboard judges it."""
+    from tracetune.quality.gate import DEFAULT_GATE, parse_gate, shown_quality
+
+    judge = parse_gate(DEFAULT_GATE) if gate is None else gate if isinstance(gate, QualityGate) \
+        else QualityGate("nats", gate)
+    assert judge is not None
+    name = f"the quality gate {judge}" if gate is not None else \
+        f"the default quality gate {judge} (this study set none)"
+    out: dict[int | str, str] = {}
+    for number, row in results.items():
+        decision = judge.decide(shown_quality(row.get("config"), row.get("quality")))
+        if decision.measured is not None and not decision.within:
+            out[number] = decision.text(name)
+    return out
+
+
+def _breach(reference: JsonDict | None, slos: list) -> str:
+    """How vLLM's defaults break the SLO, in words (`tuner.front.slo_breach`; "" when they keep it)."""
+    from tracetune.tuner.front import slo_breach
+
+    return slo_breach((reference or {}).get("summary"), slos)
+
+
+def _summary_of(stored: JsonDict | None) -> Summary | None:
+    """A stored row's (or the reference's) summary, read back; None: not measured."""
+    summary = (stored or {}).get("summary")
+    return Summary.from_dict(summary) if summary else None
 
 
 def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
@@ -170,15 +209,14 @@ def config_lines(rows: list[dict]) -> list[str]:
     return ["configurations (what differs from vLLM's defaults):", *out]
 
 
-def spec_text(engine: dict | None) -> str:
-    """A trial's speculative decoding from its engine counters, compactly: the share of draft tokens
-    accepted and the tokens each verification step yields ("38% x2.1"); "-" without speculation."""
-    engine = engine or {}
-    drafts, proposed = engine.get("spec_decode_drafts") or 0, engine.get("spec_decode_draft_tokens") or 0
-    if not drafts or not proposed:
+def spec_text(stored: JsonDict | None) -> str:
+    """A trial's speculative decoding from its stored engine counters (`EngineMetrics`), compactly: the
+    share of draft tokens accepted and the tokens each verification step yields ("38% x2.1"); "-"
+    without speculation."""
+    engine = EngineMetrics.from_dict(stored)
+    if not engine.spec_decode_drafts or not engine.spec_decode_draft_tokens:
         return "-"
-    accepted = engine.get("spec_decode_accepted_tokens") or 0
-    return f"{accepted / proposed:.0%} x{1 + accepted / drafts:.1f}"
+    return f"{engine.spec_decode_acceptance_rate:.0%} x{engine.spec_decode_mean_accepted_length:.1f}"
 
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:
@@ -192,18 +230,22 @@ def _print_quality_floor(reference: dict | None, results: dict[int, dict], conso
             console.print(("[yellow]" + line + "[/]") if "too noisy" in line else line, highlight=False)
 
 
-def _bracket(capacity: dict | None) -> str:
-    from tracetune.capacity.step import bracket_text, caveats
+def _bracket(stored: JsonDict | None) -> str:
+    from tracetune.capacity.step import CapacityResult
 
-    return " · ".join([bracket_text(capacity), *caveats(capacity)]) if capacity else "-"
+    if not stored:
+        return "-"
+    capacity = CapacityResult.from_dict(stored)
+    return " · ".join([capacity.bracket_text(), *capacity.caveats()])
 
 
 def _print_failures(study, console) -> None:
     from tracetune.tuner.front import group_failures
+    from tracetune.tuner.storage import Status
 
-    failed = [t for t in study.trials if t.user_attrs.get("status") in ("pruned", "rejected", "engine_failed", "failed",
-                                                                         "unmeasurable")
-              or (t.user_attrs.get("status") == "measured" and t.user_attrs.get("failure_reason"))]
+    ended = (Status.PRUNED, Status.REJECTED, Status.ENGINE_FAILED, Status.FAILED, Status.UNMEASURABLE)
+    failed = [t for t in study.trials if t.user_attrs.get("status") in ended
+              or (t.user_attrs.get("status") == Status.MEASURED and t.user_attrs.get("failure_reason"))]
     causes = group_failures([(t.number, t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:300])
                              for t in failed])
     for status, reason, numbers in causes:
@@ -211,11 +253,13 @@ def _print_failures(study, console) -> None:
                       f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)
 
 
-def _ci_of(name: str, summary: dict, quality: dict):
+def _ci_of(name: str, summary: JsonDict, quality: JsonDict) -> tuple[float, float] | None:
+    """An objective's 95% interval, read from the row's stored summary and quality (None: without one)."""
+    from tracetune.quality.probe import QualityResult
     from tracetune.tuner.objectives import objective_estimate
 
-    try:
-        estimate = objective_estimate(name, summary or {}, quality or None)
-    except KeyError:
+    if not summary or name not in OBJECTIVES:
         return None
-    return (estimate["ci_low"], estimate["ci_high"]) if estimate else None
+    typed_quality = QualityResult.from_dict(quality) if quality else None
+    estimate = objective_estimate(name, Summary.from_dict(summary), typed_quality)
+    return (estimate.low, estimate.high) if estimate else None

@@ -1,5 +1,5 @@
-"""Capacity at the SLO as the dashboard shows it: plain functions over the `capacity` dict the tuner
-stores in a run's summary (`capacity.step.CapacityResult.as_dict()`), no Streamlit, no plotly.
+"""Capacity at the SLO as the dashboard shows it: plain functions over a run's capacity search
+(`capacity.step.CapacityResult`, read back from the summary it is stored in), no Streamlit, no plotly.
 
 Capacity is the highest load (the trace replayed k times faster) at which the SLO still holds for
 the attainment target's share of requests; it is a bracket [highest pass, lowest fail], found by a
@@ -8,95 +8,121 @@ search of load levels ("steps") that this module turns into rows for tables and 
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
-from typing import Any
 
-# The bracket and its caveats are written one way, by the module that defines them.
-from tracetune.capacity.step import bracket_rps, bracket_text, number  # noqa: F401  (bracket_rps: for the charts)
-from tracetune.capacity.step import caveats as flags
+from tracetune.capacity.step import CapacityResult, Outcome, Step
+from tracetune.replay.metrics import Summary
 
 
-def capacity_of(summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The stored capacity result of a run (None when the run has none)."""
-    cap = (summary or {}).get("capacity")
-    return cap if isinstance(cap, dict) and cap.get("steps") is not None else None
+def capacity_of(summary: Summary | None) -> CapacityResult | None:
+    """The capacity result of a run (None when the run has none)."""
+    cap = summary.capacity if summary is not None else None
+    return CapacityResult.from_dict(cap) if isinstance(cap, dict) and cap.get("steps") is not None else None
 
 
-def table_columns(summary: dict[str, Any] | None) -> dict[str, str]:
+def flags(cap: CapacityResult | None) -> list[str]:
+    """What a reader must know before trusting the number (`CapacityResult.caveats`; none without one)."""
+    return cap.caveats() if cap else []
+
+
+def bracket_text(cap: CapacityResult | None, *, per_gpu: bool = False) -> str:
+    """The bracket in words (`CapacityResult.bracket_text`; "" without one)."""
+    return cap.bracket_text(per_gpu=per_gpu) if cap else ""
+
+
+def table_columns(summary: Summary | None) -> dict[str, str]:
     """The Trials table's extra capacity columns for one run ('' when it has no capacity)."""
     cap = capacity_of(summary)
     text = bracket_text(cap, per_gpu=True)  # per GPU, like the capacity column
-    if cap and int(cap.get("gpus") or 1) > 1:
-        text += f" ({bracket_text(cap)} on {int(cap['gpus'])} GPUs)"
+    if cap and cap.gpus > 1:
+        text += f" ({cap.bracket_text()} on {cap.gpus} GPUs)"
     return {"capacity bracket": text, "capacity notes": "; ".join(flags(cap))}
 
 
-def step_kind(step: dict[str, Any]) -> str:
-    """passed | failed | abandoned | client-limited: how a load level ended."""
-    if step.get("passed"):
-        return "passed"
-    if step.get("client_overloaded"):
-        return "client-limited"
-    return "abandoned" if step.get("abandoned") else "failed"
+class LevelKind(enum.StrEnum):
+    """How a load level ended, as the chart draws it: its `Step.outcome`, a client-limited level apart."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    CLIENT_LIMITED = "client-limited"
 
 
-def steps(cap: dict[str, Any] | None) -> list[dict[str, Any]]:
+_KIND = {Outcome.PASS: LevelKind.PASSED, Outcome.FAIL: LevelKind.FAILED, Outcome.ABANDONED: LevelKind.ABANDONED}
+
+
+def step_kind(step: Step) -> LevelKind:
+    """passed | failed | abandoned | client-limited: how a load level ended (a level that did not pass
+    because the client could not keep its schedule is client-limited, whatever its outcome)."""
+    if step.outcome is not Outcome.PASS and step.client_overloaded:
+        return LevelKind.CLIENT_LIMITED
+    return _KIND[step.outcome]
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """One measured load level as a chart point: its place in the search, load, attainment, kind, hover line."""
+
+    index: int
+    scale: float
+    rps: float
+    attainment: float
+    kind: LevelKind
+    repeat: bool
+    hover: str
+
+
+def steps(cap: CapacityResult | None) -> list[Level]:
     """The measured load levels in the order measured, each with its kind and a hover line."""
     out = []
-    for i, step in enumerate((cap or {}).get("steps") or []):
+    for i, step in enumerate(cap.steps if cap else []):
         kind = step_kind(step)
-        sent = step.get("requests", 0)
-        planned = step.get("planned", 0)
         # An abandoned level stopped once it could no longer pass: its attainment is the most it could reach.
-        attained = (f"attainment <= {number(step.get('attainment')):.0%} (abandoned after {sent} of {planned} sent: "
-                    f"more certain misses than the target allows)" if step.get("abandoned") else
-                    f"attainment {number(step.get('attainment')):.0%} ({step.get('good', '?')}/{planned} good)")
-        hover = (f"step {i + 1}: load {number(step.get('scale')):.3g}x = {number(step.get('rps')):.3g} req/s"
-                 f"<br>{attained}<br>{kind}" + (" (repeat)" if step.get("repeat") else "")
-                 + f"<br>schedule lag p99 {number(step.get('lag_p99_s')) * 1000:.0f} ms")
-        out.append({"index": i, "scale": number(step.get("scale")), "rps": number(step.get("rps")),
-                    "attainment": number(step.get("attainment")), "kind": kind, "repeat": bool(step.get("repeat")),
-                    "hover": hover})
+        attained = (f"attainment <= {step.attainment:.0%} (abandoned after {step.requests} of {step.planned} sent: "
+                    f"more certain misses than the target allows)" if step.abandoned else
+                    f"attainment {step.attainment:.0%} ({step.good}/{step.planned} good)")
+        hover = (f"step {i + 1}: load {step.scale:.3g}x = {step.rps:.3g} req/s"
+                 f"<br>{attained}<br>{kind}" + (" (repeat)" if step.repeat else "")
+                 + f"<br>schedule lag p99 {step.lag_p99_s * 1000:.0f} ms")
+        out.append(Level(i, step.scale, step.rps, step.attainment, kind, step.repeat, hover))
     return out
 
 
-def capacity_point(cap: dict[str, Any] | None) -> tuple[float, float] | None:
+def capacity_point(cap: CapacityResult | None) -> tuple[float, float] | None:
     """(offered req/s, attainment) of the capacity level (None when no level passed)."""
-    if not cap or not cap.get("capacity_scale"):
+    if not cap or not cap.capacity_scale:
         return None
-    scale = number(cap["capacity_scale"])
-    passing = [s for s in steps(cap) if s["kind"] == "passed" and math.isclose(s["scale"], scale, rel_tol=1e-6)]
+    scale = cap.capacity_scale
+    passing = [s for s in steps(cap) if s.kind == LevelKind.PASSED and math.isclose(s.scale, scale, rel_tol=1e-6)]
     if not passing:
-        return number(cap.get("capacity_rps")), number(cap.get("attainment_target"))
-    return passing[-1]["rps"], passing[-1]["attainment"]
+        return cap.capacity_rps, cap.attainment_target
+    return passing[-1].rps, passing[-1].attainment
 
 
-def headline(cap: dict[str, Any] | None) -> str:
+def headline(cap: CapacityResult | None) -> str:
     """Capacity in one line: per GPU, total, bracket, load factor, the SLO it holds, and its flags."""
     if not cap:
         return "capacity not measured"
-    gpus = max(int(cap.get("gpus") or 1), 1)
-    slo = ", ".join(cap.get("slo") or []) or "the SLO"
-    target = number(cap.get("attainment_target"))
-    text = (f"capacity {number(cap.get('capacity_rps_per_gpu')):.3g} req/s per GPU"
-            + (f" ({number(cap.get('capacity_rps')):.3g} req/s on {gpus} GPUs)" if gpus > 1 else "")
-            + f", bracket {bracket_text(cap)}, {number(cap.get('capacity_scale')):.3g}x the trace's rate, "
-            f"with {target:.0%} of requests within {slo}")
+    slo = ", ".join(cap.slos) or "the SLO"
+    text = (f"capacity {cap.capacity_rps_per_gpu:.3g} req/s per GPU"
+            + (f" ({cap.capacity_rps:.3g} req/s on {cap.gpus} GPUs)" if cap.gpus > 1 else "")
+            + f", bracket {cap.bracket_text()}, {cap.capacity_scale or 0.0:.3g}x the trace's rate, "
+            f"with {cap.attainment_target:.0%} of requests within {slo}")
     notes = flags(cap)
     return text + (" · " + "; ".join(notes) if notes else "")
 
 
-def header_lines(cap: dict[str, Any] | None) -> list[str]:
+def header_lines(cap: CapacityResult | None) -> list[str]:
     """Export comment lines: the SLO, the attainment target, the capacity and its bracket."""
     if not cap:
         return []
-    gpus = max(int(cap.get("gpus") or 1), 1)
-    lines = [f"SLO: {', '.join(cap.get('slo') or []) or '-'}; attainment target "
-             f"{number(cap.get('attainment_target')):.0%} of requests",
-             f"capacity at the SLO: {number(cap.get('capacity_rps')):.3g} req/s on {gpus} GPU(s) "
-             f"= {number(cap.get('capacity_rps_per_gpu')):.3g} req/s per GPU "
-             f"({number(cap.get('capacity_scale')):.3g}x the trace's rate); bracket {bracket_text(cap)}"
-             + (f" = {bracket_text(cap, per_gpu=True)}" if gpus > 1 else "")]
+    lines = [f"SLO: {', '.join(cap.slos) or '-'}; attainment target {cap.attainment_target:.0%} of requests",
+             f"capacity at the SLO: {cap.capacity_rps:.3g} req/s on {cap.gpus} GPU(s) "
+             f"= {cap.capacity_rps_per_gpu:.3g} req/s per GPU "
+             f"({cap.capacity_scale or 0.0:.3g}x the trace's rate); bracket {cap.bracket_text()}"
+             + (f" = {cap.bracket_text(per_gpu=True)}" if cap.gpus > 1 else "")]
     notes = flags(cap)
     if notes:
         lines.append("capacity caveats: " + "; ".join(notes))

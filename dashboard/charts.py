@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tracetune.dashboard import capacity
+from tracetune.capacity.step import CapacityResult
+from tracetune.dashboard import capacity, judged
 from tracetune.dashboard.data import StudyView, TrialView, diff_text, front_line
 from tracetune.dashboard.metrics import display_value, metric_label, quality_text
+from tracetune.dashboard.progress import ProgressPoint
 from tracetune.dashboard.records import latency_cdfs, request_records, timeline
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 STYLE = {
     "pareto": dict(name="Pareto front", color="#1f6feb", symbol="circle", size=15, opacity=1.0),
@@ -56,8 +61,9 @@ def _hover(study: StudyView, t: TrialView) -> str:
     values = "<br>".join(f"{o}: {display_value(o, t.metric(o))}" for o in study.objectives)
     diff = diff_text(t.diff).replace(", ", "<br>  ")
     beaten = "<br>vLLM's defaults beat it on every objective" if t.beaten_by_reference else ""
-    gate = f"<br><b>outside {study.gate_words}</b>" if t.outside_gate else ""
-    why = "".join(f"<br>{v}" for v in t.violations if not v.startswith("outside the quality gate"))
+    gate = f"<br><b>{judged.gate_phrase(t.gate_decision)} {study.gate_words}</b>" if t.outside_gate else ""
+    why = "".join(f"<br>{v}" for v in t.violations
+                  if not v.startswith(("outside the quality gate", "undecided against the quality gate")))
     return (f"<b>trial {t.number}</b> ({t.category}){beaten}{gate}{why}<br>{values}<br>quality: "
             f"{quality_text(t.quality).replace(' · ', '<br>  ')}<br>config vs reference:<br>  {diff}")
 
@@ -179,7 +185,20 @@ def axis_range(values: Sequence[float | None], *, log: bool = False, pad_share: 
     return [lo - pad, hi + pad]
 
 
-def _extent(trace: Any, axis: str) -> list[float]:
+def log_ticks(values: Sequence[float]) -> dict[str, list]:
+    """Tick values and labels of a log axis over the positive `values`, each a whole number (20, 30, ...
+    90 req/s; 1, 2, 5 per decade over a wide range): plotly's own labels inside one decade read "2 ... 9"."""
+    positive = [v for v in values if math.isfinite(v) and v > 0]
+    if not positive:
+        return {}
+    lo, hi = min(positive), max(positive)
+    leading = range(1, 10) if hi / lo < 30 else (1, 2, 5)
+    ticks = [m * 10.0 ** k for k in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+             for m in leading if lo / 1.3 <= m * 10.0 ** k <= hi * 1.3]
+    return dict(tickvals=ticks, ticktext=[f"{v:g}" for v in ticks]) if len(ticks) >= 2 else {}
+
+
+def _extent(trace: go.Scatter, axis: str) -> list[float]:
     """A 2-D trace's coordinates on one axis ("x" or "y"), each widened by its error bar."""
     values = [v for v in (getattr(trace, axis, None) or []) if v is not None]
     bars = getattr(trace, f"error_{axis}", None)
@@ -189,7 +208,7 @@ def _extent(trace: Any, axis: str) -> list[float]:
     return values + [v + p for v, p in zip(values, plus)] + [v - m for v, m in zip(values, minus)]
 
 
-def _error_bars(trials: Sequence[TrialView], metric: str) -> dict[str, Any]:
+def _error_bars(trials: Sequence[TrialView], metric: str) -> dict[str, str | float | bool | list[float]]:
     """95% intervals as error bars (none where a point was measured without one)."""
     if not trials:
         return dict(visible=False)
@@ -204,7 +223,7 @@ def _error_bars(trials: Sequence[TrialView], metric: str) -> dict[str, Any]:
                 visible=any(plus) or any(minus))
 
 
-def _draw_floor_bands(fig: Any, bands: dict[str, tuple[float, float]], x: str, y: str) -> None:
+def _draw_floor_bands(fig: go.Figure, bands: dict[str, tuple[float, float]], x: str, y: str) -> None:
     """The reference's own noise on a quality axis, as a grey band (a line where it is zero wide)."""
     style = dict(fillcolor="#94a3b8", opacity=0.25, line=dict(color="#64748b", width=1, dash="dot"), layer="below",
                  annotation_text="noise floor (reference vs itself)")
@@ -221,37 +240,41 @@ def cdf_figure(trials: Sequence[TrialView], metric: str):
     import plotly.graph_objects as go
 
     fig = go.Figure()
+    longest = 0.0
     for i, t in enumerate(trials):
         xs, ys = latency_cdfs(request_records(t))[metric]
+        longest = max([longest, *(v * 1000 for v in xs if math.isfinite(v))])
         fig.add_trace(go.Scatter(x=[v * 1000 for v in xs], y=ys, mode="lines", line_shape="hv",
                                  name=t.title, line=dict(color=PALETTE[i % len(PALETTE)], width=2,
                                                          dash="dash" if t.is_reference else "solid")))
     fig.update_layout(title=f"{metric.upper()} CDF", xaxis_title=f"{metric.upper()} (ms)",
                       yaxis_title="fraction of requests", yaxis_range=[0, 1.02], height=320,
+                      # a margin past the slowest request: each curve's last step is seen reaching 1
+                      xaxis_range=[0, longest * 1.06] if longest > 0 else None,
                       margin=dict(l=10, r=10, t=40, b=10), template="plotly_white", showlegend=len(trials) > 1,
                       legend=LEGEND_BELOW)
     return fig
 
 
-def timeline_figure(trial: TrialView):
+def timeline_figure(trial: TrialView) -> go.Figure:
     """Send time (since replay start) vs latency per request: E2E and TTFT, failures in red."""
     import plotly.graph_objects as go
 
     rows = timeline(request_records(trial))
     fig = go.Figure()
-    ok = [r for r in rows if r["success"]]
-    bad = [r for r in rows if not r["success"]]
-    hover = [f"request {r['index']}<br>sent {r['send_s']:.2f} s<br>TTFT {display_value('ttft_p50', r['ttft_s'])}"
-             f"<br>E2E {display_value('e2e_p50', r['e2e_s'])}<br>{r['output_tokens']} output tokens" for r in ok]
-    fig.add_trace(go.Scatter(x=[r["send_s"] for r in ok], y=[r["e2e_s"] * 1000 for r in ok], mode="markers",
+    ok = [r for r in rows if r.success]
+    bad = [r for r in rows if not r.success]
+    hover = [f"request {r.index}<br>sent {r.send_s:.2f} s<br>TTFT {display_value('ttft_p50', r.ttft_s)}"
+             f"<br>E2E {display_value('e2e_p50', r.e2e_s)}<br>{r.output_tokens} output tokens" for r in ok]
+    fig.add_trace(go.Scatter(x=[r.send_s for r in ok], y=[r.e2e_s * 1000 for r in ok], mode="markers",
                              name="E2E", marker=dict(color="#1f6feb", size=9), hovertext=hover, hoverinfo="text"))
-    fig.add_trace(go.Scatter(x=[r["send_s"] for r in ok], y=[(r["ttft_s"] or 0) * 1000 for r in ok], mode="markers",
+    fig.add_trace(go.Scatter(x=[r.send_s for r in ok], y=[(r.ttft_s or 0) * 1000 for r in ok], mode="markers",
                              name="TTFT", marker=dict(color="#d97706", size=7, symbol="diamond"), hovertext=hover,
                              hoverinfo="text"))
     if bad:
-        fig.add_trace(go.Scatter(x=[r["send_s"] for r in bad], y=[r["e2e_s"] * 1000 for r in bad], mode="markers",
+        fig.add_trace(go.Scatter(x=[r.send_s for r in bad], y=[r.e2e_s * 1000 for r in bad], mode="markers",
                                  name="failed", marker=dict(color="#dc2626", size=10, symbol="x"),
-                                 hovertext=[r["error"][:200] for r in bad], hoverinfo="text"))
+                                 hovertext=[r.error[:200] for r in bad], hoverinfo="text"))
     fig.update_layout(title="request timeline", xaxis_title="send time since replay start (s)",
                       yaxis_title="latency (ms)", height=340, margin=dict(l=10, r=10, t=40, b=10),
                       template="plotly_white", legend=LEGEND_BELOW)
@@ -268,32 +291,32 @@ STEP_STYLE = {
 REFERENCE_CURVE = "reference (vLLM's defaults)"
 
 
-def capacity_curves(study: StudyView, trials: Sequence[TrialView]) -> list[tuple[str, dict]]:
-    """(label, stored capacity) for each trial that has one, then the reference's when it has one."""
-    curves = [(t.title, capacity.capacity_of(t.summary)) for t in trials if t.measured and not t.is_reference]
-    curves.append((REFERENCE_CURVE, capacity.capacity_of((study.reference or {}).get("summary"))))
+def capacity_curves(study: StudyView, trials: Sequence[TrialView]) -> list[tuple[str, CapacityResult]]:
+    """(label, capacity result) for each trial that has one, then the reference's when it has one."""
+    curves = [(t.title, t.capacity) for t in trials if t.measured and not t.is_reference]
+    curves.append((REFERENCE_CURVE, capacity.capacity_of(study.reference_summary)))
     return [(label, cap) for label, cap in curves if cap]
 
 
-def _curve_traces(label: str, cap: dict, color: str, dash: str) -> list[Any]:
+def _curve_traces(label: str, cap: CapacityResult, color: str, dash: str) -> list[go.Scatter]:
     """One run's search: a line through its levels in load order, a marker per level by how it
     ended, repeats ringed, and its capacity as a star."""
     import plotly.graph_objects as go
 
     steps = capacity.steps(cap)
-    line = sorted((s for s in steps if not s["repeat"]), key=lambda s: s["scale"])
-    traces = [go.Scatter(x=[s["rps"] for s in line], y=[s["attainment"] for s in line], mode="lines", name=label,
+    line = sorted((s for s in steps if not s.repeat), key=lambda s: s.scale)
+    traces = [go.Scatter(x=[s.rps for s in line], y=[s.attainment for s in line], mode="lines", name=label,
                          line=dict(color=color, dash=dash, width=1.5), hoverinfo="skip", legendgroup=label)]
     for kind, style in STEP_STYLE.items():
-        chosen = [s for s in steps if s["kind"] == kind]
+        chosen = [s for s in steps if s.kind == kind]
         if chosen:
             traces.append(go.Scatter(
-                x=[s["rps"] for s in chosen], y=[s["attainment"] for s in chosen], mode="markers",
-                name=f"{label}: {kind} ({len(chosen)})", legendgroup=label, hovertext=[s["hover"] for s in chosen],
+                x=[s.rps for s in chosen], y=[s.attainment for s in chosen], mode="markers",
+                name=f"{label}: {kind} ({len(chosen)})", legendgroup=label, hovertext=[s.hover for s in chosen],
                 hoverinfo="text", marker=dict(color=color, line=dict(width=1.5, color=color), **style)))
-    repeats = [s for s in steps if s["repeat"]]
+    repeats = [s for s in steps if s.repeat]
     if repeats:
-        traces.append(go.Scatter(x=[s["rps"] for s in repeats], y=[s["attainment"] for s in repeats], mode="markers",
+        traces.append(go.Scatter(x=[s.rps for s in repeats], y=[s.attainment for s in repeats], mode="markers",
                                  name=f"{label}: repeat ({len(repeats)})", legendgroup=label, hoverinfo="skip",
                                  marker=dict(symbol="circle-open", size=20, color=color, line=dict(width=2))))
     point = capacity.capacity_point(cap)
@@ -305,7 +328,7 @@ def _curve_traces(label: str, cap: dict, color: str, dash: str) -> list[Any]:
     return traces
 
 
-def attainment_figure(curves: Sequence[tuple[str, dict]], title: str = "attainment versus load"):
+def attainment_figure(curves: Sequence[tuple[str, CapacityResult]], title: str = "attainment versus load") -> go.Figure:
     """Attainment (share of requests within the SLO) at each load level a capacity search measured,
     one curve per run, the attainment target as a line and each run's capacity as a star; a single
     run's bracket [highest pass, lowest fail] is shaded."""
@@ -319,14 +342,14 @@ def attainment_figure(curves: Sequence[tuple[str, dict]], title: str = "attainme
                                    "dash" if is_ref else "solid"):
             fig.add_trace(trace)
     if curves:
-        target = curves[0][1].get("attainment_target") or 0.95
-        slo = ", ".join(curves[0][1].get("slo") or [])
+        target = curves[0][1].attainment_target
+        slo = ", ".join(curves[0][1].slos)
         fig.add_hline(y=target, line=dict(color="#dc2626", dash="dash"), annotation_position="bottom right",
                       annotation_text=f"target {target:.0%} within {slo}" if slo else f"target {target:.0%}")
-    loads = [s["rps"] for _, cap in curves for s in capacity.steps(cap)]
+    loads = [s.rps for _, cap in curves for s in capacity.steps(cap)]
     loads += [p[0] for _, cap in curves if (p := capacity.capacity_point(cap))]
     if len(curves) == 1:
-        low, high = capacity.bracket_rps(curves[0][1])
+        low, high = curves[0][1].bracket_rps()
         # a bracket is drawn only with two finite, positive ends (never a raw 0 or inf on a log axis)
         if high is not None and all(math.isfinite(v) and v > 0 for v in (low, high)) and high > low:
             fig.add_vrect(x0=low, x1=high, fillcolor="#1f6feb", opacity=0.08, line_width=0,
@@ -336,24 +359,25 @@ def attainment_figure(curves: Sequence[tuple[str, dict]], title: str = "attainme
     log = bool(positive) and len(positive) == len([v for v in loads if math.isfinite(v)]) \
         and max(positive) / min(positive) > 4
     fig.update_layout(title=title, xaxis_title="offered load (req/s)" + (", log scale" if log else ""),
-                      xaxis=dict(type="log" if log else "linear", range=axis_range(loads, log=log)),
+                      xaxis=dict(type="log" if log else "linear", range=axis_range(loads, log=log),
+                                 **(log_ticks(loads) if log else {})),
                       yaxis_title="attainment (requests within the SLO)",
                       yaxis=dict(range=attainment_range(curves), tickformat=".0%"), height=400,
                       margin=dict(l=10, r=10, t=40, b=10), template="plotly_white", legend=LEGEND_BELOW)
     return fig
 
 
-def attainment_range(curves: Sequence[tuple[str, dict]]) -> list[float]:
+def attainment_range(curves: Sequence[tuple[str, CapacityResult]]) -> list[float]:
     """The attainment axis zoomed to the band the levels and the target line occupy (95-100% when
     every level is near the target), never beyond [0, 1] plus a margin."""
-    values = [s["attainment"] for _, cap in curves for s in capacity.steps(cap) if math.isfinite(s["attainment"])]
-    values += [cap.get("attainment_target") or 0.95 for _, cap in curves]
+    values = [s.attainment for _, cap in curves for s in capacity.steps(cap) if math.isfinite(s.attainment)]
+    values += [cap.attainment_target for _, cap in curves]
     lo = min(values, default=0.0)
     pad = max((1.0 - lo) * 0.1, 0.005)
     return [max(0.0, lo - pad), 1.0 + pad]
 
 
-def figure_summary(fig: Any) -> dict[str, int]:
+def figure_summary(fig: go.Figure) -> dict[str, int]:
     """Points per named trace (for tests and captions)."""
     out = {}
     for trace in fig.data:
@@ -361,7 +385,7 @@ def figure_summary(fig: Any) -> dict[str, int]:
     return out
 
 
-def progress_figure(rows: Sequence[dict[str, Any]]):
+def progress_figure(rows: Sequence[ProgressPoint]) -> go.Figure:
     """The hypervolume of the front after each trial (vLLM's defaults first), a marker per trial in
     its category's colour: when the search found something, and when it stopped finding."""
     import plotly.graph_objects as go

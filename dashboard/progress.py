@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import TypedDict
 
-from tracetune.dashboard.data import StudyView
 from tracetune.dashboard.storage import optuna_storage
+from tracetune.dashboard.study_view import StudyView
 from tracetune.tuner.front import hypervolume
 from tracetune.tuner.storage import REFERENCE_RUN
 
 
+class ProgressPoint(TypedDict):
+    """One trial of `search_progress`: its number (REFERENCE_RUN: vLLM's defaults), category, hypervolume after it."""
+
+    trial: int
+    category: str
+    hypervolume: float
+
+
 # -- how the search went ------------------------------------------------------------------------
-def search_progress(study: StudyView) -> list[dict[str, Any]]:
+def search_progress(study: StudyView) -> list[ProgressPoint]:
     """Per trial, in the order run: its category, and the hypervolume of the front of the feasible
     measured trials so far with vLLM's defaults (objectives scaled to [0, 1] over every run shown,
     reference point 1.1): the share of objective space the search has covered, and when it grew."""

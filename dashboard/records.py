@@ -6,20 +6,20 @@ import functools
 import json
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from tracetune.dashboard.data import TrialView
+from tracetune.dashboard.trial import TrialView
+from tracetune.replay.types import RequestRecord
 
 
 # -- per-request data (drill-down) --------------------------------------------------------------
-def request_records(trial: TrialView) -> list[dict[str, Any]]:
+def request_records(trial: TrialView) -> list[RequestRecord]:
     """A trial's stored request records (parsed once per text: the detail page draws four charts from them)."""
     return _parsed(trial.requests_jsonl) if trial.requests_jsonl else []
 
 
 @functools.lru_cache(maxsize=8)
-def _parsed(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def _parsed(text: str) -> list[RequestRecord]:
+    return [RequestRecord.from_dict(json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
 # A CDF drawn with more points than this is thinned to evenly spaced ranks: 600 requests of 256
@@ -36,21 +36,19 @@ def cdf(values: Iterable[float | None], max_points: int = CDF_POINTS) -> tuple[l
     return [xs[i] for i in ranks], [(i + 1) / n for i in ranks]
 
 
-def latency_cdfs(records: Sequence[dict[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+def latency_cdfs(records: Sequence[RequestRecord]) -> dict[str, tuple[list[float], list[float]]]:
     """TTFT, ITL (pooled gaps) and E2E CDFs of the successful requests, in seconds."""
-    ok = [r for r in records if r.get("success")]
+    ok = [r for r in records if r.success]
     return {
-        "ttft": cdf(r.get("ttft_s") for r in ok),
-        "itl": cdf(g for r in ok for g in (r.get("itl_s") or [])),
-        "e2e": cdf(r.get("e2e_s") for r in ok),
+        "ttft": cdf(r.ttft_s for r in ok),
+        "itl": cdf(g for r in ok for g in r.itl_s),
+        "e2e": cdf(r.e2e_s for r in ok),
     }
 
 
-def timeline(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per request: send time since replay start, TTFT and E2E latency, success, error."""
-    return [{"index": r.get("index"), "send_s": r.get("send_s"), "ttft_s": r.get("ttft_s"), "e2e_s": r.get("e2e_s"),
-             "lag_s": r.get("lag_s"), "success": bool(r.get("success")), "output_tokens": r.get("output_tokens"),
-             "error": r.get("error") or ""} for r in sorted(records, key=lambda r: r.get("send_s") or 0.0)]
+def timeline(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The requests in the order sent (send time since replay start): TTFT and E2E latency, success, error."""
+    return sorted(records, key=lambda r: r.send_s)
 
 
 def engine_counters(trial: TrialView) -> dict[str, float | None]:
@@ -59,20 +57,23 @@ def engine_counters(trial: TrialView) -> dict[str, float | None]:
     over draft tokens) and mean accepted length (1 + accepted tokens per draft)."""
     from tracetune.dashboard.metrics import speculation
 
-    engine = trial.engine or (trial.summary or {}).get("engine") or {}
+    engine = trial.counters
     acceptance, length = speculation(engine)
-
-    def get(key: str) -> float | None:
-        value = engine.get(key)
-        return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
-
+    if engine is None:
+        return dict.fromkeys(_COUNTERS, None)
+    rate = engine.prefix_cache_hit_rate
     return {
-        "prefix_cache_hit_rate": get("prefix_cache_hit_rate"),
-        "prefix_cache_hits": get("prefix_cache_hits"), "prefix_cache_queries": get("prefix_cache_queries"),
+        "prefix_cache_hit_rate": None if math.isnan(rate) else rate,
+        "prefix_cache_hits": engine.prefix_cache_hits, "prefix_cache_queries": engine.prefix_cache_queries,
         "spec_decode_acceptance_rate": acceptance, "spec_decode_mean_accepted_length": length,
-        "spec_decode_drafts": get("spec_decode_drafts"),
-        "spec_decode_accepted_tokens": get("spec_decode_accepted_tokens"),
-        "spec_decode_draft_tokens": get("spec_decode_draft_tokens"),
-        "preemptions": get("preemptions"),
-        "prompt_tokens": get("prompt_tokens"), "generation_tokens": get("generation_tokens"),
+        "spec_decode_drafts": engine.spec_decode_drafts,
+        "spec_decode_accepted_tokens": engine.spec_decode_accepted_tokens,
+        "spec_decode_draft_tokens": engine.spec_decode_draft_tokens,
+        "preemptions": engine.preemptions,
+        "prompt_tokens": engine.prompt_tokens, "generation_tokens": engine.generation_tokens,
     }
+
+
+_COUNTERS = ("prefix_cache_hit_rate", "prefix_cache_hits", "prefix_cache_queries", "spec_decode_acceptance_rate",
+             "spec_decode_mean_accepted_length", "spec_decode_drafts", "spec_decode_accepted_tokens",
+             "spec_decode_draft_tokens", "preemptions", "prompt_tokens", "generation_tokens")

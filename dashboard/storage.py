@@ -3,15 +3,22 @@ opened (one clear line when it cannot), the study's names, tracetune's rows, Opt
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tracetune.errors import InputError
 from tracetune.files import is_database
 from tracetune.tuner.read_only import optuna_storage, read_only_engine, sqlite_path
 from tracetune.tuner.secrets import display_url
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine, RowMapping
+
+    from tracetune.tuner.storage import StoredRun
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -114,7 +121,7 @@ def resolve_study(url: str, name: str | None) -> str:
     return name
 
 
-def silent_for(engine: Any, name: str) -> dict[int, float]:
+def silent_for(engine: Engine, name: str) -> dict[int, float]:
     """Seconds since each RUNNING trial's worker last sent its heartbeat (Optuna's heartbeat table,
     on the database's own clock); trials without one are left out."""
     from sqlalchemy import func, inspect, select, text
@@ -130,23 +137,22 @@ def silent_for(engine: Any, name: str) -> dict[int, float]:
     return {number: (now - _as_datetime(beat)).total_seconds() for number, beat in beats}
 
 
-def _as_datetime(value: Any) -> Any:
+def _as_datetime(value: dt.datetime | str) -> dt.datetime:
     """A timestamp as a naive datetime (SQLite hands back text)."""
-    import datetime as dt
-
     if isinstance(value, str):
         value = dt.datetime.fromisoformat(value)
     return value.replace(tzinfo=None)
 
 
-def read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
+def read_results(engine: Engine, name: str) -> tuple[dict[int, StoredRun], JsonDict | None]:
     """tracetune's rows for a study, read with plain SELECTs (tuner.storage's ResultStore would
-    create missing tables: the dashboard never writes)."""
+    create missing tables: the dashboard never writes): each trial's run (`StoredRun`), and the
+    reference as stored ({"config", "probe", "summary"})."""
     from sqlalchemy import inspect, select
 
-    from tracetune.tuner.storage import references, trial_results, unpack_records
+    from tracetune.tuner.storage import StoredRun, references, trial_results, unpack_records
 
-    def decoded(row: Any, fields: Iterable[str]) -> dict[str, Any]:
+    def decoded(row: RowMapping, fields: Iterable[str]) -> JsonDict:
         item = dict(row)
         for field in fields:
             raw = item.pop(f"{field}_json", None)
@@ -154,7 +160,7 @@ def read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dic
         return item
 
     tables = set(inspect(engine).get_table_names())
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, StoredRun] = {}
     reference = None
     with engine.connect() as conn:
         if trial_results.name in tables:
@@ -162,7 +168,7 @@ def read_results(engine: Any, name: str) -> tuple[dict[int, dict[str, Any]], dic
             for row in conn.execute(query).mappings():
                 item = decoded(row, ("values", "config", "summary", "quality", "engine"))
                 item["requests_jsonl"] = unpack_records(item.get("requests_jsonl"))
-                rows[item["trial_number"]] = item
+                rows[item["trial_number"]] = StoredRun.from_row(item)
         if references.name in tables:
             row = conn.execute(select(references).where(references.c.study_name == name)).mappings().first()
             if row is not None:

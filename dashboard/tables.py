@@ -7,20 +7,21 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from tracetune.dashboard import capacity
-from tracetune.dashboard.data import CATEGORIES, StudyView, TrialView, apart, diff_text, has_capacity
-from tracetune.dashboard.metrics import (
-    LATENCY_METRICS,
-    METRICS,
-    display_interval,
-    display_value,
-    quality_text,
-    speculation,
-)
+from tracetune.dashboard import capacity, judged
+from tracetune.dashboard.data import has_capacity
+from tracetune.dashboard.metrics import METRICS, display_interval, display_value, quality_text, speculation
+from tracetune.dashboard.standing import apart
+from tracetune.dashboard.study_view import StudyView
+from tracetune.dashboard.trial import CATEGORIES, TrialView, diff_text
 from tracetune.errors import InputError
+from tracetune.replay.metrics import METRICS as LATENCIES
+from tracetune.replay.metrics import Summary
 from tracetune.tuner.front import economics
+from tracetune.types import JsonDict
+
+# A table's row: column -> cell.
+Row = dict[str, str | int | float | bool | None]
 
 # -- conditions (table filters and --pick) ------------------------------------------------------
 _COND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|==|!=|<|>)\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(ms|s|us)?\s*$")
@@ -61,7 +62,7 @@ def parse_conditions(text: str | None, *, what: str = "filter") -> list[Conditio
         metric, op, number, unit = m.groups()
         if metric not in METRICS:
             raise InputError(f"{what}: unknown metric {metric!r} in {part!r}; choose from {sorted(METRICS)}")
-        if unit and metric.split("_")[0] not in LATENCY_METRICS:
+        if unit and metric.split("_")[0] not in LATENCIES:
             raise InputError(f"{what}: {metric} is not a latency, so {part!r} cannot carry a time unit")
         out.append(Condition(metric, op, float(number) * _UNITS[unit], text=re.sub(r"\s+", "", part)))
     return out
@@ -80,15 +81,15 @@ def filter_trials(trials: Iterable[TrialView], conditions: Sequence[Condition], 
 
 
 # -- tables --------------------------------------------------------------------------------------
-def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> list[dict[str, Any]]:
+def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> list[Row]:
     """One row per trial: the decision columns first (`decision_columns`: number, category, each
     objective, quality cost, the difference from the reference, why it stands where it does), then
     capacity, throughput/latency extras, speculation, intervals, sample sizes, start-up time."""
     rows = []
     with_capacity = has_capacity(study)
-    drafted = any(speculation(t.engine or (t.summary or {}).get("engine"))[0] is not None for t in study.candidates)
+    drafted = any(speculation(t.counters)[0] is not None for t in study.candidates)
     for t in (study.trials if trials is None else trials):
-        row: dict[str, Any] = {"trial": t.number, "category": t.category}
+        row: Row = {"trial": t.number, "category": t.category}
         for name in study.objectives:
             row[name] = t.metric(name)
         row["quality vs defaults"] = "-" if t.is_reference else quality_text(t.quality)
@@ -121,7 +122,7 @@ def decision_columns(study: StudyView) -> list[str]:
 def why(study: StudyView, t: TrialView) -> str:
     """Why a trial stands where it does, in a few words: what it breaks, what stopped it, what it ties."""
     if t.is_reference:
-        return "vLLM's defaults: the reference every trial is measured against"
+        return "; ".join(["vLLM's defaults: the reference every trial is measured against", *t.violations])
     if t.violations:
         return "; ".join(t.violations)
     if not t.measured:
@@ -129,7 +130,8 @@ def why(study: StudyView, t: TrialView) -> str:
     if t.beaten_by_reference:
         return "vLLM's defaults beat it on every objective" + (" (inside the 95% intervals: a tie)" if t.tied else "")
     notes = {"tie": "dominated only inside the 95% intervals", "dominated": "another run is better on every objective"}
-    words = [notes.get(t.category, "")] + ([f"outside {study.gate_words}"] if t.outside_gate else [])
+    words = [notes.get(t.category, "")] + ([f"{judged.gate_phrase(t.gate_decision)} {study.gate_words}"]
+                                           if t.outside_gate else [])
     return "; ".join(w for w in words if w)
 
 
@@ -144,16 +146,21 @@ def front_rows(study: StudyView) -> list[TrialView]:
     points = [Candidate(t.number, tuple(t.metric(o) for o in study.objectives)) for t in pool]
     ungated = {c.label for c in front(points, study.directions)}
     chosen = [t for t in pool if t.on_front or t.tied or (t.only_the_gate and t.number in ungated)]
+    ref = study.reference_run  # breaking the SLO, vLLM's defaults stay listed: as the reference, not a candidate
+    chosen += [ref] if ref is not None and ref.measured and not ref.feasible else []
     order = {"pareto": 0, "tie": 1}
     return sorted(chosen, key=lambda t: (0 if t.is_reference else 1, order.get(t.category, 2), t.number))
 
 
 def standing(study: StudyView, t: TrialView, rows: Sequence[TrialView]) -> str:
     """Where a row of the front table stands, in words."""
+    phrase = judged.gate_phrase(t.gate_decision)
+    if t.is_reference and t.violations:
+        return "the reference, not a candidate: " + "; ".join(t.violations)
     if t.only_the_gate:
-        return f"off the front: outside {study.gate_words} alone"
+        return f"off the front: {phrase} {study.gate_words} alone"
     if t.on_front:
-        return "on the front" + (f", outside {study.gate_words}" if t.outside_gate else "")
+        return "on the front" + (f", {phrase} {study.gate_words}" if t.outside_gate else "")
     from tracetune.tuner.front import dominates
 
     by = [u.label for u in rows if u is not t and dominates([u.metric(o) for o in study.objectives],
@@ -173,13 +180,13 @@ def apart_text(study: StudyView, t: TrialView, rows: Sequence[TrialView]) -> str
     return (f"apart from {', '.join(far)}; " if far else "") + f"inside the intervals of {', '.join(near)}"
 
 
-def front_table(study: StudyView) -> list[dict[str, Any]]:
+def front_table(study: StudyView) -> list[Row]:
     """The front as a decision: each row's standing, objectives with 95% intervals, its quality cost
     in perplexity, KLD and top-1 (with intervals), and which other rows it is statistically apart from."""
     rows = front_rows(study)
     out = []
     for t in rows:
-        row: dict[str, Any] = {"trial": t.label, "standing": standing(study, t, rows),
+        row: Row = {"trial": t.label, "standing": standing(study, t, rows),
                                "statistically": apart_text(study, t, rows)}
         for o in study.objectives:
             row[o] = " ".join(filter(None, (display_value(o, t.metric(o)), display_interval(o, t.interval(o)))))
@@ -189,7 +196,7 @@ def front_table(study: StudyView) -> list[dict[str, Any]]:
     return out
 
 
-def cost_columns(study: StudyView, summary: dict | None) -> dict[str, float]:
+def cost_columns(study: StudyView, summary: Summary | None) -> dict[str, float]:
     """The table's cost and sizing columns (none when the study was run without the flags)."""
     names = {"usd_per_1m_output_tokens": "$/1M output tokens", "usd_per_1m_input_tokens": "$/1M input tokens",
              "replicas": "replicas", "gpus_total": f"GPUs for {study.economics.get('target_rate', 0):g} req/s"}
@@ -210,7 +217,7 @@ def intervals_text(t: TrialView, metrics: Sequence[str]) -> str:
     return " · ".join(parts)
 
 
-def flat_config(config: dict[str, Any] | None) -> dict[str, Any]:
+def flat_config(config: JsonDict | None) -> JsonDict:
     """A config dump with speculation flattened, for side-by-side display."""
     if not config:
         return {}
@@ -223,7 +230,7 @@ def flat_config(config: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]]:
+def compare(study: StudyView, a: TrialView, b: TrialView) -> list[Row]:
     """Side-by-side rows, with whether they differ: status, the config fields that differ, every
     metric, then the config fields that are the same."""
     rows = [{"field": "status", "a": a.status, "b": b.status, "differs": a.status != b.status}]
@@ -238,17 +245,19 @@ def compare(study: StudyView, a: TrialView, b: TrialView) -> list[dict[str, Any]
             continue
         shown = [" ".join(filter(None, (display_value(name, v), display_interval(name, t.interval(name)))))
                  for v, t in ((va, a), (vb, b))]
-        rows.append({"field": name, "a": shown[0], "b": shown[1],
-                     "differs": display_value(name, va) != display_value(name, vb)})
+        # measured with intervals, a difference inside them is no difference (`standing.apart`)
+        differs = apart(a, b, name) if a.interval(name) and b.interval(name) else \
+            display_value(name, va) != display_value(name, vb)
+        rows.append({"field": name, "a": shown[0], "b": shown[1], "differs": differs})
     rows.append({"field": "based on", "a": a.sample_sizes or "-", "b": b.sample_sizes or "-",
                  "differs": a.sample_sizes != b.sample_sizes})
-    ba, bb = (capacity.bracket_text(capacity.capacity_of(t.summary)) for t in (a, b))
+    ba, bb = (capacity.bracket_text(t.capacity) for t in (a, b))
     if ba or bb:
         rows.append({"field": "capacity bracket", "a": ba or "-", "b": bb or "-", "differs": ba != bb})
     return rows + [r for r in config_rows if not r["differs"]]
 
 
-def failure_causes(trials: Sequence[TrialView]) -> list[dict[str, Any]]:
+def failure_causes(trials: Sequence[TrialView]) -> list[Row]:
     """Unmeasured trials grouped by cause (`tuner.front.group_failures`), the most frequent first."""
     from tracetune.tuner.front import group_failures
 

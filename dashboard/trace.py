@@ -5,17 +5,24 @@ one plotly figure; the page is `views.page_detail`."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING
 
 from tracetune.dashboard import capacity
 from tracetune.dashboard.storage import optuna_storage
+from tracetune.replay.metrics import Summary
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 KIND_COLORS = {"busiest": "rgba(214, 39, 40, 0.25)", "busiest by tokens": "rgba(255, 127, 14, 0.25)",
                "by load": "rgba(31, 119, 180, 0.18)"}
 
 
-def stored_profile(url: str, name: str) -> dict[str, Any] | None:
-    """The trace profile kept with study `name` (None for a study from before it was kept)."""
+def stored_profile(url: str, name: str) -> JsonDict | None:
+    """The trace profile kept with study `name` (`replay.profile.TraceProfile.as_dict()`; None for a
+    study from before it was kept)."""
     import optuna
 
     study = optuna.load_study(study_name=name, storage=optuna_storage(url))
@@ -23,19 +30,29 @@ def stored_profile(url: str, name: str) -> dict[str, Any] | None:
     return found if isinstance(found, dict) and found.get("over_time") else None
 
 
-def parts_replayed(summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+@dataclasses.dataclass
+class Window:
+    """A window of the trace that load levels replayed (`capacity.segments`), and the levels (k) that did."""
+
+    start_s: float
+    end_s: float
+    kind: str  # busiest | busiest by tokens | by load
+    levels: list[float] = dataclasses.field(default_factory=list)
+
+
+def parts_replayed(summary: Summary | None) -> list[Window]:
     """Every window of the trace a run's load levels replayed, once each, with the levels (k) that
     replayed it; empty when every level replayed the whole trace."""
-    seen: dict[tuple[float, float], dict[str, Any]] = {}
-    for step in (capacity.capacity_of(summary) or {}).get("steps") or []:
-        for part in step.get("parts") or []:
+    seen: dict[tuple[float, float], Window] = {}
+    cap = capacity.capacity_of(summary)
+    for step in cap.steps if cap else []:
+        for part in step.parts or []:
             key = (round(float(part["start_s"]), 3), round(float(part["end_s"]), 3))
-            entry = seen.setdefault(key, {"start_s": key[0], "end_s": key[1], "kind": part["kind"], "levels": []})
-            entry["levels"].append(float(step.get("scale") or 0))
-    return sorted(seen.values(), key=lambda p: p["start_s"])
+            seen.setdefault(key, Window(key[0], key[1], str(part["kind"]))).levels.append(step.scale or 0.0)
+    return sorted(seen.values(), key=lambda p: p.start_s)
 
 
-def rate_figure(profile: dict[str, Any], parts: list[dict[str, Any]], title: str) -> Any:
+def rate_figure(profile: JsonDict, parts: list[Window], title: str) -> go.Figure:
     """The trace's arrivals per second over time (minutes), the replayed windows shaded by kind."""
     import plotly.graph_objects as go
 
@@ -45,9 +62,9 @@ def rate_figure(profile: dict[str, Any], parts: list[dict[str, Any]], title: str
     fig = go.Figure(go.Scatter(x=minutes, y=rates, mode="lines", line={"shape": "hvh", "color": "#444"},
                                name="arrivals/s", hovertemplate="%{x:.1f} min: %{y:.3g} req/s<extra></extra>"))
     for kind, color in KIND_COLORS.items():
-        mine = [p for p in parts if p["kind"] == kind]
+        mine = [p for p in parts if p.kind == kind]
         for p in mine:
-            fig.add_vrect(x0=p["start_s"] / 60, x1=p["end_s"] / 60, fillcolor=color, line_width=0, layer="below")
+            fig.add_vrect(x0=p.start_s / 60, x1=p.end_s / 60, fillcolor=color, line_width=0, layer="below")
         if mine:  # one legend entry per kind
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{kind} ({len(mine)})",
                                      marker={"size": 12, "symbol": "square", "color": color}))
@@ -58,7 +75,7 @@ def rate_figure(profile: dict[str, Any], parts: list[dict[str, Any]], title: str
     return fig
 
 
-def caption(profile: dict[str, Any], parts: list[dict[str, Any]]) -> str:
+def caption(profile: JsonDict, parts: list[Window]) -> str:
     """What the chart shows, in a line: the trace and what the levels replayed of it."""
     trace = (f"{profile['requests']} requests over {float(profile['duration_s']) / 60:.1f} min, "
              f"{float(profile['mean_rps']):.3g} req/s on average")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
 from tracetune.files import open_atomic
+from tracetune.types import JsonDict
 
 
 @dataclasses.dataclass
@@ -48,8 +49,8 @@ class PreparedRequest:
     scheduled_s: float
     max_tokens: int
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    extra_body: dict[str, Any] = dataclasses.field(default_factory=dict)
+    messages: list[JsonDict] | None = None
+    extra_body: JsonDict = dataclasses.field(default_factory=dict)
     input_tokens: float = 0.0  # the trace's input length (estimated from characters for text): picks a level's parts
 
 
@@ -92,6 +93,17 @@ class RequestRecord:
         if data["text"] is None:
             del data["text"]
         return json.dumps(data)
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, object]) -> RequestRecord:
+        """A record as `to_json` wrote it (`tpot_s` is derived, not read); a field an older tracetune
+        did not write takes its default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in stored.items() if k in known}
+        defaults: dict[str, object] = {"id": None, "scheduled_s": 0.0, "send_s": 0.0, "lag_s": 0.0, "success": False,
+                                       "error": "", "ttft_s": None, "e2e_s": 0.0, "itl_s": [], "prompt_tokens": None,
+                                       "output_tokens": None, "requested_tokens": 0, "finish_reason": None}
+        return cls(**{**defaults, **values})  # type: ignore[arg-type]  # JSON values, of the types to_json wrote
 
 
 @dataclasses.dataclass

@@ -1,27 +1,101 @@
-"""What a trial is judged by: objectives (name -> direction), how each is read from a measured
-run, the constraints every trial reports (failed requests, SLOs, the quality gate), and the
-samplers that see them."""
+"""What a trial is judged by: every metric described once (`Metric`: name, direction, label, unit,
+how it is read from a measured `Run`), the objectives among them, the constraints every trial reports
+(failed requests, SLOs, the quality gate), and the samplers that see them."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
+from collections.abc import Callable
 from typing import Any
 
+from tracetune.capacity.step import CapacityResult
+from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
 from tracetune.quality.probe import QualityResult
-from tracetune.replay.metrics import SLO, STATS, Summary
+from tracetune.replay.metrics import METRICS, SLO, STATS, Estimate, Summary
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
 DEFAULT_SAMPLER = "gp"  # measured best by benchmarks/search_efficiency.py (README, "Benchmarks")
 
 
-_METRIC_STAT = {f"{m}_{s}": (m, s) for m in ("ttft", "tpot", "itl", "e2e") for s in STATS}
+class Direction(enum.StrEnum):
+    """Which way a metric is better (a str: Optuna and the stored study read the value)."""
+
+    MINIMIZE = "minimize"
+    MAXIMIZE = "maximize"
 
 
-OBJECTIVES: dict[str, str] = {**{name: "minimize" for name in _METRIC_STAT},
-                              "output_tps": "maximize", "request_tps": "maximize", "goodput": "maximize",
-                              "capacity": "maximize", "quality_loss": "minimize"}
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A measured run as its metrics read it: the replay's summary, the quality probe's result (None:
+    not measured), the engine's counters (None: the summary's own) and the capacity search's result."""
+
+    summary: Summary
+    quality: QualityResult | None = None
+    engine_counters: EngineMetrics | None = None
+
+    @property
+    def engine(self) -> EngineMetrics:
+        return self.engine_counters or EngineMetrics.from_dict(self.summary.engine)
+
+    @property
+    def capacity(self) -> CapacityResult | None:
+        """The capacity search's result, when the run was searched."""
+        cap = self.summary.capacity
+        return CapacityResult.from_dict(cap) if isinstance(cap, dict) and cap.get("steps") is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """One metric, described once: its name, which way is better, its axis label, the factor from the
+    stored SI value to the shown one (1000: shown in ms; 100: a change, shown in percent), and how it is
+    read from a run (an `Estimate` where it is measured with a 95% interval; None: not measured)."""
+
+    name: str
+    direction: Direction
+    label: str
+    read: Callable[[Run], Estimate | float | None]
+    scale: float = 1.0
+
+    def estimate(self, run: Run) -> Estimate | None:
+        """The stored estimate the metric is read from (None: not measured, or not an estimate)."""
+        read = self.read(run)
+        return read if isinstance(read, Estimate) else None
+
+    def value(self, run: Run) -> float:
+        """The metric's value (NaN where it was not measured)."""
+        read = self.read(run)
+        return math.nan if read is None else read.value if isinstance(read, Estimate) else float(read)
+
+
+def _latency(metric: str, stat: str) -> Metric:
+    return Metric(f"{metric}_{stat}", Direction.MINIMIZE, f"{metric}_{stat} (ms)",
+                  lambda run: run.summary.estimate(metric, stat), scale=1000.0)
+
+
+def _capacity_per_gpu(run: Run) -> float:
+    cap = run.capacity
+    return cap.capacity_rps_per_gpu if cap else math.nan
+
+
+# The tuner's objectives: latency at the trace's rate (the vocabulary of `replay.metrics`: METRICS x STATS),
+# throughput, goodput and capacity at the SLO, quality loss. A new objective is one entry here.
+OBJECTIVE_METRICS: tuple[Metric, ...] = (
+    *(_latency(m, s) for m in METRICS for s in STATS),
+    Metric("output_tps", Direction.MAXIMIZE, "output_tps (tokens/s)", lambda run: run.summary.output_throughput_tps),
+    Metric("request_tps", Direction.MAXIMIZE, "request_tps (req/s)", lambda run: run.summary.request_throughput_rps),
+    # measured only with --slo, which a goodput objective requires
+    Metric("goodput", Direction.MAXIMIZE, "goodput (req/s meeting SLOs)", lambda run: run.summary.goodput_rps),
+    # requests/s per GPU at the SLO (capacity.step); its interval is its bracket, not an estimate
+    Metric("capacity", Direction.MAXIMIZE, "capacity (req/s per GPU at the SLO)", _capacity_per_gpu),
+    Metric("quality_loss", Direction.MINIMIZE, "quality_loss (nats/token vs reference)",
+           lambda run: run.quality.nll_delta_per_token if run.quality else None),
+)
+OBJECTIVE_METRIC: dict[str, Metric] = {m.name: m for m in OBJECTIVE_METRICS}
+OBJECTIVES: dict[str, str] = {m.name: m.direction.value for m in OBJECTIVE_METRICS}
 
 
 def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
@@ -42,53 +116,31 @@ def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
     return names
 
 
-# Objectives read from a summary field that holds an estimate.
-_SUMMARY_FIELD = {"output_tps": "output_throughput_tps", "request_tps": "request_throughput_rps",
-                  "goodput": "goodput_rps"}
+def objective_estimate(name: str, summary: Summary, quality: QualityResult | None) -> Estimate | None:
+    """The stored estimate an objective is read from; None where it was not measured (goodput without
+    --slo, quality without a probe) or is not an estimate (capacity: its interval is its bracket)."""
+    return OBJECTIVE_METRIC[name].estimate(Run(summary, quality))
 
 
-def objective_estimate(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> dict | None:
-    """The stored estimate ({value, ci_low, ci_high}) an objective is read from; None where it was
-    not measured (goodput without --slo, quality without a probe) or is not an estimate (capacity:
-    its interval is its bracket)."""
-    s = summary.as_dict() if isinstance(summary, Summary) else summary
-    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
-    if name in _METRIC_STAT:
-        metric, stat = _METRIC_STAT[name]
-        return s["latency_s"][metric][stat]
-    if name == "goodput":  # measured only with --slo, which a goodput objective requires
-        return s.get("goodput_rps")
-    if name in _SUMMARY_FIELD:
-        return s[_SUMMARY_FIELD[name]]
-    if name == "quality_loss":
-        return q["nll_delta_per_token"] if q else None
-    return None
-
-
-def objective_value(name: str, summary: Summary | dict, quality: QualityResult | dict | None) -> float:
-    """One objective from a trial's summary and quality (objects, or their stored `as_dict()`)."""
-    if name not in OBJECTIVES:
+def objective_value(name: str, summary: Summary, quality: QualityResult | None) -> float:
+    """One objective from a trial's summary and quality (NaN where it was not measured)."""
+    if name not in OBJECTIVE_METRIC:
         raise KeyError(name)
-    if name == "capacity":  # requests/s per GPU at the SLO (capacity.step)
-        s = summary.as_dict() if isinstance(summary, Summary) else summary
-        return s["capacity"]["capacity_rps_per_gpu"] if s.get("capacity") else math.nan
-    estimate = objective_estimate(name, summary, quality)
-    return estimate["value"] if estimate else math.nan
+    return OBJECTIVE_METRIC[name].value(Run(summary, quality))
 
 
-def constraint_values(summary: Summary | dict, quality: QualityResult | dict | None, slos: list[SLO],
+def constraint_values(summary: Summary, quality: QualityResult | None, slos: list[SLO],
                       max_quality_loss: QualityGate | float | None) -> list[float]:
     """<= 0 means satisfied (Optuna's convention): one per SLO, one for the quality gate."""
-    s = summary.as_dict() if isinstance(summary, Summary) else summary
-    q = quality.as_dict() if isinstance(quality, QualityResult) else quality
     out = []
     for slo in slos:
         # A summary holds every statistic its SLOs name (replay.metrics.stats_of); NaN: an older one did not.
-        value = (s["latency_s"][slo.metric].get(slo.stat) or {}).get("value", math.nan)
+        estimate = summary.estimate(slo.metric, slo.stat)
+        value = math.nan if estimate is None else estimate.value
         out.append(value - slo.threshold_s if not math.isnan(value) else math.inf)
     if max_quality_loss is not None:
         gate = max_quality_loss if isinstance(max_quality_loss, QualityGate) else QualityGate("nats", max_quality_loss)
-        out.append(gate.violation(q))
+        out.append(gate.violation(quality.as_dict() if quality else None))
     return out
 
 
@@ -97,13 +149,12 @@ def feasible(error_rate: float, constraints: list[float]) -> bool:
     return error_rate == 0 and all(c <= 0 for c in constraints)
 
 
-def reference_feasible(summary: Summary | dict | None, slos: list[SLO]) -> bool:
+def reference_feasible(summary: Summary | None, slos: list[SLO]) -> bool:
     """vLLM's defaults judged by the rule that makes a trial feasible (their quality loss is 0);
     True while they are not measured."""
-    if not summary:
+    if summary is None:
         return True
-    s = summary.as_dict() if isinstance(summary, Summary) else summary
-    return feasible(s.get("error_rate") or 0.0, constraint_values(s, None, slos, None))
+    return feasible(summary.error_rate or 0.0, constraint_values(summary, None, slos, None))
 
 
 # Violation given to a trial whose engine could not serve: every constraint at once. (A finite

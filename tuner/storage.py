@@ -14,14 +14,15 @@ into a table passes through a `tuner.secrets.Redactor` first.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import importlib.util
 import json
 import random
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import (
     Boolean,
@@ -40,7 +41,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
+from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.replay.metrics import Summary
 from tracetune.tuner.secrets import Redactor
+from tracetune.types import Json, JsonDict
+
+if TYPE_CHECKING:
+    import numpy as np
+    from sqlalchemy import Engine
+
+    from tracetune.replay.types import RequestRecord
 
 metadata = MetaData()
 
@@ -122,6 +132,36 @@ level_records = Table(
 )
 
 _JSON_FIELDS = ("values", "config", "summary", "quality", "engine")
+
+
+@dataclasses.dataclass
+class StoredRun:
+    """One row of tracetune_trial_results read back: the summary and engine counters as the typed
+    records they were written from; the engine config and the quality result as stored (JSON)."""
+
+    trial_number: int
+    status: str  # a `Status`
+    values: JsonDict | None = None  # the search-space values
+    config: JsonDict | None = None
+    summary: Summary | None = None
+    quality: JsonDict | None = None  # quality.probe.QualityResult.as_dict()
+    engine: EngineMetrics | None = None
+    requests_jsonl: str | None = None
+    failure_reason: str | None = None
+    log_tail: str | None = None
+    startup_s: float | None = None
+    wall_s: float | None = None
+
+    @classmethod
+    def from_row(cls, row: JsonDict) -> StoredRun:
+        """A row as `ResultStore.trials` (or the dashboard's plain SELECT) decodes it: JSON columns
+        parsed, records unpacked."""
+        summary, engine = row.get("summary"), row.get("engine")
+        return cls(trial_number=int(row["trial_number"]), status=str(row.get("status") or ""), values=row.get("values"),
+                   config=row.get("config"), summary=Summary.from_dict(summary) if summary else None,
+                   quality=row.get("quality"), engine=EngineMetrics.from_dict(engine) if engine is not None else None,
+                   requests_jsonl=row.get("requests_jsonl"), failure_reason=row.get("failure_reason"),
+                   log_tail=row.get("log_tail"), startup_s=row.get("startup_s"), wall_s=row.get("wall_s"))
 # Per-request records of the trace-rate replay are stored zlib-compressed (JSON lines compress about
 # 8x); text without this prefix is plain JSON lines from an older tracetune.
 _PACKED = "zlib+b64:"
@@ -150,7 +190,7 @@ def unpack_records(stored: str | None) -> str | None:
 _COLUMNS = ("index", "scheduled_s", "lag_s", "ttft_s", "e2e_s", "tpot_s", "prompt_tokens", "output_tokens")
 
 
-def encode_levels(records: Iterable[Any]) -> bytes:
+def encode_levels(records: Iterable[RequestRecord]) -> bytes:
     """A level's request records (replay.types.RequestRecord) as compressed float columns: the
     values the metrics need (NaN where absent), every ITL gap (half precision), success flags and
     error texts."""
@@ -173,7 +213,7 @@ def encode_levels(records: Iterable[Any]) -> bytes:
     return buf.getvalue()
 
 
-def decode_levels(blob: bytes) -> dict[str, Any]:
+def decode_levels(blob: bytes) -> dict[str, np.ndarray]:
     """The columns of `encode_levels` as numpy arrays (`itl_s` flat, split by `itl_count`)."""
     import io
 
@@ -183,7 +223,7 @@ def decode_levels(blob: bytes) -> dict[str, Any]:
         return {name: data[name] for name in data.files}
 
 
-def records_of_level(columns: dict[str, Any]) -> list[Any]:
+def records_of_level(columns: dict[str, np.ndarray]) -> list[RequestRecord]:
     """A stored level (`decode_levels`' columns) as request records again, for judging it under
     another SLO. What `encode_levels` did not keep (ids, texts, finish reasons) is left empty."""
     import numpy as np
@@ -224,7 +264,7 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
-def _dump(value: Any) -> str | None:
+def _dump(value: Json) -> str | None:
     return None if value is None else json.dumps(value, default=str)
 
 
@@ -264,7 +304,7 @@ class ResultStore:
                                                       trial_results.c.trial_number == trial_number))
             conn.execute(trial_results.insert().values(**row))
 
-    def measured_qualities(self, study_name: str) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    def measured_qualities(self, study_name: str) -> list[tuple[int, JsonDict, JsonDict]]:
         """(trial number, config, quality) of every measured trial with a quality result, without
         reading the heavy columns."""
         query = select(trial_results.c.trial_number, trial_results.c.config_json, trial_results.c.quality_json) \
@@ -275,8 +315,9 @@ class ResultStore:
             rows = conn.execute(query).all()
         return [(n, json.loads(c), json.loads(q)) for n, c, q in rows if c and q]
 
-    def trials(self, study_name: str, trial_number: int | None = None) -> list[dict[str, Any]]:
-        """The stored trials (one when `trial_number` is given; REFERENCE_RUN: the reference's run)."""
+    def trials(self, study_name: str, trial_number: int | None = None) -> list[JsonDict]:
+        """The stored trials (one when `trial_number` is given; REFERENCE_RUN: the reference's run), as
+        decoded rows (`StoredRun.from_row` reads one as its typed records)."""
         query = select(trial_results).where(trial_results.c.study_name == study_name)
         if trial_number is not None:
             query = query.where(trial_results.c.trial_number == trial_number)
@@ -294,7 +335,8 @@ class ResultStore:
             out.append(item)
         return out
 
-    def save_levels(self, study_name: str, trial_number: int, levels: Iterable[tuple[float, bool, Any]]) -> None:
+    def save_levels(self, study_name: str, trial_number: int,
+                    levels: Iterable[tuple[float, bool, Sequence[RequestRecord]]]) -> None:
         """Every load level a capacity search measured: (scale, is_repeat, request records)."""
         rows = [{"study_name": study_name, "trial_number": trial_number, "position": i, "scale": scale,
                  "repeat": repeat, "records": encode_levels(records)}
@@ -305,7 +347,7 @@ class ResultStore:
             if rows:
                 conn.execute(level_records.insert(), rows)
 
-    def levels(self, study_name: str, trial_number: int) -> list[dict[str, Any]]:
+    def levels(self, study_name: str, trial_number: int) -> list[dict[str, np.ndarray | float | bool]]:
         """The stored levels of one trial (REFERENCE_RUN: the reference), in search order, decoded."""
         query = select(level_records).where(level_records.c.study_name == study_name,
                                             level_records.c.trial_number == trial_number)
@@ -313,18 +355,18 @@ class ResultStore:
             rows = conn.execute(query.order_by(level_records.c.position)).mappings().all()
         return [{"scale": row["scale"], "repeat": row["repeat"], **decode_levels(row["records"])} for row in rows]
 
-    def save_reference(self, study_name: str, *, config: dict, probe: list, summary: dict | None) -> None:
+    def save_reference(self, study_name: str, *, config: dict, probe: dict, summary: dict | None) -> None:
         with self.engine.begin() as conn:
             conn.execute(references.delete().where(references.c.study_name == study_name))
             conn.execute(references.insert().values(
                 study_name=study_name, config_json=self.redact(_dump(config)), probe_json=_dump(probe),
                 summary_json=self.redact(_dump(summary)), created_at=utc_now()))
 
-    def reference(self, study_name: str) -> dict[str, Any] | None:
+    def reference(self, study_name: str) -> JsonDict | None:
         return read_reference(self.engine, study_name)
 
 
-def read_reference(engine: Any, study_name: str) -> dict[str, Any] | None:
+def read_reference(engine: Engine, study_name: str) -> JsonDict | None:
     """The reference run of `study_name` (config, probe, summary) read with a plain SELECT (on a
     read-only engine too); None when there is none, or no table for it yet."""
     from sqlalchemy import inspect

@@ -11,10 +11,12 @@ import pytest
 
 from tests.cli.test_dashboard import tune
 from tests.dashboard.synthetic import CAPACITY_SLO, CAPACITY_STUDIES, REFERENCE_CAPACITY
+from tracetune.capacity.step import CapacityResult
 from tracetune.dashboard import capacity, charts, data, metrics, tables
 from tracetune.dashboard.export import export
 from tracetune.dashboard.export.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for, select_trial
 from tracetune.errors import InputError
+from tracetune.replay.metrics import Estimate, Summary
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,8 @@ def test_capacity_is_a_metric_to_maximize(cap_study):
     assert cap_study.trial(3).metric("capacity") == pytest.approx(2.5)      # 5 req/s on 2 GPUs
     assert cap_study.trial(3).metric("capacity_scale") == pytest.approx(2.0)
     assert cap_study.reference_metric("capacity") == pytest.approx(4.0)
-    assert math.isnan(metrics.metric_value("capacity", {"latency_s": {}}, None))  # a run without capacity
+    without = metrics.run_of(Summary.from_dict({"latency_s": {}}))  # a run without capacity
+    assert math.isnan(metrics.metric_value("capacity", without))
     assert [c.metric for c in tables.parse_conditions("capacity>=3 and capacity_scale>1")] == ["capacity", "capacity_scale"]
 
 
@@ -52,10 +55,10 @@ def test_a_difference_inside_the_intervals_is_a_tie_not_dominated(cap_study):
     study = copy.deepcopy(cap_study)
     t = study.trial(2)
     t.objective_values["ttft_p99"] = 0.85
-    t.summary["latency_s"]["ttft"]["p99"] = {"value": 0.85, "ci_low": 0.765, "ci_high": 0.935}
+    t.summary.latency["ttft"]["p99"] = Estimate(0.85, 0.765, 0.935)
     data.mark_front(study)
     assert study.decision.dominated_by_reference == [2] and t.category == "tie" and t.beaten_by_reference
-    assert metrics.metric_interval("capacity", t.summary, None) == pytest.approx((3.9, 5.0))
+    assert metrics.metric_interval("capacity", t.run) == pytest.approx((3.9, 5.0))
     fig = charts.pareto_figure(study, "ttft_p99", "capacity")
     assert any(trace.name == "tied with the front, inside the intervals (1)" for trace in fig.data)
 
@@ -103,15 +106,15 @@ def test_when_the_defaults_beat_every_trial(defaults_study):
 
 # -- capacity shaping ----------------------------------------------------------------------------
 def test_bracket_and_flags():
-    cap = CAPACITY_STUDIES["cap"][3][1]  # unstable, 2 GPUs, bracket [5, 5.95] req/s
-    assert capacity.bracket_rps(cap) == (pytest.approx(5.0), pytest.approx(5.95))
+    cap = CapacityResult.from_dict(CAPACITY_STUDIES["cap"][3][1])  # unstable, 2 GPUs, bracket [5, 5.95] req/s
+    assert cap.bracket_rps() == (pytest.approx(5.0), pytest.approx(5.95))
     assert capacity.bracket_text(cap) == "[5, 5.95] req/s"
     assert capacity.bracket_text(cap, per_gpu=True) == "[2.5, 2.97] req/s per GPU"
     assert capacity.flags(cap) == ["unstable (a repeated level disagreed with its first measurement)"]
-    client = CAPACITY_STUDIES["cap"][4][1]
+    client = CapacityResult.from_dict(CAPACITY_STUDIES["cap"][4][1])
     assert capacity.bracket_text(client) == "[5, -) req/s"
     assert capacity.flags(client) == ["client-limited (a lower bound)"]
-    assert capacity.capacity_of({"latency_s": {}}) is None and capacity.table_columns(None) == {
+    assert capacity.capacity_of(Summary.from_dict({"latency_s": {}})) is None and capacity.table_columns(None) == {
         "capacity bracket": "", "capacity notes": ""}
 
 
@@ -127,14 +130,17 @@ def test_trial_table_has_capacity_columns(cap_study):
 
 
 def test_steps_kinds_and_capacity_point():
-    cap = CAPACITY_STUDIES["cap"][3][1]
-    got = [(s["scale"], s["kind"], s["repeat"]) for s in capacity.steps(cap)]
+    import dataclasses
+
+    cap = CapacityResult.from_dict(CAPACITY_STUDIES["cap"][3][1])
+    got = [(s.scale, s.kind, s.repeat) for s in capacity.steps(cap)]
     assert got == [(1.0, "passed", False), (2.0, "passed", False), (4.0, "abandoned", False),
                    (2.83, "abandoned", False), (2.38, "passed", False), (2.38, "failed", True)]
-    assert "attainment <= 30% (abandoned after 30 of 50 sent" in capacity.steps(cap)[2]["hover"]
+    assert "attainment <= 30% (abandoned after 30 of 50 sent" in capacity.steps(cap)[2].hover
     assert capacity.capacity_point(cap) == (pytest.approx(5.0), pytest.approx(0.96))
-    assert capacity.steps(CAPACITY_STUDIES["cap"][4][1])[-1]["kind"] == "client-limited"
-    assert capacity.capacity_point({**cap, "capacity_scale": 0.0}) is None
+    client = CapacityResult.from_dict(CAPACITY_STUDIES["cap"][4][1])
+    assert capacity.steps(client)[-1].kind == "client-limited"
+    assert capacity.capacity_point(dataclasses.replace(cap, capacity_scale=None)) is None
 
 
 def test_compare_rows_include_capacity(cap_study):
@@ -227,9 +233,14 @@ def test_tune_export_best_exits_2_when_the_defaults_win(capacity_url):
 
 
 def test_reference_capacity_is_read(cap_study):
-    read = dict(capacity.capacity_of(cap_study.reference["summary"]))
-    assert read.pop("usd_per_1m_output_tokens") > 0  # derived from the study's --gpu-hour-cost
-    assert read == REFERENCE_CAPACITY
+    import dataclasses
+
+    from tracetune.capacity.step import CapacityResult
+
+    read = capacity.capacity_of(cap_study.reference_summary)
+    assert read.usd_per_1m_output_tokens > 0  # derived from the study's --gpu-hour-cost
+    assert dataclasses.replace(read, usd_per_1m_output_tokens=None) == CapacityResult.from_dict(REFERENCE_CAPACITY)
+    assert cap_study.reference_run.capacity.usd_per_1m_output_tokens == read.usd_per_1m_output_tokens
 
 
 def test_reads_what_replay_capacity_stores():
@@ -244,10 +255,11 @@ def test_reads_what_replay_capacity_stores():
                             steps=[step(1.0, True), step(2.0, False, abandoned=True), step(1.5, True),
                                    step(1.5, True, repeat=True)],
                             capacity_scale=1.5, bracket_high=2.0, base_rps=2.0, base_output_tps=100.0, gpus=2)
-    cap = result.as_dict()
-    assert metrics.metric_value("capacity", {"capacity": cap}, None) == pytest.approx(1.5)
+    stored = Summary.from_dict({"capacity": result.as_dict()})
+    cap = capacity.capacity_of(stored)
+    assert metrics.metric_value("capacity", metrics.run_of(stored)) == pytest.approx(1.5)
     assert capacity.bracket_text(cap) == "[3, 4] req/s"
-    assert [s["kind"] for s in capacity.steps(cap)] == ["passed", "abandoned", "passed", "passed"]
+    assert [s.kind for s in capacity.steps(cap)] == ["passed", "abandoned", "passed", "passed"]
     assert capacity.capacity_point(cap) == (pytest.approx(3.0), 1.0)
     assert "1.5 req/s per GPU (3 req/s on 2 GPUs)" in capacity.headline(cap)
     assert charts.figure_summary(charts.attainment_figure([("trial 0", cap)]))["trial 0: capacity 3 req/s"] == 1
@@ -260,7 +272,7 @@ def test_cost_and_sizing_columns_and_export_lines(cap_study, defaults_study):
     rows = {r["trial"]: r for r in tables.trial_table(cap_study)}
     measured = [t for t in cap_study.trials if t.measured and capacity.capacity_of(t.summary)]
     t = measured[0]
-    expected = economics(capacity.capacity_of(t.summary), gpu_hour_cost=2.5, target_rate=40.0)
+    expected = economics(t.summary.capacity, gpu_hour_cost=2.5, target_rate=40.0)
     assert rows[t.number]["$/1M output tokens"] == pytest.approx(expected["usd_per_1m_output_tokens"])
     assert rows[t.number]["GPUs for 40 req/s"] == expected["gpus_total"]
     header = export(cap_study, t, "vllm-cmd")

@@ -3,11 +3,13 @@ log axes only over positive values, the attainment axis zoomed to the data and t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from tests.dashboard.synthetic import capacity
+from tracetune.capacity.step import CapacityResult
 from tracetune.dashboard import charts, data
 
 
@@ -32,8 +34,8 @@ def test_the_pareto_range_holds_every_error_bar(synthetic_url):
 
 def test_a_bracket_with_raw_zero_or_inf_never_stretches_a_log_axis():
     """The reference's chart once ran from 1 to 1e40 req/s: a bracket's 0 and inf drawn on a log axis."""
-    cap = capacity(1.0, 2.0, [(1.0, 0.99, "pass"), (8.0, 0.2, "fail")], high=8.0)
-    cap["bracket_rps"] = [0.0, math.inf]
+    cap = CapacityResult.from_dict(capacity(1.0, 2.0, [(1.0, 0.99, "pass"), (8.0, 0.2, "fail")], high=8.0))
+    cap = dataclasses.replace(cap, capacity_scale=None, bracket_high=math.inf)  # bracket [0, inf] req/s
     fig = charts.attainment_figure([("trial 0", cap)])
     assert not [s for s in fig.layout.shapes if s.type == "rect"]
     assert fig.layout.xaxis.type == "log"  # 2 to 16 req/s, all positive
@@ -42,10 +44,12 @@ def test_a_bracket_with_raw_zero_or_inf_never_stretches_a_log_axis():
 
 
 def test_the_attainment_axis_zooms_to_the_band_of_the_data():
-    near = capacity(1.2, 2.0, [(1.0, 1.0, "pass"), (1.5, 0.96, "fail"), (1.2, 0.97, "pass")], high=1.5)
+    near = CapacityResult.from_dict(capacity(1.2, 2.0, [(1.0, 1.0, "pass"), (1.5, 0.96, "fail"), (1.2, 0.97, "pass")],
+                                             high=1.5))
     low, high = charts.attainment_figure([("trial 0", near)]).layout.yaxis.range
     assert 0.94 < low < 0.95 and 1.0 < high < 1.01  # 95% target .. 100%, not 0 .. 100%
-    wide = capacity(1.2, 2.0, [(1.0, 1.0, "pass"), (2.0, 0.3, "abandon"), (1.2, 0.97, "pass")], high=2.0)
+    wide = CapacityResult.from_dict(capacity(1.2, 2.0, [(1.0, 1.0, "pass"), (2.0, 0.3, "abandon"), (1.2, 0.97, "pass")],
+                                             high=2.0))
     low, _ = charts.attainment_figure([("trial 0", wide)]).layout.yaxis.range
     assert 0.2 < low < 0.3  # the abandoned level stays in view
 

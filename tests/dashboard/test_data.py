@@ -86,7 +86,7 @@ def test_metric_value_reads_every_metric_from_stored_dicts(study):
     assert t.metric("spec_acceptance_rate") == pytest.approx(0.6)
     assert math.isnan(t.metric("goodput"))  # no SLO-based goodput stored
     with pytest.raises(InputError, match="unknown metric"):
-        metrics.metric_value("nope", t.summary, t.quality)
+        metrics.metric_value("nope", t.run)
 
 
 def test_thresholds_from_slos_and_quality_gate(study):
@@ -100,10 +100,14 @@ def test_quality_units_are_metrics_and_a_gate_in_them_is_a_line(study):
 
     quality = {"nll_delta_per_token": {"value": 0.02}, "kld": {"value": 0.013}, "ppl_change": {"value": 0.021},
                "top1_agreement": {"value": 0.94}}
-    assert metrics.metric_value("kld", {}, quality) == pytest.approx(0.013)
-    assert metrics.metric_value("top1_agreement", {}, quality) == pytest.approx(0.94)
+    from tracetune.replay.metrics import Summary
+
+    empty = Summary.from_dict({})
+    assert metrics.metric_value("kld", metrics.run_of(empty, quality)) == pytest.approx(0.013)
+    assert metrics.metric_value("top1_agreement", metrics.run_of(empty, quality)) == pytest.approx(0.94)
     assert metrics.metric_label("ppl_change") == ("perplexity change vs reference (%)", 100.0)
-    assert math.isnan(metrics.metric_value("kld", {}, {"nll_delta_per_token": {"value": 0.1}}))  # an older study
+    older = metrics.run_of(empty, {"nll_delta_per_token": {"value": 0.1}})  # an older study
+    assert math.isnan(metrics.metric_value("kld", older)) and metrics.metric_value("quality_loss", older) == 0.1
     from tracetune.quality.gate import parse_gate
 
     for spec, gate, metric, limit in (("kld:0.01", "kld<=0.01", "kld", 0.01),
@@ -200,8 +204,8 @@ def test_a_long_cdf_is_thinned_to_evenly_spaced_ranks_keeping_the_tail():
 
 def test_timeline_sorted_by_send_time(study):
     rows = records.timeline(records.request_records(study.trial(1)))
-    assert [r["send_s"] for r in rows] == sorted(r["send_s"] for r in rows)
-    assert [r["success"] for r in rows].count(False) == 1 and rows[3]["error"] == "timeout"
+    assert [r.send_s for r in rows] == sorted(r.send_s for r in rows)
+    assert [r.success for r in rows].count(False) == 1 and rows[3].error == "timeout"
 
 
 def test_engine_counters(study):

@@ -8,20 +8,21 @@ import hashlib
 import optuna
 
 from tracetune.dashboard import trace
+from tracetune.replay.metrics import Summary
 
 
-def summary_with_parts() -> dict:
+def summary_with_parts() -> Summary:
     part = {"kind": "busiest", "start_s": 120.0, "end_s": 180.0}
     other = {"kind": "by load", "start_s": 300.0, "end_s": 360.0}
     steps = [{"scale": 1.0, "parts": [part]}, {"scale": 2.0, "parts": [part, other]}, {"scale": 1.5, "parts": None}]
-    return {"capacity": {"steps": steps}}
+    return Summary.from_dict({"capacity": {"steps": steps}})  # as an older study stored it: steps alone
 
 
 def test_each_window_replayed_is_listed_once_with_its_levels():
     parts = trace.parts_replayed(summary_with_parts())
-    assert [(p["kind"], p["start_s"], p["levels"]) for p in parts] == [("busiest", 120.0, [1.0, 2.0]),
+    assert [(p.kind, p.start_s, p.levels) for p in parts] == [("busiest", 120.0, [1.0, 2.0]),
                                                                        ("by load", 300.0, [2.0])]
-    assert trace.parts_replayed({"capacity": {"steps": [{"scale": 1.0}]}}) == []
+    assert trace.parts_replayed(Summary.from_dict({"capacity": {"steps": [{"scale": 1.0}]}})) == []
     assert trace.parts_replayed(None) == []
 
 
