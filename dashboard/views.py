@@ -3,26 +3,29 @@ dashboard.data / tables / charts / export."""
 
 from __future__ import annotations
 
-import math
 import shlex
+from typing import cast
 
 import streamlit as st
 
 from tracetune.dashboard import (
+    banners,
     capacity,
     charts,
     data,
+    judged,
     metrics,
     progress,
     records,
     storage,
     tables,
+    tiles,
     trace,
 )
 from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
 from tracetune.dashboard.export.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
 from tracetune.errors import TuneError
-from tracetune.quality.gate import verdict
+from tracetune.types import JsonDict
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
 LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
@@ -59,33 +62,6 @@ def _default_trial(study: data.StudyView) -> int | None:
         pass
     measured = study.front + [t for t in study.trials if t.measured]
     return measured[0].number if measured else (study.trials[0].number if study.trials else None)
-
-
-def _verdict_banners(study: data.StudyView) -> None:
-    """The quality probe when it is too noisy; the missing gate; the verdict (vLLM's defaults winning,
-    the best trade the gate turned down), and which trials the defaults beat."""
-    check = study.quality_check
-    if "too noisy" in check:
-        st.warning(check[:1].upper() + check[1:], icon=":material/blur_on:")
-    if study.gate_off:
-        outside = [t.label for t in study.trials if t.outside_gate and t.category in ("pareto", "tie")]
-        st.warning(f"No quality gate: this study was run with `--max-quality-loss none`, so a configuration is on the "
-                   f"front whatever it costs in quality. Judged by the default gate {study.shown_gate}, "
-                   + (f"front trial(s) {', '.join(outside)} are outside it (drawn as red diamonds)."
-                      if outside else "every front trial is within it."), icon=":material/report:")
-    decision = study.decision
-    if decision is None:
-        return
-    if decision.reference_is_best:
-        st.warning(decision.verdict()[:1].upper() + decision.verdict()[1:], icon=":material/star:")
-    elif decision.beyond_gate is not None:
-        st.warning("Verdict: " + decision.verdict(), icon=":material/report:")
-    if decision.dominated_by_reference:
-        beaten = [study.trial(n) for n in decision.dominated_by_reference]
-        ties = [t.number for t in beaten if t.tied]
-        st.info(f"vLLM's defaults beat trial(s) {', '.join(str(t.number) for t in beaten)} on every objective: not on "
-                "the front" + (f" (trial(s) {', '.join(map(str, ties))} only inside the 95% intervals: drawn as ties)"
-                               if ties else "") + ".")
 
 
 def _front_table(study: data.StudyView) -> None:
@@ -145,13 +121,14 @@ def page_pareto(study: data.StudyView) -> None:
     z = None
     if three_d:
         z = c4.selectbox("z axis", names, index=index(2, "quality_loss"), key="pareto_z")
-    _verdict_banners(study)
+    banners.verdict(study)
     fig = charts.pareto_figure(study, x, y, z)
     if z:
         st.plotly_chart(fig, key="pareto_chart_3d")
     else:
         event = st.plotly_chart(fig, key="pareto_chart", on_select="rerun", selection_mode=("points",))
-        numbers = [p.get("customdata") for p in ((event or {}).get("selection") or {}).get("points", [])]
+        state = cast(JsonDict, event or {})  # the chart's selection state (Streamlit's plotly event)
+        numbers = [p.get("customdata") for p in (state.get("selection") or {}).get("points", [])]
         numbers = [int(n[0] if isinstance(n, list) else n) for n in numbers if n is not None and n != []]
         if numbers:
             chosen = study.trial(numbers[0])
@@ -272,26 +249,6 @@ def page_trials(study: data.StudyView) -> None:
                    "a candidate like any trial. Click a column header to sort.")
 
 
-def _metric_delta(study: data.StudyView, trial: data.TrialView, name: str) -> str | None:
-    ref = study.reference_metric(name)
-    value = trial.metric(name)
-    if math.isnan(ref) or math.isnan(value):
-        return None
-    _, factor = metrics.metric_label(name)
-    if factor == 1000.0:
-        return f"{(value - ref) * 1000:+.0f} ms vs reference"
-    return f"{value - ref:+.3g} vs reference"
-
-
-def _quality_metric(column, label: str, estimate: dict | None, fmt: str) -> None:
-    """One quality unit with its 95% interval (the vocabulary of the table, best.json and exports)."""
-    if not estimate:
-        column.metric(label, "-")
-        return
-    column.metric(label, fmt.format(estimate["value"]),
-                  help=f"95% CI [{fmt.format(estimate['ci_low'])}, {fmt.format(estimate['ci_high'])}]")
-
-
 def page_detail(study: data.StudyView) -> None:
     numbers = [t.number for t in study.candidates]
     default = st.session_state.get("detail_default", _default_trial(study))
@@ -305,7 +262,7 @@ def page_detail(study: data.StudyView) -> None:
         cols = st.columns(len(study.objectives) + 2)
         for col, name in zip(cols, study.objectives):
             # green when better than the reference, red when worse, whichever way the metric points
-            col.metric(name, metrics.display_value(name, t.metric(name)), _metric_delta(study, t, name),
+            col.metric(name, tiles.tile_value(name, t.metric(name)), tiles.metric_delta(study, t, name),
                        delta_color="inverse" if metrics.METRICS.get(name) == "minimize" else "normal",
                        help=(f"95% interval {metrics.display_interval(name, t.interval(name))}"
                              if t.interval(name) else None))
@@ -332,7 +289,7 @@ def page_detail(study: data.StudyView) -> None:
         with left:
             _engine_counters(t)
         with right:
-            _quality_section(study, t)
+            tiles.quality_section(study, t)
     with st.expander("Full engine config", expanded=False):
         st.json(t.config or t.params)
     if t.log_tail:
@@ -346,7 +303,9 @@ def _status_note(study: data.StudyView, t: data.TrialView) -> None:
         if t.violations:
             st.warning("Off the front: " + "; ".join(t.violations) + ".", icon=":material/block:")
         elif t.outside_gate:
-            st.warning(f"Outside {study.gate_words}: {metrics.quality_text(t.quality)}.", icon=":material/report:")
+            phrase = judged.gate_phrase(t.gate_decision)
+            st.warning(f"{phrase[:1].upper()}{phrase[1:]} {study.gate_words}: {metrics.quality_text(t.quality)}.",
+                       icon=":material/report:")
     elif t.status == "running":
         st.info("running: its worker sent a heartbeat within the last "
                 f"{2 * study.heartbeat_s:.0f} s and is measuring it now")
@@ -373,31 +332,6 @@ def _engine_counters(t: data.TrialView) -> None:
     k4.metric("preemptions", "-" if counters["preemptions"] is None else f"{counters['preemptions']:.0f}")
 
 
-def _quality_section(study: data.StudyView, t: data.TrialView) -> None:
-    """Quality vs the reference in the one vocabulary (perplexity change, KLD, top-1, each with its
-    95% interval) beside the NLL increase the objective reads, and the gate's word on it."""
-    st.markdown("**Quality vs the reference**")
-    q = t.quality or {}
-    k1, k2, k3, k4 = st.columns(4)
-    _quality_metric(k1, "perplexity change", q.get("ppl_change"), "{:+.2%}")
-    _quality_metric(k2, "KLD / token", q.get("kld"), "{:.4f}")
-    _quality_metric(k3, "top-1 agreement", q.get("top1_agreement"), "{:.3f}")
-    _quality_metric(k4, "NLL increase / token", q.get("nll_delta_per_token"), "{:+.4f}")
-    if t.is_reference:
-        st.caption("the reference: vLLM's defaults, against which every trial's quality is measured")
-        return
-    st.caption(metrics.quality_text(q) + " (95% intervals)")
-    if q:
-        st.caption(("outside " if t.outside_gate else "within ") + study.gate_words)
-    if q.get("accuracy") is not None:
-        st.caption(f"accuracy on labelled prompts: {q['accuracy']['value']:.1%}")
-    st.caption(f"{q.get('n_prompts', '?')} probe texts"
-               + (f", {q['n_tokens']} tokens" if q.get("n_tokens") else "")
-               + (f" · {verdict(q)}" if verdict(q) else "")
-               + (f" · measured for trial {q['reused_from']} (same quality key)"
-                  if q.get("reused_from") is not None else ""))
-
-
 def page_compare(study: data.StudyView) -> None:
     measured = [t.number for t in study.candidates if t.config]
     if len(measured) < 1:
@@ -409,6 +343,8 @@ def page_compare(study: data.StudyView) -> None:
     # B defaults to the reference: what a trial changes against vLLM's defaults
     b = _pick_trial(study, "B", others, data.REFERENCE_RUN if data.REFERENCE_RUN in others else others[0],
                     key="compare_b")
+    if a is None or b is None:  # not reached: `measured` holds at least one run
+        return
     ta, tb = study.trial(a), study.trial(b)
     rows = tables.compare(study, ta, tb)
     only_diff = st.toggle("only differences", value=False, key="compare_only_diff")
@@ -428,8 +364,8 @@ def page_export(study: data.StudyView) -> None:
     if not measured:
         st.info("no measured trial to export yet")
         return
-    if study.decision is not None and study.decision.reference_is_best:
-        _verdict_banners(study)
+    if study.decision is not None and (study.decision.reference_is_best or not study.decision.reference_feasible):
+        banners.verdict(study)
     c1, c2 = st.columns([2, 3])
     how = c1.radio("Choose the trial", ["by number", "by rule (--pick)"], horizontal=True, key="export_how")
     trial = None
@@ -437,6 +373,8 @@ def page_export(study: data.StudyView) -> None:
     if how == "by number":
         number = _pick_trial(study, "Trial", measured, st.session_state.get("detail_default", _default_trial(study)),
                              key="export_trial")
+        if number is None:  # not reached: `measured` holds at least one run
+            return
         trial = study.trial(number)
         cli_choice = "--reference" if trial.is_reference else f"--trial {number}"
         if trial.beaten_by_reference:
@@ -456,9 +394,10 @@ def page_export(study: data.StudyView) -> None:
             st.error(str(exc))
             return
     if trial.outside_gate or trial.violations:
-        st.warning(f"{trial.title[:1].upper()}{trial.title[1:]} is outside "
-                   + ("; ".join(trial.violations) if trial.violations else
-                      f"{study.gate_words}: {metrics.quality_text(trial.quality)}")
+        st.warning(f"{trial.title[:1].upper()}{trial.title[1:]} "
+                   + ("is outside the study's constraints: " + "; ".join(trial.violations) if trial.violations else
+                      f"is {judged.gate_phrase(trial.gate_decision)} {study.gate_words}: "
+                      f"{metrics.quality_text(trial.quality)}")
                    + ". Deploy it only if that is acceptable for this model and traffic.", icon=":material/report:")
     fmt = st.radio("Format", list(FORMATS), horizontal=True, key="export_format")
     with st.expander("Deployment settings"):
