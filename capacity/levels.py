@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -26,11 +26,21 @@ from tracetune.capacity.step import (
     offered_rates,
 )
 from tracetune.errors import InputError
-from tracetune.replay.runner import replay
-from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult
+from tracetune.replay.runner import MetricsSource, replay
+from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
+
+if TYPE_CHECKING:
+    from tracetune.replay.workers import ClientPool
 
 
-def settle(engine: Any, *, reset_prefix_cache: bool, timeout_s: float = 30.0) -> None:
+class LevelEngine(MetricsSource, Protocol):
+    """An engine as the levels use it: counters to wait on, and a prefix cache to empty
+    (`engine_adapter.base.Engine` meets it)."""
+
+    def reset_prefix_cache(self) -> None: ...
+
+
+def settle(engine: LevelEngine, *, reset_prefix_cache: bool, timeout_s: float = 30.0) -> None:
     """Before a level: wait until the engine runs and queues nothing (an abandoned level leaves
     aborted requests behind for a moment), then empty its prefix cache, so every level starts
     alike. Engines without metrics are not waited for."""
@@ -58,19 +68,19 @@ class LevelRunner:
     replay_options: ReplayOptions
     options: CapacityOptions
     warmup: Sequence[PreparedRequest] = ()  # sent once, before the first level, unmeasured
-    engine: Any = None  # supplies metrics() for the engine's counters of each level
+    engine: LevelEngine | None = None  # supplies metrics() for the engine's counters of each level
     headers: dict[str, str] | None = None
     before_level: Callable[[], None] | None = None
     on_level: Callable[[Step], None] | None = None
     on_progress: Callable[[int, int, int], None] | None = None
-    on_record: Callable[[float, Any], None] | None = None  # (level, a request's record) as each finishes
+    on_record: Callable[[float, RequestRecord], None] | None = None  # (level, a request's record) as each finishes
     results: dict[float, ReplayResult] = dataclasses.field(default_factory=dict)  # one replay per level
     measured: list[tuple[Step, ReplayResult]] = dataclasses.field(default_factory=list)  # every replay, in order
     client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
     engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
     lifetime_s: float = 0.0  # a request's lifetime the windows are sized for (the SLO's bound, or measured)
     send: Callable[..., ReplayResult] = replay  # replays one schedule (`replay.runner.replay`'s signature)
-    _pool: Any = dataclasses.field(default=None, init=False, repr=False)
+    _pool: ClientPool | None = dataclasses.field(default=None, init=False, repr=False)
     _warmed: bool = dataclasses.field(default=False, init=False, repr=False)
 
     def _warmup_once(self) -> list[PreparedRequest]:
@@ -94,7 +104,7 @@ class LevelRunner:
             procs = max(procs, more_client_procs(last.client_procs, self.engine_cores))
         return max(procs, 1)
 
-    def _pool_of(self, procs: int) -> Any:
+    def _pool_of(self, procs: int) -> ClientPool | None:
         """A client pool of `procs` processes (kept from level to level), or None for one process."""
         from tracetune.replay.workers import ClientPool
 
@@ -184,7 +194,7 @@ class LevelRunner:
         return step, result
 
     def _send(self, scale: float, requests: Sequence[PreparedRequest], repeat: bool,
-              stop_when: Any) -> tuple[ReplayResult, float, int]:
+              stop_when: StopWhen | None) -> tuple[ReplayResult, float, int]:
         """One replay of level `scale`'s schedule on a settled engine (the warm-up before the first):
         its result, wall seconds and client processes."""
         warmup = self._warmup_once()
@@ -194,10 +204,11 @@ class LevelRunner:
                                    max_duration_s=None, time_scale=1.0)
         procs = self._procs(requests, repeat)
         t0 = time.perf_counter()
+        on_record = self.on_record
         result = self.send(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
                            headers=self.headers, on_progress=self.on_progress, stop_when=stop_when,
                            pool=self._pool_of(procs),
-                           on_record=None if self.on_record is None else lambda r: self.on_record(scale, r))
+                           on_record=None if on_record is None else lambda r: on_record(scale, r))
         return result, time.perf_counter() - t0, procs
 
     def _replay_parts(self, scale: float, windows: segments.Windows, repeat: bool,
@@ -289,7 +300,7 @@ class LevelRunner:
         return result
 
 
-def median_e2e(records: Sequence[Any]) -> float:
+def median_e2e(records: Sequence[RequestRecord]) -> float:
     """The median E2E latency of a level's successful requests (0 when none succeeded)."""
     done = [r.e2e_s for r in records if r.success]
     return float(np.median(done)) if done else 0.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -27,7 +26,7 @@ class PartOutcome:
     requests: list[PreparedRequest]
     stands_for: tuple[int, int] = (0, 0)  # the trace's requests and windows it stands for
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         s = self.step
         return {**self.part.as_dict(), "attainment": s.attainment, "good": s.good, "planned": s.planned,
                 "sent": s.requests, "outcome": s.outcome, "abandoned": s.abandoned, "duration_s": s.duration_s,
@@ -45,8 +44,8 @@ def weighted_targets_met(parts: Sequence[tuple[float, Sequence[RequestRecord], i
         for share, records, planned in parts:
             if planned <= 0 or share <= 0:
                 continue
-            mine = [slo_value(r, slo) if r.success else math.inf for r in records]
-            mine = [math.inf if v is None else v for v in mine] + [math.inf] * max(planned - len(records), 0)
+            seen = [slo_value(r, slo) if r.success else math.inf for r in records]
+            mine = [math.inf if v is None else v for v in seen] + [math.inf] * max(planned - len(records), 0)
             values += mine
             weights += [share / planned] * len(mine)
         if not values:

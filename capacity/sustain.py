@@ -38,13 +38,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from tracetune.replay.metrics import SLO, meets_slos, threshold
 from tracetune.replay.profile import arrival_period
 from tracetune.replay.types import PreparedRequest, RequestRecord
+from tracetune.types import JsonDict
 
 LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the target on its own
 TREND_PART = 0.5  # the share of the window (its end) where the trends are measured
@@ -118,7 +118,7 @@ def looped(requests: Sequence[PreparedRequest], passes: int) -> list[PreparedReq
     return out
 
 
-def _tagged(messages: list[dict[str, Any]] | None, tag: str) -> list[dict[str, Any]] | None:
+def _tagged(messages: list[JsonDict] | None, tag: str) -> list[JsonDict] | None:
     """The messages with `tag` at the start of the first one's text."""
     if not messages:
         return messages
