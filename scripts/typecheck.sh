@@ -11,11 +11,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec .venv/bin/python - "$@" <<'PY'
-import os, pathlib, re, shutil, subprocess, sys, tomllib
+import fcntl, os, pathlib, re, shutil, subprocess, sys, tomllib
 
 root = pathlib.Path.cwd()
 tree = root / "build" / "typecheck"
 dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+# One run at a time: several people share this tree (and mypy's cache); a second run waits here.
+(root / "build").mkdir(exist_ok=True)
+lock = open(root / "build" / "typecheck.lock", "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
 
 # The tree: the top package's own files linked one by one (its folder is a real folder here, so
 # that its subpackages can sit inside it); every other mapped package is one link to its folder.
@@ -47,8 +52,8 @@ cmd = [sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml
        "--cache-dir", str(root / "build" / "mypy_cache"), "-p", "tracetune"]
 proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
 only = [os.path.normpath(p) for p in sys.argv[1:]]
-line_re = re.compile(r"^(?P<path>[^:\s]+\.pyi?)(?P<rest>:\d+.*)$")
-errors, files = 0, set()
+line_re = re.compile(r"^(?P<path>[^:\s]+\.pyi?)(?P<rest>:.*)$")
+errors, files, elsewhere = 0, set(), 0
 for line in proc.stdout.splitlines():
     m = line_re.match(line)
     if not m:
@@ -57,15 +62,18 @@ for line in proc.stdout.splitlines():
         continue
     path = source_path(m["path"])
     if only and not any(path == p or path.startswith(p.rstrip("/") + "/") for p in only):
+        elsewhere += ": error:" in m["rest"]
         continue
     print(path + m["rest"])
     if ": error:" in m["rest"]:
         errors += 1
         files.add(path)
 sys.stderr.write(proc.stderr)
-if proc.returncode not in (0, 1):  # 2: mypy itself failed (bad config, crash)
+if proc.returncode not in (0, 1):  # 2: mypy itself failed (bad config, crash, a syntax error)
     sys.exit(proc.returncode)
-scope = " in " + " ".join(only) if only else ""
+if proc.returncode == 1 and not errors and not only:  # errors in a form not read above (printed as is)
+    sys.exit(1)
+scope = (" in " + " ".join(only) + f" ({elsewhere} elsewhere)") if only else ""
 if errors:
     print(f"typecheck: {errors} errors in {len(files)} files{scope}")
     sys.exit(1)
