@@ -7,7 +7,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tracetune.capacity.levels import LevelRunner, settle
 from tracetune.engine_adapter.base import Engine
@@ -32,6 +32,13 @@ from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
 from tracetune.tuner.settings import StudySettings
 
+if TYPE_CHECKING:
+    from tracetune.capacity.step import Step
+    from tracetune.engine_adapter.base import Endpoint
+    from tracetune.engine_adapter.kind import EngineConfig
+    from tracetune.replay.runner import PromptSynthesizer
+    from tracetune.tuner.runner import Level
+
 
 def client_overload_reason(summary: Summary) -> str:
     """Why a trial is unmeasurable when its replay measured the client, not the engine."""
@@ -40,6 +47,12 @@ def client_overload_reason(summary: Summary) -> str:
             f"> {summary.lag_bound_s * 1000:.0f} ms, {summary.client_errors} client-side failures) even with every "
             f"core the engine leaves; this is not the engine's failure. Run the client on a machine with more "
             f"free cores (--client-procs N) or replay a slower part of the trace")
+
+
+def _endpoint(server: Engine) -> Endpoint:
+    """Where a started engine serves."""
+    assert server.endpoint is not None, "the engine has started"
+    return server.endpoint
 
 
 @dataclasses.dataclass
@@ -54,10 +67,11 @@ class _Run:
     summary: Summary | None = None
     quality: QualityResult | None = None
     reference: Reference | None = None
-    levels: tuple = ()
+    levels: tuple[Level, ...] = ()
     log_tail: str = ""
 
     def measurement(self) -> Measurement:
+        assert self.summary is not None and self.result is not None, "a run that returns has replayed"
         return Measurement(summary=self.summary, quality=self.quality, startup_s=self.startup_s,
                            requests_jsonl="".join(r.to_json() + "\n" for r in self.result.records),
                            log_tail=self.log_tail, levels=self.levels, reference=self.reference)
@@ -68,9 +82,9 @@ class EngineRunner:
     run directory), replay the trace at its rate or search its capacity, probe its quality, stop it."""
 
     def __init__(self, settings: StudySettings, *, trace: Trace, engine: EngineKind, platform: Platform,
-                 run_dir: Path, reporter: Reporter | None = None, synthesizer: Any = None,
+                 run_dir: Path, reporter: Reporter | None = None, synthesizer: PromptSynthesizer | None = None,
                  on_replay_progress: Callable[[int, int, int], None] | None = None) -> None:
-        self.s = settings
+        self.settings = settings
         self.trace = trace
         self.engine = engine
         self.platform = platform
@@ -80,10 +94,10 @@ class EngineRunner:
         self.requests = prepare(trace, settings.replay, synthesizer)
         self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
-    def measure(self, config: Any, label: str, *, probe: QualityProbe | None, start: float = 1.0,
+    def measure(self, config: EngineConfig, label: str, *, probe: QualityProbe | None, start: float = 1.0,
                 prune: PruneAt | None = None) -> Measurement:
         """One engine run of `config` (`TrialRunner.measure`); an `EngineError` names the phase it failed in."""
-        server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.s.engine_port)
+        server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.settings.engine_port)
         run = _Run(label=label, probe=probe)
         try:
             self._start(server, config, run)
@@ -97,25 +111,28 @@ class EngineRunner:
             server.stop()
         return run.measurement()
 
-    def _start(self, server: Engine, config: Any, run: _Run) -> None:
+    def _start(self, server: Engine, config: EngineConfig, run: _Run) -> None:
         self.reporter.on_engine_starting(label=run.label)
-        run.startup_s = server.launch(config, self.s.start_timeout_s)
+        run.startup_s = server.launch(config, self.settings.start_timeout_s)
         if self.headers:
-            server.endpoint = dataclasses.replace(server.endpoint, headers=self.headers)
+            server.endpoint = dataclasses.replace(_endpoint(server), headers=self.headers)
         self.reporter.on_engine_ready(label=run.label, startup_s=run.startup_s)
 
-    def _replay_and_probe(self, server: Engine, config: Any, run: _Run, start: float, prune: PruneAt | None) -> None:
+    def _replay_and_probe(self, server: Engine, config: EngineConfig, run: _Run, start: float,
+                          prune: PruneAt | None) -> None:
         run.phase = "replay"
         server.reset_prefix_cache()
-        if self.s.capacity is None:
+        if self.settings.capacity is None:
             run.result, run.summary = self._trace_rate_replay(server, run.label, self._engine_cores(config))
         else:
             self._capacity_search(server, config, run, start, prune)
+        assert run.summary is not None
         self._require_served(server, run.phase, run.summary)
         if run.probe is not None and run.quality is None:
             self._probe(server, config, run)
 
-    def _capacity_search(self, server: Engine, config: Any, run: _Run, start: float, prune: PruneAt | None) -> None:
+    def _capacity_search(self, server: Engine, config: EngineConfig, run: _Run, start: float,
+                         prune: PruneAt | None) -> None:
         """The trace's rate, the quality probe (before the search: an early stop weighs the trial's
         other objectives), then the capacity search from `start`."""
         runner = self._level_runner(server, run.label, start, self._engine_cores(config))
@@ -123,21 +140,23 @@ class EngineRunner:
         if run.probe is not None:
             self._probe(server, config, run)
         run.phase = "capacity search"
+        assert run.summary is not None
         prune_at = prune(run.summary, run.quality, config.gpus(), runner.base_rates[0]) if prune else None
         capacity = runner.search(seed_steps=[seed], gpus=config.gpus(), prune_at=prune_at)
         if runner.results[1.0] is not run.result:  # the trace's rate was measured again (client lag)
             run.result = runner.results[1.0]
-            run.summary = summarize(run.result, self.s.slos)
+            run.summary = summarize(runner.results[1.0], self.settings.slos)
         run.summary.capacity = capacity.as_dict()
         run.levels = tuple((step.scale, step.repeat, res.records) for step, res in runner.measured)
         self.reporter.on_capacity_done(label=run.label, capacity=capacity)
 
-    def _probe(self, server: Engine, config: Any, run: _Run) -> None:
+    def _probe(self, server: Engine, config: EngineConfig, run: _Run) -> None:
         run.phase = "quality probe"
+        assert run.probe is not None
         run.quality, measured_reference = self._quality(server, config, run.label, run.probe)
         run.reference = run.reference or measured_reference
 
-    def _quality(self, server: Engine, config: Any, label: str,
+    def _quality(self, server: Engine, config: EngineConfig, label: str,
                  probe: QualityProbe) -> tuple[QualityResult, Reference | None]:
         """The probe on this server against `probe.reference` (measured here first when there is none:
         returned as well), or the stored result of a configuration with the same quality key
@@ -156,14 +175,14 @@ class EngineRunner:
         self.reporter.on_quality(label=label)
         reference = probe.reference
         if reference is None:
-            prompts = probe_prompts(self.trace, self.s.probe_prompts)
-            reference = measure_reference(server.endpoint, prompts, max_tokens=self.s.probe_tokens)
-        quality = dataclasses.replace(measure_candidate(server.endpoint, reference), key=key, lossless=lossless)
+            prompts = probe_prompts(self.trace, self.settings.probe_prompts)
+            reference = measure_reference(_endpoint(server), prompts, max_tokens=self.settings.probe_tokens)
+        quality = dataclasses.replace(measure_candidate(_endpoint(server), reference), key=key, lossless=lossless)
         if quality.probe_noisy:
             self.reporter.on_probe_noisy(label=label, kld=quality.kld, beyond=quality.beyond_floor)
         return quality, None if probe.reference is not None else reference
 
-    def _engine_cores(self, config: Any) -> int:
+    def _engine_cores(self, config: EngineConfig) -> int:
         return workers.engine_cores(self.platform.value, config.gpus())
 
     def _trace_rate_replay(self, server: Engine, label: str, engine_cores: int) -> tuple[ReplayResult, Summary]:
@@ -171,13 +190,14 @@ class EngineRunner:
         summary says client_overloaded) measured the client: it is sent again by twice as many
         client processes while the machine has the cores; what is still overloaded then is
         reported as unmeasurable by `Tuner._measured`, never as the engine's failure."""
-        n_warm = min(self.s.replay.warmup_requests, len(self.requests))
-        procs = self.s.client_procs or workers.auto_client_procs(self.requests[n_warm:], engine_cores)
+        n_warm = min(self.settings.replay.warmup_requests, len(self.requests))
+        procs = self.settings.client_procs or workers.auto_client_procs(self.requests[n_warm:], engine_cores)
+        endpoint = _endpoint(server)
         while True:
-            result = replay(server.endpoint.base_url, server.endpoint.model, self.requests, self.s.replay,
+            result = replay(endpoint.base_url, endpoint.model, self.requests, self.settings.replay,
                             engine=server, headers=self.headers or None, on_progress=self.on_replay_progress,
                             client_procs=procs)
-            summary = summarize(result, self.s.slos)
+            summary = summarize(result, self.settings.slos)
             more = workers.more_client_procs(procs, engine_cores)
             if not summary.client_overloaded or more <= procs:
                 return result, summary
@@ -187,23 +207,25 @@ class EngineRunner:
 
     def _level_runner(self, server: Engine, label: str, start_scale: float, engine_cores: int) -> LevelRunner:
         """Load levels on this running engine; each starts drained with an empty prefix cache."""
-        n_warm = min(self.s.replay.warmup_requests, len(self.requests))
-        options = dataclasses.replace(self.s.capacity, start_scale=start_scale)
-        runner = LevelRunner(server.endpoint.base_url, server.endpoint.model, self.requests[n_warm:], self.s.replay,
+        n_warm = min(self.settings.replay.warmup_requests, len(self.requests))
+        assert self.settings.capacity is not None, "a capacity search has its options"
+        endpoint = _endpoint(server)
+        options = dataclasses.replace(self.settings.capacity, start_scale=start_scale)
+        runner = LevelRunner(endpoint.base_url, endpoint.model, self.requests[n_warm:], self.settings.replay,
                              options, warmup=self.requests[:n_warm], engine=server, headers=self.headers or None,
                              before_level=lambda: settle(server, reset_prefix_cache=True),
-                             on_progress=self.on_replay_progress, client_procs=self.s.client_procs,
+                             on_progress=self.on_replay_progress, client_procs=self.settings.client_procs,
                              engine_cores=engine_cores,
                              on_level=lambda step: self.reporter.on_capacity_step(label=label, step=step))
         self.reporter.on_capacity_window(text=runner.describe())
         return runner
 
-    def _trace_rate_level(self, runner: LevelRunner, server: Engine, run: _Run) -> Any:
+    def _trace_rate_level(self, runner: LevelRunner, server: Engine, run: _Run) -> Step:
         """The trace at its own rate, replayed in full (never abandoned): the latency objectives
         come from it, and it is the capacity search's first level (its step is returned)."""
         step = runner.level(1.0, abandon=False)
         run.result = runner.results[1.0]
-        run.summary = summarize(run.result, self.s.slos)
+        run.summary = summarize(run.result, self.settings.slos)
         self._require_served(server, "replay", run.summary)
         return step
 

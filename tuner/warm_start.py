@@ -5,12 +5,21 @@ nothing measured before is reused as a measurement of this one."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from tracetune.errors import InputError
+from tracetune.tuner.trial_record import ParamValue, TrialRecord
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tracetune.search_spaces.space import SearchSpace
 
 
-def earlier_configs(url: str, name: str, *, space: Any, platform: str, model: str) -> list[dict[str, Any]]:
+def earlier_configs(url: str, name: str, *, space: SearchSpace, platform: str,
+                    model: str) -> list[dict[str, ParamValue]]:
     """The earlier study's measured, feasible configurations as values of `space`: its front first,
     then the rest by its deciding objective. Values `space` does not offer are left to the sampler.
     The earlier study is read only (perhaps another user's database): nothing is written there."""
@@ -37,15 +46,16 @@ def earlier_configs(url: str, name: str, *, space: Any, platform: str, model: st
     on_front = {t.number for t in front}
     rest = sorted((t for t in trials if t.number not in on_front),
                   key=lambda t: sign * t.values[i] if not math.isnan(t.values[i]) else math.inf)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, ParamValue]] = []
     for t in [*front, *rest]:
-        values = _in_space(t.user_attrs.get("values") or t.params, space)
+        values = _in_space(TrialRecord.of(t).values or t.params, space)
         if values and values not in out:
             out.append(values)
     return out
 
 
-def _check_same_setting(source: Any, reference: dict | None, name: str, *, platform: str, model: str) -> None:
+def _check_same_setting(source: optuna.Study, reference: JsonDict | None, name: str, *, platform: str,
+                        model: str) -> None:
     theirs = source.user_attrs.get("platform")
     if theirs and theirs != platform:
         raise InputError(f"--warm-start {name}: measured on {theirs}, this study runs on {platform}; what wins "
@@ -55,16 +65,17 @@ def _check_same_setting(source: Any, reference: dict | None, name: str, *, platf
         raise InputError(f"--warm-start {name}: measured on model {their_model}, this study runs {model}")
 
 
-def _in_space(values: dict[str, Any], space: Any) -> dict[str, Any]:
+def _in_space(values: Mapping[str, ParamValue], space: SearchSpace) -> dict[str, ParamValue]:
     """The values this space offers (a parameter it lacks, or a value it does not offer, is dropped)."""
-    out = {}
+    out: dict[str, ParamValue] = {}
     for key, value in values.items():
         param = space.parameters.get(key)
         if param is None:
             continue
         if param.choices is not None and value not in param.choices:
             continue
-        if param.choices is None and not (param.low <= value <= param.high):
+        if param.choices is None and not (isinstance(value, int | float) and param.low is not None
+                                          and param.high is not None and param.low <= value <= param.high):
             continue
         out[key] = value
     return out
