@@ -10,10 +10,14 @@ import math
 import shlex
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.kind import EngineConfig
 
 console = Console()
 
@@ -22,7 +26,7 @@ def _progress(message: str) -> None:
     console.print(f"[dim]·[/] {message}", soft_wrap=True)  # a path is never cut into lines
 
 
-def model_prepare(args: argparse.Namespace) -> int:
+def model_prepare(args: argparse.Namespace, console: Console = console) -> int:
     from tracetune.engine_adapter.models import resolve_model
 
     t0 = time.perf_counter()
@@ -32,20 +36,24 @@ def model_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_from(args: argparse.Namespace):
+def _config_from(args: argparse.Namespace) -> EngineConfig:
     from tracetune.cli.engine_options import resolve_engine_config
 
     with console.status("preparing model…"):
         return resolve_engine_config(args, _progress)
 
 
-def engine_command(args: argparse.Namespace) -> int:
+def engine_command(args: argparse.Namespace, console: Console = console) -> int:
     from tracetune.engine_adapter.platform import detect_platform
     from tracetune.engine_adapter.registry import engine_kind
+    from tracetune.errors import InputError
 
+    kind = engine_kind()
+    if kind.command is None:
+        raise InputError(f"{kind.shown} runs no command of tracetune's")
     config = _config_from(args)
     platform = detect_platform()
-    argv, env = engine_kind("vllm").command(config, platform, port=args.port)
+    argv, env = kind.command(config, platform, port=args.port)
     console.print(f"# platform: {platform.value}", highlight=False)
     print(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " \\")
     print("  " + shlex.join(argv))
@@ -69,9 +77,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
 
 
-def engine_check(args: argparse.Namespace) -> int:
+def engine_check(args: argparse.Namespace, console: Console = console) -> int:
     from tracetune.engine_adapter.openai_client import new_session
-    from tracetune.engine_adapter.registry import make_engine
+    from tracetune.engine_adapter.platform import detect_platform
+    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, make_engine
     from tracetune.errors import EngineError
     from tracetune.files import refuse_overwrite, write_atomic
 
@@ -79,14 +88,15 @@ def engine_check(args: argparse.Namespace) -> int:
         refuse_overwrite(args.json, flag="--json")
     config = _config_from(args)
     prompt = args.prompt or _default_check_prompt()
-    server = make_engine("vllm", args.run_dir)
-    console.print(f"platform: [bold]{server.platform.value}[/]   model: [bold]{config.model}[/]")
+    platform = detect_platform()
+    server, settings = make_engine(DEFAULT_ENGINE, args.run_dir, platform=platform), config.model_dump()
+    console.print(f"platform: [bold]{platform.value}[/]   model: [bold]{settings['model']}[/]")
     results = []
     try:
         t0 = time.perf_counter()
         with console.status("starting vLLM…") as status:
             def tick(elapsed: float) -> None:
-                mode = "eager" if config.enforce_eager else "compiled"
+                mode = "eager" if settings.get("enforce_eager") else "compiled"
                 status.update(f"starting vLLM ({mode})… {elapsed:.0f}s · log: {server.log_path}")
             server.launch(config, args.start_timeout, on_tick=tick)
         console.print(f"engine log: {server.log_path}")
@@ -136,9 +146,7 @@ def engine_check(args: argparse.Namespace) -> int:
             else f"{name.replace('_', ' ')} {value}" for name, value in phases.items() if value is not None))
     if args.json:
         write_atomic(args.json, json.dumps({
-            "config": json.loads(config.model_dump_json()),
-            "platform": server.platform.value,
-            "startup_s": startup_s,
+            "config": json.loads(config.model_dump_json()), "platform": platform.value, "startup_s": startup_s,
             "start_phases": phases,
             "requests": [{
                 "ttft_s": r.ttft_s, "e2e_s": r.e2e_s, "itl_s": r.itl_s, "text": r.text,

@@ -1,69 +1,57 @@
-"""Command-line flags for engine settings, shared by every `tune` subcommand that starts an engine."""
+"""Command-line flags for engine settings, shared by every `tune` subcommand that starts an engine.
+The engine describes its flags (`EngineKind.flags`, e.g. `engine_adapter/vllm/settings.py`); this
+module turns them into argparse options and parsed flags back into the engine's settings."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tracetune.cli.options import positive_float
+from tracetune.cli.options import default_of, positive_float
 from tracetune.errors import InputError
+from tracetune.types import Json, JsonDict
 
-B = argparse.BooleanOptionalAction
-# The one list of engine flags: (VLLMConfig field, flag, argparse keywords). The parser, the config
-# built from parsed flags and the flag named in a validation error all come from it.
-ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
-    ("model", "--model", dict(metavar="DIR", help="local Hugging Face model directory (default: bundled "
-                                                 "SmolLM2-135M-Instruct)")),
-    ("served_model_name", "--served-model-name", dict(metavar="NAME")),
-    ("dtype", "--dtype", dict(choices=["auto", "bfloat16", "float16", "float32"])),
-    ("quantization", "--quantization", dict(metavar="METHOD",
-                                            help="online weight quantization method, e.g. fp8 (GPU)")),
-    ("max_num_seqs", "--max-num-seqs", dict(type=int, metavar="N", help="max sequences per batch")),
-    ("max_num_batched_tokens", "--max-num-batched-tokens", dict(type=int, metavar="N",
-                                                                help="max tokens per scheduler step")),
-    ("kv_cache_dtype", "--kv-cache-dtype",
-     dict(choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"])),
-    ("speculative.method", "--speculative", dict(choices=["none", "ngram", "draft_model"], default="none")),
-    ("speculative.num_speculative_tokens", "--num-speculative-tokens", dict(type=int, default=3, metavar="K",
-                                                                            help="draft length (default 3)")),
-    ("speculative.draft_model", "--draft-model", dict(
-        action="append", metavar="DIR", help="draft model directory for --speculative draft_model, or one made "
-                                             "once from the model: derived:w8a8 (its 8-bit checkpoint), "
-                                             "derived:layers-N (its first N layers); the main job searches each "
-                                             "one given (repeatable)")),
-    ("speculative.prompt_lookup_min", "--prompt-lookup-min", dict(type=int, metavar="N")),
-    ("speculative.prompt_lookup_max", "--prompt-lookup-max", dict(type=int, metavar="N")),
-    ("enable_prefix_caching", "--prefix-caching", dict(action=B, default=None)),
-    ("enable_chunked_prefill", "--chunked-prefill", dict(action=B, default=None)),
-    ("enforce_eager", "--eager", dict(action=B, default=False,
-                                      help="skip compilation/graph capture: starts ~3x faster on CPU, serves slower")),
-    ("max_model_len", "--max-model-len", dict(type=int, metavar="N")),
-    ("gpu_memory_utilization", "--gpu-memory-utilization", dict(type=float, metavar="F")),
-    ("kv_cache_space_gib", "--kv-cache-gib", dict(type=positive_float, metavar="GIB", help="explicit KV-cache size")),
-    ("tensor_parallel_size", "--tensor-parallel-size", dict(type=int, metavar="N",
-                                                            help="GPUs one replica spans (GPU)")),
-    ("attention_backend", "--attention-backend", dict(metavar="NAME", help="GPU attention backend, e.g. FLASH_ATTN")),
-    ("load_format", "--load-format", dict(metavar="FMT", help="e.g. dummy (random weights of the model's shape)")),
-    ("extra_args", "--engine-arg", dict(action="append", default=[], metavar="ARG",
-                                        help="extra vLLM server argument, repeatable (e.g. --engine-arg=--seed=1)")),
-    ("env", "--engine-env", dict(action="append", default=[], metavar="KEY=VALUE",
-                                 help="extra environment variable for the server, repeatable")),
-]
-# VLLMConfig field -> the flag that sets it, so validation errors name what the user typed.
-FLAG_OF_FIELD = {field: flag for field, flag, _ in ENGINE_FLAGS} | {"speculative": "--speculative"}
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from tracetune.engine_adapter.kind import EngineConfig, EngineFlag, EngineKind, FlagValue, Progress
+
+# How each kind of flag value is read (argparse keywords; "help", "metavar", "choices" and "default"
+# come from the flag).
+_READ: dict[FlagValue, dict[str, object]] = {
+    "text": {}, "int": {"type": int}, "float": {"type": float}, "positive": {"type": positive_float},
+    "toggle": {"action": argparse.BooleanOptionalAction}, "many": {"action": "append", "default": []},
+    "pairs": {"action": "append", "default": []}, "drafts": {"action": "append"},
+}
 
 
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
+def _kind(kind: EngineKind | None) -> EngineKind:
+    from tracetune.engine_adapter.registry import engine_kind
+
+    return engine_kind() if kind is None else kind
 
 
-def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine (vLLM) settings; unset ones keep vLLM's defaults")
-    for _, flag, keywords in ENGINE_FLAGS:
-        g.add_argument(flag, **keywords)
-    g.add_argument("--start-timeout", type=positive_float, default=900.0, metavar="S",
-                   help="seconds to wait for the server to become healthy (default 900)")
+def _keywords(flag: EngineFlag) -> dict[str, object]:
+    keywords = dict(_READ[flag.value])
+    for name in ("metavar", "help", "choices", "default"):
+        if getattr(flag, name) is not None:
+            keywords[name] = list(flag.choices or ()) if name == "choices" else getattr(flag, name)
+    return keywords
+
+
+def add_engine_options(parser: argparse.ArgumentParser, kind: EngineKind | None = None) -> None:
+    """`kind`'s flags (default: tracetune's default engine) and `--start-timeout`, as one group."""
+    from tracetune.tuner.settings import StudySettings
+
+    kind = _kind(kind)
+    g = parser.add_argument_group(f"engine ({kind.shown}) settings; unset ones keep {kind.shown}'s defaults")
+    for flag in kind.flags:
+        g.add_argument(flag.flag, **_keywords(flag))  # type: ignore[arg-type]
+    timeout = default_of(StudySettings, "start_timeout_s")
+    g.add_argument("--start-timeout", type=positive_float, default=timeout, metavar="S",
+                   help=f"seconds to wait for the server to become healthy (default {timeout:.0f})")
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
@@ -76,7 +64,17 @@ def _parse_env(items: list[str]) -> dict[str, str]:
     return env
 
 
-def validation_message(exc: Any, flag_of_field: dict[str, str] = FLAG_OF_FIELD) -> str:
+def flag_of_field(flags: Sequence[EngineFlag]) -> dict[str, str]:
+    """Settings field -> the flag that sets it, so validation errors name what the user typed; a
+    nested model's own errors name the first flag inside it."""
+    out: dict[str, str] = {}
+    for flag in flags:
+        out[flag.field] = flag.flag
+        out.setdefault(flag.field.split(".")[0], flag.flag)
+    return out
+
+
+def validation_message(exc: ValidationError, flag_of_field: dict[str, str]) -> str:
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
@@ -85,51 +83,72 @@ def validation_message(exc: Any, flag_of_field: dict[str, str] = FLAG_OF_FIELD) 
     return "Invalid engine settings:\n  " + "\n  ".join(lines)
 
 
-def engine_config_from_args(args: argparse.Namespace, model_dir: Path) -> Any:
-    """Build and validate a VLLMConfig from parsed flags (ENGINE_FLAGS); errors name the flag."""
+def _value(flag: EngineFlag, value: Json) -> Json:
+    """A parsed flag's value as its settings field takes it."""
+    if flag.value == "pairs":
+        return _parse_env(value)
+    if flag.value == "drafts" and value:
+        if len(value) > 1:
+            raise InputError(f"{flag.flag} is given {len(value)} times: one engine serves one draft model "
+                             f"(the main job, tune --trace, searches several)")
+        return value[0]
+    return value
+
+
+def engine_config_from_args(args: argparse.Namespace, model_dir: Path, kind: EngineKind | None = None) -> EngineConfig:
+    """Build and validate `kind`'s settings from its parsed flags; errors name the flag."""
     from pydantic import ValidationError
 
-    from tracetune.engine_adapter.vllm.server import VLLMConfig
-
-    fields: dict[str, Any] = {"model": model_dir, "speculative": {}}
-    for field, flag, _ in ENGINE_FLAGS:
-        value = getattr(args, _dest(flag))
-        if field == "speculative.draft_model" and value:
-            if len(value) > 1:
-                raise InputError(f"--draft-model is given {len(value)} times: one engine serves one draft model "
-                                 f"(the main job, tune --trace, searches several)")
-            value = value[0]
-        if field.startswith("speculative."):
-            if value is not None:
-                fields["speculative"][field.split(".", 1)[1]] = value
-        elif field != "model":
-            fields[field] = _parse_env(value) if field == "env" else value
+    kind = _kind(kind)
+    fields: JsonDict = {"model": model_dir}
+    for flag in kind.flags:
+        if flag.field == "model":
+            continue
+        value = _value(flag, getattr(args, flag.dest))
+        *parents, name = flag.field.split(".")
+        target = fields
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        if value is not None or not parents:
+            target[name] = value
     try:
-        return VLLMConfig(**fields)
+        return kind.load_config(fields)
     except ValidationError as exc:
-        raise InputError(validation_message(exc)) from None
+        raise InputError(validation_message(exc, flag_of_field(kind.flags))) from None
 
 
-def resolve_engine_config(args: argparse.Namespace, progress=lambda message: None) -> Any:
-    """The VLLMConfig the flags describe, on the model they name (the bundled default if none).
-    The flags are checked first: a bad one is an error before any model is prepared."""
+def resolve_engine_config(args: argparse.Namespace, progress: Progress = lambda message: None,
+                          kind: EngineKind | None = None) -> EngineConfig:
+    """The settings the flags describe, on the model they name (the bundled default if none), made
+    ready to start (`EngineKind.prepare`: a draft model checked, a derived one made). The flags are
+    checked first: a bad one is an error before any model is prepared."""
     from tracetune.engine_adapter.models import resolve_model
 
-    engine_config_from_args(args, Path(args.model or "."))
-    config = engine_config_from_args(args, resolve_model(args.model, progress))
-    return with_draft_resolved(config, progress)
+    kind = _kind(kind)
+    engine_config_from_args(args, Path(args.model or "."), kind)
+    config = engine_config_from_args(args, resolve_model(args.model, progress), kind)
+    return config if kind.prepare is None else kind.prepare(config, progress)
 
 
-def with_draft_resolved(config: Any, progress=lambda message: None) -> Any:
-    """`config` with its draft model checked against its model (tokenizer and vocabulary) and a derived
-    one (derived:...) made and served from its cached directory."""
-    from tracetune.engine_adapter.vllm.draft import QUANTIZED_DRAFTS, check_draft, is_derived
-    from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
+def without_drafts(args: argparse.Namespace, kind: EngineKind | None = None) -> argparse.Namespace:
+    """`args` with no draft models given: the main job's base settings, which search the drafts instead."""
+    return argparse.Namespace(**{**vars(args), **{f.dest: None for f in _kind(kind).flags if f.value == "drafts"}})
 
-    draft = config.speculative.draft_model
-    if draft is None:
-        return config
-    check_draft(config.model, str(draft))
-    if is_derived(draft):
-        draft = quantized_checkpoint(config.model, QUANTIZED_DRAFTS.get(str(draft), str(draft)), progress)
-    return config.model_copy(update={"speculative": config.speculative.model_copy(update={"draft_model": draft})})
+
+def drafts_given(args: argparse.Namespace, kind: EngineKind | None = None) -> list[str]:
+    """The draft models the flags name (repeatable), for the main job to search."""
+    return [d for f in _kind(kind).flags if f.value == "drafts" for d in getattr(args, f.dest) or []]
+
+
+
+def passed_through(args: argparse.Namespace, kind: EngineKind | None = None) -> tuple[dict[str, str], list[str]]:
+    """The environment and the arguments the flags hand the server verbatim (`--engine-env`,
+    `--engine-arg`): where a key or a token given to the engine would be."""
+    env: dict[str, str] = {}
+    extra: list[str] = []
+    for flag in _kind(kind).flags:
+        if flag.value == "pairs":
+            env.update(_parse_env(getattr(args, flag.dest) or []))
+        elif flag.value == "many":
+            extra += getattr(args, flag.dest) or []
+    return env, extra

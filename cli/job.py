@@ -6,25 +6,38 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from tracetune.engine_adapter.kind import CheckpointMaker, EngineKind
+    from tracetune.engine_adapter.platform import Platform
+    from tracetune.replay.trace import Trace
+    from tracetune.search_spaces.space import SearchSpace
+    from tracetune.tuner.settings import StudySettings
+    from tracetune.tuner.study import Tuner
 
 
 @dataclasses.dataclass
 class TuneRequest:
     """What the main job was asked, checked and resolved: what the tuner is built from."""
 
-    settings: Any  # tuner.study.StudySettings
-    trace: Any  # replay.trace.Trace
-    space: Any  # search_spaces.space.SearchSpace, with what this machine cannot run removed
+    settings: StudySettings
+    trace: Trace
+    space: SearchSpace  # with what this machine cannot run removed
     model_dir: Path
-    platform: Any  # engine_adapter.platform.Platform
+    platform: Platform
     run_dir: Path
-    base: dict[str, Any]  # engine settings from the command line, held for every trial
+    base: JsonDict  # engine settings from the command line, held for every trial
     storage_shown: str
-    engine: Any  # engine_adapter.registry.EngineKind: which engine the trials start
+    engine: EngineKind  # which engine the trials start
 
 
-def make_tuner(request: TuneRequest, console) -> tuple[Any, Any]:
+def make_tuner(request: TuneRequest, console: Console) -> tuple[Tuner, Progress]:
     """The study's tuner, reporting to the console, and the progress display it updates (the run
     directory is made only now: every input has been checked)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -40,9 +53,9 @@ def make_tuner(request: TuneRequest, console) -> tuple[Any, Any]:
         from tracetune.replay.synth import PromptSynthesizer
         synthesizer = PromptSynthesizer(AutoTokenizer.from_pretrained(str(request.model_dir)))
 
-    def make_checkpoint(scheme: str) -> Path:
-        from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
-        return quantized_checkpoint(request.model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}"))
+    factory = request.engine.make_checkpoint  # quantized checkpoints and derived drafts, made on first use
+    make_checkpoint: CheckpointMaker | None = None if factory is None else \
+        (lambda scheme: factory(request.model_dir, scheme, lambda m: console.print(f"  [dim]·[/] {m}")))
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
@@ -98,7 +111,7 @@ def check_warm_start(url: str, name: str, run_dir: Path, *, flag: str) -> None:
                      f"them, or give --warm-start-storage URL of the database that holds it")
 
 
-def stored_study_attrs(url: str, name: str, tables: set[str]) -> dict[str, Any] | None:
+def stored_study_attrs(url: str, name: str, tables: set[str]) -> JsonDict | None:
     """The user attributes of study `name` at `url` (whose `tables` `check_storage` read), read
     without writing; None when there is no such study yet."""
     from tracetune.dashboard.storage import STUDY_TABLES, optuna_storage
@@ -114,7 +127,7 @@ def stored_study_attrs(url: str, name: str, tables: set[str]) -> dict[str, Any] 
         storage.engine.dispose()
 
 
-def check_resume(request: TuneRequest, attrs: dict[str, Any] | None, console) -> None:
+def check_resume(request: TuneRequest, attrs: JsonDict | None, console: Console) -> None:
     """Resuming a study (its user attributes `attrs`; None for a new study) only under the rules it
     was measured under (`tuner.settings.check_rules`): an InputError naming both otherwise. A study
     from before tracetune kept its rules resumes, with a line saying they could not be checked."""

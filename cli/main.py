@@ -8,10 +8,36 @@ they need when they run.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracetune.errors import TuneError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# A command: the parsed arguments and the console it prints to -> the exit code.
+Command = Callable[[argparse.Namespace, "Console"], int]
+
+# Each command (its words after `tune`) -> the module under tracetune.cli and the function that runs
+# it, imported only when it runs. Each parser carries its command as its `run` default.
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("model", "prepare"): ("engine", "model_prepare"),
+    ("engine", "check"): ("engine", "engine_check"),
+    ("engine", "command"): ("engine", "engine_command"),
+    ("replay",): ("replay", "replay_command"),
+    ("capacity",): ("capacity", "capacity_command"),
+    ("record",): ("record", "record_command"),
+    ("trace", "convert"): ("replay", "convert_command"),
+    ("trace", "profile"): ("workload", "profile_command"),
+    ("dashboard",): ("dashboard", "dashboard_command"),
+    ("export",): ("dashboard", "export_command"),
+}
+# Commands that take --trace themselves (elsewhere it belongs to the main job).
+TAKE_TRACE = ("replay", "capacity")
 
 EPILOG = """\
 examples:
@@ -97,7 +123,28 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_engine_options(command)
     command.add_argument("--port", type=int, default=8000)
+    parser.set_defaults(run=_lazy("tune", "run"))  # the main job; each command's parser names its own
+    for words, (module, function) in COMMANDS.items():
+        _subparser(sub, words).set_defaults(run=_lazy(module, function))
     return parser
+
+
+def _subparser(sub: argparse._SubParsersAction, words: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The parser of the command `words` (e.g. ("trace", "convert"))."""
+    parser: argparse.ArgumentParser = sub.choices[words[0]]
+    for word in words[1:]:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = actions[0].choices[word]
+    return parser
+
+
+def _lazy(module: str, function: str) -> Command:
+    """The command `function` of tracetune.cli.`module`, imported when it runs."""
+    def run(args: argparse.Namespace, console: Console) -> int:
+        command: Command = getattr(importlib.import_module(f"tracetune.cli.{module}"), function)
+        return command(args, console)
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, console, *, given: bool) -> int:
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, console: Console, *, given: bool) -> int:
     if args.command is None:
         if args.trace is None and given:
             parser.error("the main job needs --trace FILE (e.g. tune --trace examples/traffic.jsonl --trials 6); "
@@ -128,42 +175,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, console, *, 
         if args.trace is None:
             parser.print_help()
             return 0
-        from tracetune.cli.tune import run
-        return run(args, console)
-    if args.trace is not None and args.command not in ("replay", "capacity"):
+    elif args.trace is not None and args.command not in TAKE_TRACE:
         parser.error(f"--trace belongs to the main job (tune --trace FILE ...), not to `tune {args.command}`")
-    if args.command == "model":
-        from tracetune.cli.engine import model_prepare
-        return model_prepare(args)
-    if args.command == "engine" and args.engine_command == "check":
-        from tracetune.cli.engine import engine_check
-        return engine_check(args)
-    if args.command == "engine" and args.engine_command == "command":
-        from tracetune.cli.engine import engine_command
-        return engine_command(args)
-    if args.command == "replay":
-        from tracetune.cli.replay import replay_command
-        return replay_command(args, console)
-    if args.command == "capacity":
-        from tracetune.cli.capacity import capacity_command
-        return capacity_command(args, console)
-    if args.command == "record":
-        from tracetune.cli.record import record_command
-        return record_command(args, console)
-    if args.command == "trace" and args.trace_command == "convert":
-        from tracetune.cli.replay import convert_command
-        return convert_command(args, console)
-    if args.command == "trace" and args.trace_command == "profile":
-        from tracetune.cli.workload import profile_command
-        return profile_command(args, console)
-    if args.command == "dashboard":
-        from tracetune.cli.dashboard import dashboard_command
-        return dashboard_command(args, console)
-    if args.command == "export":
-        from tracetune.cli.dashboard import export_command
-        return export_command(args, console)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    run: Command = args.run
+    return run(args, console)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,22 @@ number the same way."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tracetune.types import Json
+
+
+def default_of(settings: type, field: str) -> Json:
+    """The default of dataclass `settings`' field `field` (e.g. `StudySettings.heartbeat_s`): a flag
+    that fills a setting shows and takes the setting's own default, written in one place."""
+    default: Json = next(f.default for f in dataclasses.fields(settings) if f.name == field)
+    if default is dataclasses.MISSING:
+        raise TypeError(f"{settings.__name__}.{field} has no default")
+    return default
 
 
 def add_trace_option(parser: argparse.ArgumentParser, *, required: bool = False,

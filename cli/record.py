@@ -77,9 +77,9 @@ def record_command(args: argparse.Namespace, console) -> int:
 
     try:
         import uvloop
-        run_loop = uvloop.run
     except ImportError:
-        run_loop = asyncio.run
-    run_loop(main())
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
     console.print(proxy.summary(), highlight=False)
     return 0

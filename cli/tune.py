@@ -7,9 +7,24 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tracetune.cli.job import TuneRequest, make_tuner
+from tracetune.types import Json, JsonDict
+
+if TYPE_CHECKING:
+    import optuna
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from tracetune.engine_adapter.kind import EngineConfig, EngineKind, Unrunnable
+    from tracetune.engine_adapter.platform import Platform
+    from tracetune.quality.gate import QualityGate
+    from tracetune.replay.metrics import SLO
+    from tracetune.replay.types import ReplayOptions
+    from tracetune.search_spaces.space import Param, SearchSpace
+    from tracetune.tuner.settings import StudySettings
+    from tracetune.tuner.study import Tuner
 
 TUNE_EPILOG = """\
 the main job:
@@ -77,7 +92,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help=f"how trials are proposed after the first ones (default {DEFAULT_SAMPLER}: it measured best in "
                         f"benchmarks/search_efficiency.py)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine", dest="engine_type", choices=["vllm", "openai"], default="vllm",
+    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, ENGINES
+
+    p.add_argument("--engine", dest="engine_type", choices=list(ENGINES), default=DEFAULT_ENGINE,
                    help="vllm (tracetune starts each config) or openai (a running endpoint: cannot be tuned)")
     _add_trial_options(p)
     add_engine_options(p)
@@ -85,26 +102,31 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def _add_trial_options(p: argparse.ArgumentParser) -> None:
     """How each trial is measured: its quality probe, its replay, its worker."""
-    from tracetune.cli.options import nonnegative_int, port, positive_float, positive_int
+    from tracetune.cli.options import default_of, nonnegative_int, port, positive_float, positive_int
     from tracetune.cli.replay import add_client_options
+    from tracetune.replay.types import ReplayOptions
+    from tracetune.tuner.settings import StudySettings
 
-    p.add_argument("--probe-prompts", type=positive_int, default=64, metavar="N",
+    prompts, tokens = default_of(StudySettings, "probe_prompts"), default_of(StudySettings, "probe_tokens")
+    p.add_argument("--probe-prompts", type=positive_int, default=prompts, metavar="N",
                    help="quality probe size: texts, each a trace prompt and a continuation the reference "
-                        "samples (default 64, prompts repeated when the trace has fewer)")
-    p.add_argument("--probe-tokens", type=positive_int, default=1024, metavar="N",
-                   help="tokens per probe continuation (default 1024; the probe scores ~60k tokens: +-0.3 "
+                        f"samples (default {prompts}, prompts repeated when the trace has fewer)")
+    p.add_argument("--probe-tokens", type=positive_int, default=tokens, metavar="N",
+                   help=f"tokens per probe continuation (default {tokens}; the probe scores ~60k tokens: +-0.3 "
                         "points of perplexity on the bundled model)")
-    p.add_argument("--time-scale", type=positive_float, default=1.0, metavar="F",
+    p.add_argument("--time-scale", type=positive_float, default=default_of(ReplayOptions, "time_scale"), metavar="F",
                    help="multiply inter-arrival times by F")
     p.add_argument("--max-requests", type=positive_int, metavar="N", help="measure at most N requests per trial")
     p.add_argument("--warmup", type=nonnegative_int, default=2, metavar="N",
                    help="unmeasured warm-up requests per trial")
-    p.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S",
-                   help="a request not finished after S seconds counts as failed (default 600)")
+    request_timeout = default_of(ReplayOptions, "request_timeout_s")
+    p.add_argument("--request-timeout", type=positive_float, default=request_timeout, metavar="S",
+                   help=f"a request not finished after S seconds counts as failed (default {request_timeout:.0f})")
     add_client_options(p)
-    p.add_argument("--heartbeat", type=positive_int, default=30, metavar="S",
+    heartbeat = default_of(StudySettings, "heartbeat_s")
+    p.add_argument("--heartbeat", type=positive_int, default=heartbeat, metavar="S",
                    help="liveness mark in the study database every S seconds; a worker silent for 2*S is "
-                        "considered dead and its trial is re-run (default 30)")
+                        f"considered dead and its trial is re-run (default {heartbeat})")
     p.add_argument("--engine-port", type=port, metavar="N",
                    help="port for this worker's engines (default: a free port)")
     p.add_argument("--api-key-env", metavar="NAME",
@@ -119,7 +141,7 @@ def _default_study_name(trace: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", trace.stem) or "study"
 
 
-def run(args: argparse.Namespace, console) -> int:
+def run(args: argparse.Namespace, console: Console) -> int:
     """The main job from the root parser's arguments: check them, build the study, run it with
     progress on the console, print and write the results."""
     _check_flags(args)
@@ -148,9 +170,10 @@ def _check_flags(args: argparse.Namespace) -> None:
     # Numeric flags are checked as they are read (their argparse types, cli/options.py).
 
 
-def _api_key(args: argparse.Namespace, base_config: Any) -> str | None:
-    """The key engines require: from --api-key-env (handed to vLLM through VLLM_API_KEY, so it never
-    appears in a command line, a config or the database), or one passed straight to vLLM."""
+def _api_key(args: argparse.Namespace, base_config: EngineConfig, engine: EngineKind) -> str | None:
+    """The key engines require: from --api-key-env (handed to the engine's server through the variable
+    it reads, `EngineKind.api_key_env`, so it never appears in a command line, a config or the
+    database), or one the engine settings pass the server themselves (`EngineKind.given_api_key`)."""
     import os
 
     from tracetune.errors import InputError
@@ -159,18 +182,14 @@ def _api_key(args: argparse.Namespace, base_config: Any) -> str | None:
         key = os.environ.get(args.api_key_env)
         if not key:
             raise InputError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-        os.environ["VLLM_API_KEY"] = key
+        if engine.api_key_env is None:
+            raise InputError(f"--api-key-env: {engine.shown} servers take no API key")
+        os.environ[engine.api_key_env] = key
         return key
-    extra = list(base_config.extra_args)  # --engine-arg=--api-key=... is needed by our requests too
-    for i, arg in enumerate(extra):
-        if arg == "--api-key" and i + 1 < len(extra):
-            return extra[i + 1]
-        if arg.startswith("--api-key="):
-            return arg.split("=", 1)[1]
-    return None
+    return None if engine.given_api_key is None else engine.given_api_key(base_config)
 
 
-def _no_gate_on_random_weights(args: argparse.Namespace, console) -> None:
+def _no_gate_on_random_weights(args: argparse.Namespace, console: Console) -> None:
     """Random weights (--load-format dummy) have no output quality: no gate applies to them, and one
     the user asked for is an error (quality is measured on real weights)."""
     from tracetune.errors import InputError
@@ -183,7 +202,7 @@ def _no_gate_on_random_weights(args: argparse.Namespace, console) -> None:
                   "quality gate applies")
 
 
-def _no_quality_on_random_weights(args: argparse.Namespace, objectives: list[str], console) -> list[str]:
+def _no_quality_on_random_weights(args: argparse.Namespace, objectives: list[str], console: Console) -> list[str]:
     """Random weights' quality numbers mean nothing: quality_loss leaves the default objectives (no
     probe runs), and asking for it by name is an error."""
     from tracetune.errors import InputError
@@ -197,7 +216,7 @@ def _no_quality_on_random_weights(args: argparse.Namespace, objectives: list[str
     return [o for o in objectives if o != "quality_loss"]
 
 
-def _no_speculation_on_random_weights(space: Any, console) -> None:
+def _no_speculation_on_random_weights(space: SearchSpace, console: Console) -> None:
     """Random weights make a draft's acceptance meaningless: say so when the space speculates (its
     trials are measured, flagged and kept off the front: `tuner.front.not_meaningful`)."""
     spec = space.parameters.get("speculative")
@@ -208,17 +227,17 @@ def _no_speculation_on_random_weights(space: Any, console) -> None:
                       highlight=False)
 
 
-def _with_drafts(space: Any, drafts: list[str], model_dir: Path) -> Any:
+def _with_drafts(space: SearchSpace, drafts: list[str], model_dir: Path, engine: EngineKind) -> SearchSpace:
     """The space searching also the --draft-model drafts; every draft model it names checked against
-    the model (tokenizer and vocabulary; derived ones by name) before anything starts."""
-    from tracetune.engine_adapter.vllm.draft import check_drafts
-
+    the model (`EngineKind.check_drafts`: tokenizer and vocabulary; derived ones by name) before
+    anything starts."""
     space = space.with_drafts(drafts)
-    check_drafts(model_dir, space.draft_models())
+    if engine.check_drafts is not None:
+        engine.check_drafts(model_dir, space.draft_models())
     return space
 
 
-def _tries(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _tries(args: argparse.Namespace) -> list[JsonDict]:
     from tracetune.errors import InputError
 
     out = []
@@ -233,11 +252,11 @@ def _tries(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def build_request(args: argparse.Namespace, console) -> TuneRequest:
+def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     """Every input read and checked before anything is started or written."""
     import os
 
-    from tracetune.cli.engine_options import engine_config_from_args
+    from tracetune.cli.engine_options import drafts_given, engine_config_from_args, passed_through, without_drafts
     from tracetune.cli.job import check_resume, check_storage, check_warm_start, stored_study_attrs
     from tracetune.engine_adapter.models import resolve_model, sha256_file
     from tracetune.engine_adapter.platform import detect_platform
@@ -269,17 +288,19 @@ def build_request(args: argparse.Namespace, console) -> TuneRequest:
     platform = detect_platform()
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
     # --draft-model (repeatable) joins the space's draft models; the base takes no draft of its own
-    base_config = engine_config_from_args(argparse.Namespace(**{**vars(args), "draft_model": None}), model_dir)
+    base_config = engine_config_from_args(without_drafts(args, engine), model_dir, engine)
     base = {k: v for k, v in base_config.model_dump(exclude_defaults=True).items() if k not in ("model", "speculative")}
-    space = _with_drafts(space, args.draft_model or [], model_dir)
-    if "dummy" in (base_config.load_format, space.fixed.get("load_format")):
-        gate = _no_gate_on_random_weights(args, console)
+    space = _with_drafts(space, drafts_given(args, engine), model_dir, engine)
+    if "dummy" in (base.get("load_format"), space.fixed.get("load_format")):
+        _no_gate_on_random_weights(args, console)
+        gate = None
         objectives = _no_quality_on_random_weights(args, objectives, console)
         _no_speculation_on_random_weights(space, console)
-    api_key = _api_key(args, base_config)
+    api_key = _api_key(args, base_config, engine)
     # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the
     # storage URL, the environment tracetune runs in) are scrubbed from everything stored.
-    secrets = secret_values(env=base_config.env, process_env=dict(os.environ), args=base_config.extra_args,
+    engine_env, engine_args = passed_through(args, engine)
+    secrets = secret_values(env=engine_env, process_env=dict(os.environ), args=engine_args,
                             urls=[storage], extra=[api_key] if api_key else [])
     settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
                          enqueue=enqueue, secrets=secrets, api_key=api_key, trace_sha256=sha256_file(args.trace))
@@ -304,7 +325,7 @@ def _warm_start_url(args: argparse.Namespace, storage: str) -> str:
     return storage if args.warm_start_storage is None else _storage_url(args.warm_start_storage, Path())
 
 
-def _replay_options(args: argparse.Namespace) -> Any:
+def _replay_options(args: argparse.Namespace) -> ReplayOptions:
     """What the main job replays of the trace (--time-scale, --max-requests, --max-duration, --warmup)."""
     from tracetune.replay.types import ReplayOptions
 
@@ -312,9 +333,10 @@ def _replay_options(args: argparse.Namespace) -> Any:
                          warmup_requests=args.warmup, request_timeout_s=args.request_timeout)
 
 
-def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list,
-              gate: Any, enqueue: list, secrets: list[str], api_key: str | None, trace_sha256: str) -> Any:
-    from tracetune.tuner.study import StudySettings
+def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list[SLO],
+              gate: QualityGate | float | None, enqueue: list[JsonDict], secrets: list[str], api_key: str | None,
+              trace_sha256: str) -> StudySettings:
+    from tracetune.tuner.settings import StudySettings
 
     replay_options = _replay_options(args)
     capacity_options = None
@@ -334,12 +356,13 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
                          api_key=api_key, client_procs=args.client_procs, trace_sha256=trace_sha256)
 
 
-def _runnable_space(request: TuneRequest, console) -> Any:
+def _runnable_space(request: TuneRequest, console: Console) -> SearchSpace:
     """The space without the choices this platform can never run (said once, with the reason, not
     rejected trial after trial) and with the engine settings given on the command line pinned; --try
     values checked against it."""
     space, platform = request.space, request.platform
-    never = request.engine.unrunnable(space, platform=platform, model_dir=request.model_dir, base=request.base)
+    never = {} if request.engine.unrunnable is None else \
+        request.engine.unrunnable(space, platform=platform, model_dir=request.model_dir, base=request.base)
     for name, choices in never.items():
         for choice, reason in choices.items():
             console.print(f"[dim]·[/] search space: {name}={choice} removed on this {platform.value} machine: {reason}",
@@ -354,7 +377,7 @@ def _runnable_space(request: TuneRequest, console) -> Any:
     return space
 
 
-def _check_tries(enqueue: list[dict], space: Any, never: dict, platform: Any) -> None:
+def _check_tries(enqueue: list[JsonDict], space: SearchSpace, never: Unrunnable, platform: Platform) -> None:
     from tracetune.errors import InputError
 
     unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
@@ -371,10 +394,11 @@ def _check_tries(enqueue: list[dict], space: Any, never: dict, platform: Any) ->
                 raise InputError(f"--try {name}={value!r}: {why} of the search space {space.name!r}")
 
 
-def _off_range(param: Any, value: Any) -> str | None:
+def _off_range(param: Param, value: Json) -> str | None:
     """Why `value` is not a value numeric parameter `param` can take (None when it is one)."""
     import math
 
+    assert param.low is not None and param.high is not None  # a parameter without choices has a range
     kind = "a number" if param.float_ else "a whole number"
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
             or (not param.float_ and value != int(value)):
@@ -387,7 +411,7 @@ def _off_range(param: Any, value: Any) -> str | None:
     return None
 
 
-def _run_study(tuner: Any, progress: Any, request: TuneRequest, console) -> Any:
+def _run_study(tuner: Tuner, progress: Progress, request: TuneRequest, console: Console) -> optuna.Study | None:
     """Run the study; SIGTERM (a scheduler, `kill`) stops as cleanly as Ctrl-C: engines stopped,
     the trial re-queued. None when interrupted."""
     import signal

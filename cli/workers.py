@@ -26,7 +26,8 @@ from tracetune.errors import InputError
 def parse_gpus(spec: str) -> list[str]:
     """`0,1` -> ["0", "1"] (two workers); `0+1,2+3` -> ["0,1", "2,3"] (two workers of two GPUs):
     each worker's CUDA_VISIBLE_DEVICES."""
-    groups, seen = [], set()
+    groups: list[str] = []
+    seen: set[str] = set()
     for item in spec.split(","):
         ids = [i.strip() for i in item.split("+")]
         if not ids or not all(i.isdigit() for i in ids):

@@ -8,7 +8,9 @@ configuration (an already running endpoint) accept only an empty config.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -16,6 +18,15 @@ from tracetune.engine_adapter.http_stream import Session
 from tracetune.engine_adapter.metrics import EngineMetrics, parse_metrics
 from tracetune.engine_adapter.openai_client import StreamedCompletion, stream_completion
 from tracetune.errors import EngineError
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.config import EngineConfig
+
+# Called while an engine starts, with the seconds waited so far.
+OnTick = Callable[[float], None]
+# What an engine's start spent its time on: seconds per phase ("weights_s", "compile_s", ...) and
+# "compile_cache": "hit", "miss" or None.
+StartPhases = dict[str, float | str | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +48,13 @@ class Engine(Protocol):
     quality_probe: bool  # serves prompt log-probabilities (`prompt_logprobs`), which the quality probe needs
     managed: bool  # tracetune runs its process (stop() ends it); False: an endpoint it only measures
 
-    def start(self, config: Any) -> Endpoint:
+    def start(self, config: EngineConfig) -> Endpoint:
         """Launch the engine for `config` (returns before it is healthy)."""
 
-    def wait_healthy(self, timeout_s: float) -> float:
+    def wait_healthy(self, timeout_s: float, on_tick: OnTick | None = None) -> float:
         """Block until the engine serves; return seconds waited. Raises EngineError."""
 
-    def launch(self, config: Any, timeout_s: float, on_tick: Any = None) -> float:
+    def launch(self, config: EngineConfig, timeout_s: float, on_tick: OnTick | None = None) -> float:
         """start() + wait_healthy(): seconds until it served. Raises EngineError (with the log tail)."""
 
     def health(self) -> bool:
@@ -51,6 +62,13 @@ class Engine(Protocol):
 
     def log_tail(self) -> str:
         """The last lines of its log ("" for an engine tracetune did not start)."""
+
+    @property
+    def log_path(self) -> Path | None:
+        """Its log file (None for an engine tracetune did not start, or before a start)."""
+
+    def start_phases(self) -> StartPhases:
+        """What its last start spent its time on, from its log ({} when it does not say)."""
 
     def exit_code(self) -> int | None:
         """Its process's exit code; None while it runs (or for an engine tracetune did not start)."""
@@ -79,7 +97,13 @@ class HTTPEngine:
     def __init__(self) -> None:
         self.endpoint: Endpoint | None = None
 
-    def launch(self, config: Any, timeout_s: float = 600.0, on_tick: Any = None) -> float:
+    def start(self, config: EngineConfig) -> Endpoint:
+        raise NotImplementedError
+
+    def wait_healthy(self, timeout_s: float, on_tick: OnTick | None = None) -> float:
+        raise NotImplementedError
+
+    def launch(self, config: EngineConfig, timeout_s: float = 600.0, on_tick: OnTick | None = None) -> float:
         self.start(config)
         return self.wait_healthy(timeout_s, on_tick=on_tick)
 
@@ -91,6 +115,13 @@ class HTTPEngine:
 
     def log_tail(self) -> str:
         return ""
+
+    @property
+    def log_path(self) -> Path | None:
+        return None
+
+    def start_phases(self) -> StartPhases:
+        return {}
 
     def exit_code(self) -> int | None:
         return None
@@ -135,4 +166,4 @@ class HTTPEngine:
         response = self.get("/v1/models")
         if response.status_code != 200:
             raise EngineError(f"GET /v1/models answered HTTP {response.status_code}: {response.text[:300]}")
-        return [m["id"] for m in response.json().get("data", [])]
+        return [str(m["id"]) for m in response.json().get("data", [])]

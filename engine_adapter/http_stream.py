@@ -187,9 +187,10 @@ class Exchange:
         self._pending = b""
         try:
             if self._head:
-                buf = self._parse_head(buf)
-                if buf is None:
+                rest = self._parse_head(buf)
+                if rest is None:
                     return
+                buf = rest
             if self._chunked:
                 self._feed_chunked(buf)
             elif self._length is not None:
@@ -211,8 +212,8 @@ class Exchange:
         if not self._head and not self._chunked and self._length is None:
             try:
                 self._finish()
-            except Exception as exc:  # noqa: BLE001 (the last event of a body read to the close)
-                self._fail(protocol_error(exc))
+            except Exception as err:  # noqa: BLE001 (the last event of a body read to the close)
+                self._fail(protocol_error(err))
         else:
             self._fail(ServerClosed("the server closed the connection before the response was complete"
                                     + (f" ({exc})" if exc else "")))
@@ -411,6 +412,7 @@ class Session:
                 reused = conn.used
                 exchange = Exchange(asyncio.get_running_loop(), on_data)
                 conn.exchange, conn.used = exchange, True
+                assert conn.transport is not None  # `_connection` hands out open connections only
                 conn.transport.write(head + body)
                 try:
                     await exchange.done

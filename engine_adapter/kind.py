@@ -1,16 +1,20 @@
-"""The engine seam as types: what one engine hands the tuner, the search space, the command line
-and the exporter (`EngineKind`), each part a typed protocol. Engines register their kind in
+"""The engine seam as types: what one engine hands the tuner, the search space, the command line,
+the dashboard and the exporter (`EngineKind`), each part a typed protocol, and what every caller
+reads of an engine's settings (`EngineConfig`, from `config.py`). Engines register their kind in
 `engine_adapter.registry`; callers receive a kind and never name an engine's modules.
 
-Imports stay light (no engine module, no pydantic): the registry imports this module and the engine
-watchdog imports the registry."""
+Imports stay light (no engine module, no pydantic): the registry imports this module, the engine
+watchdog imports the registry, and `tune --help` reads the engines' flags."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, cast
+
+from tracetune.engine_adapter.config import EngineConfig
+from tracetune.types import Json, JsonDict
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -18,10 +22,17 @@ if TYPE_CHECKING:
     from tracetune.engine_adapter.base import Engine
     from tracetune.engine_adapter.platform import Platform
 
+
+# A line of progress for the user (e.g. "making a W8A8 checkpoint ... (once)").
+Progress = Callable[[str], None]
 # A bit width's scheme (e.g. "W4A16") -> the directory of a quantized checkpoint made for it.
 CheckpointMaker = Callable[[str], Path]
+# (model directory, scheme or derived draft name, progress) -> the cached checkpoint, made on first use.
+CheckpointFactory = Callable[[Path, str, Progress], Path]
 # Categorical choices a platform can never run: {parameter: {choice: reason}}.
-Unrunnable = dict[str, dict[Any, str]]
+Unrunnable = dict[str, dict[Json, str]]
+# (config, reference) as stored JSON -> the settings where config differs, as a person reads them.
+ConfigDiff = Callable[[JsonDict, JsonDict], JsonDict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,26 +41,59 @@ class Knob:
     model never sees (translation consumes it), the only values it takes (None: the model checks)."""
 
     description: str
-    values: tuple[Any, ...] | None = None
+    values: tuple[Json, ...] | None = None
 
 
 # Search-space parameter name -> its knob.
 Knobs = Mapping[str, Knob]
 
+# How a flag's value is read: text, a whole number, a number, a finite number > 0, a --X/--no-X
+# switch, a repeatable flag filling a list, a repeatable KEY=VALUE filling a mapping, or draft models
+# (repeatable: one engine serves one, the main job searches each).
+FlagValue = Literal["text", "int", "float", "positive", "toggle", "many", "pairs", "drafts"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineFlag:
+    """One command-line flag that sets one field of an engine's settings: the field (dotted inside a
+    nested model, e.g. "speculative.method"), the flag, how its value is read and what `--help`
+    shows. The command line adds one option per flag and names the flag in a settings error."""
+
+    field: str
+    flag: str
+    value: FlagValue = "text"
+    metavar: str | None = None
+    help: str | None = None
+    choices: tuple[str, ...] | None = None
+    default: str | int | bool | None = None
+
+    @property
+    def dest(self) -> str:
+        """The attribute argparse stores the flag's value under."""
+        return self.flag.lstrip("-").replace("-", "_")
+
 
 class ParamView(Protocol):
     """What an engine reads of one search-space parameter."""
 
-    choices: list[Any] | None
-    when: dict[str, list[Any]] | None
+    @property
+    def choices(self) -> Sequence[Json] | None: ...
+
+    @property
+    def when(self) -> Mapping[str, Sequence[Json]] | None: ...
 
 
 class SpaceView(Protocol):
     """What an engine reads of a search space (`search_spaces.space.SearchSpace` meets it)."""
 
-    fixed: dict[str, Any]
-    parameters: Mapping[str, ParamView]
-    quantized_checkpoints: dict[int, Path]
+    @property
+    def fixed(self) -> JsonDict: ...
+
+    @property
+    def parameters(self) -> Mapping[str, ParamView]: ...
+
+    @property
+    def quantized_checkpoints(self) -> Mapping[int, Path]: ...
 
 
 class EngineFactory(Protocol):
@@ -63,7 +107,7 @@ class CommandBuilder(Protocol):
     """The server argv for `config` on `platform` and the environment it needs (on top of the
     parent's); raises errors.InputError when the config cannot run there."""
 
-    def __call__(self, config: Any, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
+    def __call__(self, config: EngineConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
                  python: str = ...) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -71,32 +115,43 @@ class Translator(Protocol):
     """Search-space values (on top of `base`, then `fixed`) -> the engine's settings for one trial;
     raises errors.Rejected with every reason the combination cannot run."""
 
-    def __call__(self, values: dict[str, Any], *, fixed: dict[str, Any], platform: Platform, model_dir: Path,
-                 quantized_checkpoints: dict[int, Path] | None = None,
-                 make_checkpoint: CheckpointMaker | None = None, base: dict[str, Any] | None = None,
-                 flags: frozenset[str] | None = None) -> BaseModel: ...
+    def __call__(self, values: JsonDict, *, fixed: JsonDict, platform: Platform, model_dir: Path,
+                 quantized_checkpoints: Mapping[int, Path] | None = None,
+                 make_checkpoint: CheckpointMaker | None = None, base: JsonDict | None = None,
+                 flags: frozenset[str] | None = None) -> EngineConfig: ...
 
 
 class Relocator(Protocol):
     """`config` with every model path the engine reads (the model, a draft model) replaced by
     `move(path)`, and the served model name kept as measured (exports mount models elsewhere)."""
 
-    def __call__(self, config: Any, move: Callable[[str], str]) -> Any: ...
+    def __call__(self, config: EngineConfig, move: Callable[[str], str]) -> EngineConfig: ...
 
 
 class ReferenceConfig(Protocol):
     """The engine's own defaults under the fixed settings: the study's quality and speed reference.
     Raises pydantic's ValidationError for fixed settings the engine's settings model refuses."""
 
-    def __call__(self, *, fixed: dict[str, Any], model_dir: Path,
-                 base: dict[str, Any] | None = None) -> BaseModel: ...
+    def __call__(self, *, fixed: JsonDict, model_dir: Path, base: JsonDict | None = None) -> EngineConfig: ...
 
 
 class UnrunnableCheck(Protocol):
     """The categorical choices of `space` that `platform` can never run, whatever the others are."""
 
     def __call__(self, space: SpaceView, *, platform: Platform, model_dir: Path,
-                 flags: frozenset[str] | None = None, base: dict[str, Any] | None = None) -> Unrunnable: ...
+                 flags: frozenset[str] | None = None, base: JsonDict | None = None) -> Unrunnable: ...
+
+
+class Preparer(Protocol):
+    """`config` with what it names made ready before an engine starts it (e.g. its draft model checked
+    against its model, a derived one made); raises errors.InputError naming what cannot be used."""
+
+    def __call__(self, config: EngineConfig, progress: Progress) -> EngineConfig: ...
+
+
+def plain_diff(config: JsonDict, reference: JsonDict) -> JsonDict:
+    """Settings where `config` differs from `reference` (a key missing from one counts as None)."""
+    return {k: v for k, v in config.items() if reference.get(k) != v}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +159,15 @@ class EngineKind:
     """One engine: its settings model, how to make one, and, for engines tracetune starts itself,
     the command a configuration runs (for `tune engine command` and exports). Tunable engines also
     give their knob table, the translation of search-space values, their reference config and the
-    choices a platform can never run; the others are measured as they are."""
+    choices a platform can never run; the others are measured as they are.
+
+    What the command line reads of it: `flags` (its settings as flags), `prepare` (a config made
+    ready: draft models), `check_drafts` and `make_checkpoint` (the main job's drafts and quantized
+    checkpoints), `api_key_env` and `given_api_key` (the key its server requires). What the
+    dashboard and exports read: `config_diff`, `image` and `image_version`."""
 
     name: str
-    config_model: type
+    config_model: type[BaseModel]
     make: EngineFactory
     command: CommandBuilder | None = None
     translate: Translator | None = None
@@ -115,7 +175,28 @@ class EngineKind:
     unrunnable: UnrunnableCheck | None = None
     knobs: Knobs = dataclasses.field(default_factory=dict)
     relocate: Relocator | None = None
+    label: str = ""  # as the user reads it ("vLLM"); default: `name`
+    flags: tuple[EngineFlag, ...] = ()
+    prepare: Preparer | None = None
+    check_drafts: Callable[[Path, Iterable[str | Path]], None] | None = None
+    make_checkpoint: CheckpointFactory | None = None
+    # The environment variable the engine's server reads its required API key from (vLLM: VLLM_API_KEY).
+    api_key_env: str | None = None
+    # The API key a config already hands the server (e.g. in its extra arguments), which requests must send.
+    given_api_key: Callable[[EngineConfig], str | None] | None = None
+    config_diff: ConfigDiff = plain_diff
+    image: str | None = None  # the container image repository exports run, e.g. "vllm/vllm-openai"
+    image_version: str | None = None  # the engine release an exported image runs when a study names none
 
     @property
     def tunable(self) -> bool:
         return self.translate is not None
+
+    @property
+    def shown(self) -> str:
+        """The engine's name as the user reads it."""
+        return self.label or self.name
+
+    def load_config(self, data: JsonDict) -> EngineConfig:
+        """Stored settings read back as this engine's settings model."""
+        return cast("EngineConfig", self.config_model.model_validate(data))

@@ -150,7 +150,7 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: Progress) -> None:
         raise ModelError(f"GGUF conversion left {len(not_dense)} packed tensors (e.g. {not_dense[0]})")
     # Every weight is dense bf16 now; the GGUF quantizer and its quantization_config would make
     # transformers refuse to save and vLLM look for a quantized checkpoint.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.dtype = torch.bfloat16

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from typing import Any
 
 from tracetune.engine_adapter.http_stream import (
     BadStream,
@@ -40,6 +39,7 @@ from tracetune.engine_adapter.http_stream import (
     Session,
     shown,
 )
+from tracetune.types import JsonDict
 
 # A token count above this in a `usage` is not one (no model has a context of ten million tokens).
 MAX_TOKEN_COUNT = 10_000_000
@@ -53,7 +53,7 @@ def stream_fault(error: str) -> bool:
     return error.startswith(STREAM_FAULTS)
 
 
-def token_count(usage: dict[str, Any], key: str) -> int | None:
+def token_count(usage: JsonDict, key: str) -> int | None:
     """`usage[key]` as a token count (None when absent); `BadStream` when it is not a whole number
     from 0 to MAX_TOKEN_COUNT (a string, a fraction, a negative, an overflow such as 1e400)."""
     value = usage.get(key)
@@ -112,13 +112,13 @@ def new_session(limit: int = 0, timeout_s: float | None = None) -> Session:
 
 
 def request_body(
-    *, model: str, prompt: str | None, messages: list[dict[str, Any]] | None, max_tokens: int,
-    ignore_eos: bool, temperature: float, extra_body: dict[str, Any] | None,
-) -> tuple[str, dict[str, Any]]:
+    *, model: str, prompt: str | None, messages: list[JsonDict] | None, max_tokens: int,
+    ignore_eos: bool, temperature: float, extra_body: JsonDict | None,
+) -> tuple[str, JsonDict]:
     """The URL path and JSON body of one streaming request."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt or messages")
-    body: dict[str, Any] = {
+    body: JsonDict = {
         "model": model,
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -256,11 +256,11 @@ async def stream_completion(
     *,
     model: str,
     prompt: str | None = None,
-    messages: list[dict[str, Any]] | None = None,
+    messages: list[JsonDict] | None = None,
     max_tokens: int = 64,
     ignore_eos: bool = False,
     temperature: float = 0.0,
-    extra_body: dict[str, Any] | None = None,
+    extra_body: JsonDict | None = None,
     timeout_s: float | None = None,
     headers: dict[str, str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
@@ -317,7 +317,7 @@ def answer_error(exchange: Exchange, reader: EventReader, body: bytes, now: Call
         if media == "application/json" and not exchange.body_cut and _unstreamed(body):
             reader.read_body(bytes(exchange.body), now())
         else:
-            return f"not an OpenAI stream: {media or 'no content-type'} (HTTP 200, body {shown(exchange.body)})"
+            return f"not an OpenAI stream: {media or 'no content-type'} (HTTP 200, body {shown(bytes(exchange.body))})"
     if reader.server_error:
         return f"error event in the stream: {reader.server_error}"
     return reader.unfinished(forced_tokens)
@@ -329,8 +329,8 @@ def _unstreamed(body: bytes) -> bool:
     return b'"stream": false' in body or b'"stream":false' in body
 
 
-def encoded_request(*, model: str, prompt: str | None, messages: list[dict[str, Any]] | None, max_tokens: int,
-                    ignore_eos: bool, temperature: float, extra_body: dict[str, Any] | None) -> bytes:
+def encoded_request(*, model: str, prompt: str | None, messages: list[JsonDict] | None, max_tokens: int,
+                    ignore_eos: bool, temperature: float, extra_body: JsonDict | None) -> bytes:
     """The JSON body `stream_completion` would send, encoded once ahead of time."""
     return json.dumps(request_body(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
                                    ignore_eos=ignore_eos, temperature=temperature, extra_body=extra_body)[1]).encode()

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tracetune.engine_adapter.base import Endpoint, HTTPEngine
 from tracetune.errors import EngineError, EngineTimeoutError
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.base import OnTick
+    from tracetune.engine_adapter.config import EngineConfig
 
 
 class OpenAIEndpointConfig(BaseModel):
@@ -31,6 +36,10 @@ class OpenAIEndpointConfig(BaseModel):
         value = value.rstrip("/")
         return value[: -len("/v1")] if value.endswith("/v1") else value
 
+    def gpus(self) -> int:
+        """An endpoint's accelerators are not tracetune's to know: counted as one."""
+        return 1
+
 
 class OpenAIEndpoint(HTTPEngine):
     name = "openai"
@@ -40,7 +49,9 @@ class OpenAIEndpoint(HTTPEngine):
         super().__init__()
         self.config: OpenAIEndpointConfig | None = None
 
-    def start(self, config: OpenAIEndpointConfig) -> Endpoint:
+    def start(self, config: EngineConfig) -> Endpoint:
+        if not isinstance(config, OpenAIEndpointConfig):
+            raise TypeError(f"an OpenAI endpoint was handed {type(config).__name__}, another engine's settings")
         headers = {}
         if config.api_key_env:
             key = os.environ.get(config.api_key_env)
@@ -51,7 +62,7 @@ class OpenAIEndpoint(HTTPEngine):
         self.endpoint = Endpoint(base_url=config.base_url, model=config.model or "", headers=headers)
         return self.endpoint
 
-    def wait_healthy(self, timeout_s: float = 60.0, on_tick=None) -> float:
+    def wait_healthy(self, timeout_s: float = 60.0, on_tick: OnTick | None = None) -> float:
         """Wait until `/v1/models` answers; pick the model if none was named."""
         ep = self._require_endpoint()
         t0 = time.perf_counter()

@@ -9,31 +9,49 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tracetune.engine_adapter.base import Engine
 from tracetune.engine_adapter.kind import EngineKind
 from tracetune.errors import InputError
 
-__all__ = ["ENGINES", "EngineKind", "engine_kind", "make_engine"]
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.base import Engine
+    from tracetune.engine_adapter.platform import Platform
+
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineKind", "engine_kind", "make_engine"]
+
+# The engine tracetune starts and tunes when none is named.
+DEFAULT_ENGINE = "vllm"
 
 
 def _vllm() -> EngineKind:
-    from tracetune.engine_adapter.vllm.knobs import KNOBS
-    from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer, build_command, relocated
-    from tracetune.engine_adapter.vllm.translate import reference_config, to_engine_config, unrunnable_choices
+    from tracetune.engine_adapter.platform import GPU_VLLM_VERSION
+    from tracetune.engine_adapter.vllm.draft import check_drafts
+    from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
+    from tracetune.engine_adapter.vllm.server import VLLMConfig, build_command, make_server, relocated
+    from tracetune.engine_adapter.vllm.settings import FLAGS, KNOBS, config_diff
+    from tracetune.engine_adapter.vllm.translate import (
+        given_api_key,
+        prepared,
+        reference_config,
+        to_engine_config,
+        unrunnable_choices,
+    )
 
-    return EngineKind("vllm", VLLMConfig, VLLMServer, build_command, translate=to_engine_config,
-                      reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS, relocate=relocated)
+    return EngineKind("vllm", VLLMConfig, make_server, build_command, translate=to_engine_config,
+                      reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS, relocate=relocated,
+                      label="vLLM", flags=FLAGS, prepare=prepared, check_drafts=check_drafts,
+                      make_checkpoint=quantized_checkpoint, api_key_env="VLLM_API_KEY", given_api_key=given_api_key,
+                      config_diff=config_diff, image="vllm/vllm-openai", image_version=GPU_VLLM_VERSION)
 
 
 def _openai() -> EngineKind:
     from tracetune.engine_adapter.openai_endpoint import OpenAIEndpointConfig
 
-    return EngineKind("openai", OpenAIEndpointConfig, _make_openai)
+    return EngineKind("openai", OpenAIEndpointConfig, _make_openai, label="OpenAI-compatible endpoint")
 
 
-def _make_openai(run_dir: Path | None = None, *, platform: Any = None, port: int | None = None) -> Engine:
+def _make_openai(run_dir: Path | None = None, *, platform: Platform | None = None, port: int | None = None) -> Engine:
     """A running endpoint needs no run directory, platform or port of its own."""
     from tracetune.engine_adapter.openai_endpoint import OpenAIEndpoint
 
@@ -44,13 +62,14 @@ def _make_openai(run_dir: Path | None = None, *, platform: Any = None, port: int
 ENGINES: dict[str, Callable[[], EngineKind]] = {"vllm": _vllm, "openai": _openai}
 
 
-def engine_kind(name: str = "vllm") -> EngineKind:
+def engine_kind(name: str = DEFAULT_ENGINE) -> EngineKind:
     """The registered engine `name` (tracetune's default engine when none is named)."""
     if name not in ENGINES:
         raise InputError(f"unknown engine {name!r}; tracetune knows: {', '.join(sorted(ENGINES))}")
     return ENGINES[name]()
 
 
-def make_engine(name: str, run_dir: Path | None = None, **kwargs: Any) -> Engine:
+def make_engine(name: str, run_dir: Path | None = None, *, platform: Platform | None = None,
+                port: int | None = None) -> Engine:
     """A not yet started engine of kind `name` that logs under `run_dir`."""
-    return engine_kind(name).make(run_dir, **kwargs)
+    return engine_kind(name).make(run_dir, platform=platform, port=port)

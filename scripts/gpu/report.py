@@ -18,10 +18,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from tracetune.engine_adapter.vllm.settings import config_diff  # noqa: E402
 from tracetune.replay.metrics import parse_slos, summarize  # noqa: E402
 from tracetune.replay.types import ReplayOptions, ReplayResult, RequestRecord  # noqa: E402
 from tracetune.tuner.storage import ResultStore  # noqa: E402
-from tracetune.tuner.study import config_diff  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results" / "h200"
 

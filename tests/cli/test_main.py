@@ -158,3 +158,28 @@ def test_front_table_fits_80_columns_and_lists_configurations_below_it():
     assert "ppl +3.41%" in text  # nats shown as the perplexity change they mean
     assert "  2: quantization=fp8, max_num_seqs=512, max_num_batched_tokens=2048" in text
     assert "  ref: vLLM's defaults" in text
+
+
+def test_every_command_is_dispatched_by_its_own_parser():
+    """Each leaf command's parser names the function that runs it (`set_defaults(run=...)`), and that
+    function exists: a command added without one, or one renamed, fails here, not at a user's prompt."""
+    import argparse
+    import importlib
+
+    from tracetune.cli.main import COMMANDS, _build_parser
+
+    def leaves(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield words, parser
+        for sub in subs:
+            for name, child in sub.choices.items():
+                yield from leaves(child, (*words, name))
+
+    root = _build_parser()
+    found = dict(leaves(root))  # the root itself runs the main job
+    assert set(found) == set(COMMANDS)
+    for words, (module, function) in COMMANDS.items():
+        assert callable(getattr(importlib.import_module(f"tracetune.cli.{module}"), function)), words
+        assert found[words].get_default("run") is not root.get_default("run"), words
+    assert root.parse_args(["trace", "profile", "t.jsonl"]).run is found[("trace", "profile")].get_default("run")

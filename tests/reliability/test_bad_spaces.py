@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.reliability.bad_spaces import SPACE_KINDS, bad_spaces, valid_spaces
 from tests.reliability.fuzz import CASES, LIBRARY, check_message, report_case_counts  # noqa: F401 (autouse)
-from tracetune.engine_adapter.vllm.knobs import KNOBS
+from tracetune.engine_adapter.vllm.settings import KNOBS
 from tracetune.search_spaces.space import SpaceError, load_space
 
 

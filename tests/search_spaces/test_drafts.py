@@ -201,14 +201,15 @@ def test_draft_model_is_runnable_with_its_drafts_and_a_draft_the_cpu_cannot_run_
 def test_one_engine_commands_take_one_draft_checked_and_made(tmp_path, monkeypatch):
     import argparse
 
-    from tracetune.cli.engine_options import add_engine_options, engine_config_from_args, with_draft_resolved
+    from tracetune.cli.engine_options import add_engine_options, engine_config_from_args
+    from tracetune.engine_adapter.vllm.translate import prepared
 
     monkeypatch.setenv("TRACETUNE_HOME", str(tmp_path / "home"))
     target = tiny_model(tmp_path / "target", ["a", "b"], layers=4)
     parser = argparse.ArgumentParser()
     add_engine_options(parser)
     args = parser.parse_args(["--speculative", "draft_model", "--draft-model", "derived:layers-2"])
-    config = with_draft_resolved(engine_config_from_args(args, target))
+    config = prepared(engine_config_from_args(args, target), lambda m: None)
     assert config.speculative.draft_model.parent == tmp_path / "home" / "drafts"
     twice = parser.parse_args(["--speculative", "draft_model", "--draft-model", "a", "--draft-model", "b"])
     with pytest.raises(InputError, match="given 2 times: one engine serves one draft model"):
@@ -216,4 +217,4 @@ def test_one_engine_commands_take_one_draft_checked_and_made(tmp_path, monkeypat
     other = tiny_model(tmp_path / "other", ["b", "a"])
     mismatched = parser.parse_args(["--speculative", "draft_model", "--draft-model", str(other)])
     with pytest.raises(DraftError, match="does not share the tokenizer"):
-        with_draft_resolved(engine_config_from_args(mismatched, target))
+        prepared(engine_config_from_args(mismatched, target), lambda m: None)
