@@ -277,17 +277,18 @@ class CapacityResult:
             return (f"capacity 0: fails at every load tried, down to {min(s.scale for s in self.steps):g}x the "
                     f"trace's rate, and lowering the load did not help: the misses do not come from the rate "
                     f"(e.g. bursts of the trace this config cannot serve within the SLO)")
-        if self.verdict == Verdict.PRUNED:
+        if self.verdict == Verdict.PRUNED and self.bracket_high is not None:  # pruned at a failing level
             low = f"{self.capacity_rps:.3g}" if self.capacity_scale else "0"
-            return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({self.bracket_high * self.base_rps:.3g} "
+            high = self.bracket_high * self.base_rps
+            return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({high:.3g} "
                     f"req/s, confirmed by a repeat), where a configuration at least as good on every other objective "
-                    f"passes: capacity [{low}, {self.bracket_high * self.base_rps:.3g}] req/s, not searched further")
+                    f"passes: capacity [{low}, {high:.3g}] req/s, not searched further")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
                     f"({self.attainment_target:.0%} attainment; the search goes no lower)") if self.steps \
                 else "capacity not measured"
-        high = "" if self.bracket_high is None else f", {self.bracket_high * self.base_rps:.3g}"
-        text = (f"capacity {self.capacity_rps:.3g} req/s [{self.capacity_rps:.3g}{high}] = {self.capacity_scale:.3g}x "
+        top = "" if self.bracket_high is None else f", {self.bracket_high * self.base_rps:.3g}"
+        text = (f"capacity {self.capacity_rps:.3g} req/s [{self.capacity_rps:.3g}{top}] = {self.capacity_scale:.3g}x "
                 f"the trace's rate, {self.capacity_output_tps:.3g} output tok/s")
         if self.gpus > 1:
             text += f", {self.capacity_rps_per_gpu:.3g} req/s per GPU"

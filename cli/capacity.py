@@ -7,9 +7,19 @@ import argparse
 import contextlib
 import dataclasses
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    from tracetune.capacity.levels import LevelRunner
+    from tracetune.capacity.step import CapacityOptions, CapacityResult, Step
+    from tracetune.cli.run_files import Interrupt, RecordLog
+    from tracetune.replay.metrics import SLO
+    from tracetune.replay.types import ReplayOptions, RequestRecord
 
 CAPACITY_EPILOG = """\
 examples:
@@ -54,13 +64,14 @@ def add_capacity_options(parser: argparse.ArgumentParser) -> None:
                              "than 4 windows (docs/capacity.md, 'A long trace')")
 
 
-def capacity_options(args: argparse.Namespace, slos: Sequence[Any], **more: Any) -> Any:
-    """The capacity search's options from the shared flags (`add_capacity_options`)."""
+def capacity_options(args: argparse.Namespace, slos: Sequence[SLO]) -> CapacityOptions:
+    """The capacity search's options from the shared flags (`add_capacity_options`); the rest as the
+    search's defaults (`dataclasses.replace` sets them)."""
     from tracetune.capacity.step import CapacityOptions
 
     return CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision,
                            level_seconds=args.level_seconds, level_lifetimes=args.level_lifetimes,
-                           level_requests=args.level_requests, whole_trace=args.whole_trace, **more)
+                           level_requests=args.level_requests, whole_trace=args.whole_trace)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -124,19 +135,20 @@ def capacity_command(args: argparse.Namespace, console) -> int:
 class CapacityRun:
     """What a capacity search has so far: its records (on disk as they come) and the levels done."""
 
-    log: Any = None  # a `cli.run_files.RecordLog` once the results folder is known
-    runner: Any = None  # the `LevelRunner`, once the search starts
-    payload: dict[str, Any] = dataclasses.field(default_factory=dict)
+    log: RecordLog | None = None  # once the results folder is known
+    runner: LevelRunner | None = None  # once the search starts
+    payload: JsonDict = dataclasses.field(default_factory=dict)
 
-    def record(self, scale: float, record: Any) -> None:
+    def record(self, scale: float, record: RequestRecord) -> None:
         """One request's record, with its load level (the search's n-th replay) and scale."""
+        assert self.log is not None and self.runner is not None, "records come once the search runs"
         self.log(record, level=len(self.runner.measured) + 1, scale=scale)
 
-    def interrupted(self, args: argparse.Namespace, caught: Any, console) -> None:
+    def interrupted(self, args: argparse.Namespace, caught: Interrupt, console) -> None:
         """Keep what an interrupted search measured: the records are on disk; the levels done go to --json."""
         if self.log is not None:
             self.log.close()
-        if self.runner is None:
+        if self.runner is None or self.log is None:
             console.print(f"\ninterrupted ({caught.name}) before the search started; nothing was written",
                           highlight=False)
             return
@@ -148,7 +160,7 @@ class CapacityRun:
         console.print(f"\ninterrupted ({caught.name}): kept " + "; ".join(kept), highlight=False)
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
+def write_json(path: Path, payload: JsonDict) -> None:
     from tracetune.files import write_atomic
 
     write_atomic(path, json.dumps(payload, indent=2, default=str))
@@ -164,8 +176,9 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.types import ReplayOptions
 
-    options = capacity_options(args, parse_slos(args.slo), start_scale=args.start_scale, max_scale=args.max_scale,
-                               min_scale=args.min_scale, confirm=not args.no_repeat, abandon=not args.no_abandon)
+    options = dataclasses.replace(capacity_options(args, parse_slos(args.slo)), start_scale=args.start_scale,
+                                  max_scale=args.max_scale, min_scale=args.min_scale, confirm=not args.no_repeat,
+                                  abandon=not args.no_abandon)
     replay_options = ReplayOptions(max_requests=args.max_requests, max_duration_s=args.max_duration,
                                    warmup_requests=args.warmup, max_output_tokens=args.max_output_tokens,
                                    request_timeout_s=args.request_timeout)
@@ -214,14 +227,14 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
     return _endpoint_checked(args, run, replay_options, console)
 
 
-def _endpoint_checked(args: argparse.Namespace, run: CapacityRun, replay_options: Any, console) -> int:
+def _endpoint_checked(args: argparse.Namespace, run: CapacityRun, replay_options: ReplayOptions, console) -> int:
     """1, saying so as `tune replay` does, when most answers of --endpoint were not OpenAI streams."""
     from tracetune.replay.metrics import endpoint_warning, summarize
     from tracetune.replay.types import ReplayResult
 
-    if not args.endpoint:
+    if not args.endpoint or run.runner is None or run.log is None:
         return 0
-    seconds = sum(step.duration_s for step, _ in run.runner.measured)
+    seconds = math.fsum(step.duration_s for step, _ in run.runner.measured)
     warning = endpoint_warning(summarize(ReplayResult(run.log.records, seconds, replay_options)))
     if warning is None:
         return 0
@@ -229,7 +242,7 @@ def _endpoint_checked(args: argparse.Namespace, run: CapacityRun, replay_options
     return 1
 
 
-def whole_trace_check(runner: Any, result: Any, say: Any) -> Any:
+def whole_trace_check(runner: LevelRunner, result: CapacityResult, say: Callable[[str], None]) -> Step | None:
     """The whole trace replayed once at the capacity found (its Step), or None when none was found."""
     if not result.capacity_scale:
         say("whole-trace check: no capacity to check")

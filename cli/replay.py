@@ -11,7 +11,18 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tracetune.types import Json, JsonDict
+
+if TYPE_CHECKING:
+    from tracetune.cli.run_files import Interrupt, RecordLog
+    from tracetune.engine_adapter.base import Engine
+    from tracetune.engine_adapter.kind import EngineConfig
+    from tracetune.replay.metrics import SLO, Summary
+    from tracetune.replay.synth import Tokenizer
+    from tracetune.replay.trace import Trace
+    from tracetune.replay.types import PreparedRequest, ReplayOptions, RequestRecord
 
 REPLAY_EPILOG = """\
 examples:
@@ -64,7 +75,7 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
                              "peak rate, within the cores the engine leaves free)")
 
 
-def engine_cores(args: argparse.Namespace, engine_info: dict, config: Any) -> int:
+def engine_cores(args: argparse.Namespace, engine_info: JsonDict, config: EngineConfig | None) -> int:
     """Cores the engine keeps busy on this machine: all of them for an engine on the CPU, its API
     server and one engine process per GPU on a GPU, one for a server on this machine's loopback
     address, none for a remote endpoint."""
@@ -78,7 +89,8 @@ def engine_cores(args: argparse.Namespace, engine_info: dict, config: Any) -> in
     return started_engine_cores(engine_info.get("platform", ""), config.gpus() if config is not None else 1)
 
 
-def client_procs(args: argparse.Namespace, requests: Sequence[Any], engine_info: dict, config: Any) -> int:
+def client_procs(args: argparse.Namespace, requests: Sequence[PreparedRequest], engine_info: JsonDict,
+                 config: EngineConfig | None) -> int:
     """The --client-procs to use for `requests`: as given, or chosen for their peak rate."""
     from tracetune.replay.workers import auto_client_procs
 
@@ -146,10 +158,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cv.add_argument("--seed", type=int, default=0)
 
 
-def _tokenizer(model_dir: Path) -> Any:
+def _tokenizer(model_dir: Path | None) -> Tokenizer:
+    from typing import cast
+
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    # transformers' tokenizers have the `replay.synth.Tokenizer` methods; their stubs do not say so.
+    return cast("Tokenizer", AutoTokenizer.from_pretrained(str(model_dir)))
 
 
 def _context_length(model_dir: Path) -> int:
@@ -212,16 +227,18 @@ def overload_warning(summary) -> str:
             "not the engine. Give the client more cores (--client-procs N), or a lower rate.")
 
 
-def print_summary(summary, console) -> None:
+def print_summary(summary: Summary, console) -> None:
     from rich.table import Table
+
+    from tracetune.replay.metrics import METRICS, STATS
 
     table = Table(title=f"replay: {summary.succeeded}/{summary.requests} ok in {summary.duration_s:.1f}s")
     table.add_column("ms")
-    for stat in ("mean", "p50", "p90", "p99"):
+    for stat in STATS:
         table.add_column(stat, justify="right")
-    for metric in ("ttft", "tpot", "itl", "e2e"):
+    for metric in METRICS:
         row = [metric.upper()]
-        for stat in ("mean", "p50", "p90", "p99"):
+        for stat in STATS:
             e = summary.latency[metric][stat]
             row.append(f"{_fmt_ms(e.value)} [dim][{_fmt_ms(e.low)}, {_fmt_ms(e.high)}][/]")
         table.add_row(*row)
@@ -242,13 +259,14 @@ def print_summary(summary, console) -> None:
     if summary.client_overloaded:
         console.print(overload_warning(summary), highlight=False)
     if summary.engine:
-        e = summary.engine
-        hit = e["prefix_cache_hit_rate"]
-        acc = e["spec_decode_acceptance_rate"]
+        from tracetune.engine_adapter.metrics import EngineMetrics
+
+        counters = EngineMetrics.from_dict(summary.engine)
+        hit, acc = counters.prefix_cache_hit_rate, counters.spec_decode_acceptance_rate
         console.print(
             f"engine: prefix-cache hit rate {'-' if math.isnan(hit) else f'{hit:.1%}'} "
-            f"({e['prefix_cache_hits']:.0f}/{e['prefix_cache_queries']:.0f} tokens) · speculative acceptance "
-            f"{'-' if math.isnan(acc) else f'{acc:.1%}'} · preemptions {e['preemptions']:.0f}", highlight=False)
+            f"({counters.prefix_cache_hits:.0f}/{counters.prefix_cache_queries:.0f} tokens) · speculative acceptance "
+            f"{'-' if math.isnan(acc) else f'{acc:.1%}'} · preemptions {counters.preemptions:.0f}", highlight=False)
     for example in summary.error_examples:
         from rich.markup import escape  # the example quotes the server's answer: its brackets are text
 
@@ -286,7 +304,7 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
             engine.stop()
 
 
-def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, Any, Path]:
+def prepare_run(args: argparse.Namespace, options: ReplayOptions, console) -> tuple[Trace, EngineConfig | None, Path]:
     """Checks every input before anything starts or is created: (trace, engine config or None,
     results dir: `--out`, or a new one beside it where it holds an earlier run's results)."""
     from tracetune.cli.checks import check_listening, check_tokenizer_dir
@@ -312,8 +330,8 @@ def prepare_run(args: argparse.Namespace, options: Any, console) -> tuple[Any, A
     return trace, config, fresh_out_dir(out_dir, console)
 
 
-def prepared_requests(trace: Any, options: Any, tokenizer_dir: Path | None, console, *,
-                      flag: str = "--tokenizer") -> list:
+def prepared_requests(trace: Trace, options: ReplayOptions, tokenizer_dir: Path | None, console, *,
+                      flag: str = "--tokenizer") -> list[PreparedRequest]:
     """The trace's requests with their text (prompts synthesised for length-only requests, with the
     tokenizer in `tokenizer_dir`, which `flag` named: one that does not load is an `InputError`)."""
     from tracetune.errors import InputError
@@ -334,7 +352,7 @@ def prepared_requests(trace: Any, options: Any, tokenizer_dir: Path | None, cons
     return prepare(trace, options, synthesizer)
 
 
-def engine_with_metrics(engine: Any) -> Any:
+def engine_with_metrics(engine: Engine) -> Engine | None:
     """`engine` if it serves Prometheus metrics (for its counters), else None."""
     try:
         engine.metrics()
@@ -363,28 +381,29 @@ def replay_command(args: argparse.Namespace, console) -> int:
 class ReplayRun:
     """What a replay has so far: its records (on disk as they come), and summary.json's fields."""
 
-    log: Any = None  # a `cli.run_files.RecordLog` once the results folder is known
-    payload: dict[str, Any] = dataclasses.field(default_factory=dict)  # set when sending starts
-    options: Any = None
-    slos: Sequence[Any] = ()
+    log: RecordLog | None = None  # once the results folder is known
+    payload: JsonDict = dataclasses.field(default_factory=dict)  # set when sending starts
+    options: ReplayOptions | None = None
+    slos: Sequence[SLO] = ()
 
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
 
-    def write_summary(self, summary: Any, **more: Any) -> Path:
+    def write_summary(self, summary: Summary | None, **more: Json) -> Path:
         from tracetune.cli.run_files import SUMMARY_FILE
         from tracetune.files import write_atomic
 
+        assert self.log is not None, "a summary is written once the records' folder is known"
         path = self.log.path.with_name(SUMMARY_FILE)
         data = {**self.payload, **more, "summary": None if summary is None else summary.as_dict()}
         write_atomic(path, json.dumps(data, indent=2, default=str))
         return path
 
-    def interrupted(self, caught: Any, console) -> None:
+    def interrupted(self, caught: Interrupt, console) -> None:
         """Keep what an interrupted replay measured: its records are on disk; add a partial summary."""
         self.close()
-        if not self.payload:
+        if not self.payload or self.log is None or self.options is None:
             console.print(f"\ninterrupted ({caught.name}) before any request was sent; nothing was written",
                           highlight=False)
             return
@@ -399,7 +418,7 @@ class ReplayRun:
                       highlight=False)
 
 
-def summarize_records(records: Sequence[Any], options: Any, slos: Sequence[Any]) -> Any:
+def summarize_records(records: Sequence[RequestRecord], options: ReplayOptions, slos: Sequence[SLO]) -> Summary:
     """The summary of the records an interrupted replay kept, over the time they span."""
     from tracetune.replay.metrics import summarize
     from tracetune.replay.types import ReplayResult

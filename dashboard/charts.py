@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from tracetune.capacity.step import CapacityResult
 from tracetune.dashboard import capacity, judged
@@ -16,7 +16,21 @@ from tracetune.dashboard.records import latency_cdfs, request_records, timeline
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-STYLE = {
+
+class MarkerStyle(TypedDict):
+    """How a kind of point is drawn: its legend name, colour, plotly symbol and size."""
+
+    name: str
+    color: str
+    symbol: str
+    size: float
+
+
+class CategoryStyle(MarkerStyle):
+    opacity: float
+
+
+STYLE: dict[str, CategoryStyle] = {
     "pareto": dict(name="Pareto front", color="#1f6feb", symbol="circle", size=15, opacity=1.0),
     "tie": dict(name="tied with the front, inside the intervals", color="#1f6feb", symbol="circle-open", size=13,
                 opacity=0.9),
@@ -25,7 +39,7 @@ STYLE = {
     # named per study by `_outside_gate_name`
     "outside_gate": dict(name="outside the quality gate", color="#dc2626", symbol="diamond-x", size=15, opacity=1.0),
 }
-REFERENCE_STYLE = dict(name="reference (unquantized)", color="#16a34a", symbol="star", size=20)
+REFERENCE_STYLE: MarkerStyle = dict(name="reference (unquantized)", color="#16a34a", symbol="star", size=20)
 PALETTE = ["#1f6feb", "#d97706", "#16a34a", "#9333ea"]
 
 
@@ -125,16 +139,16 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
             f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
         if study.decision is not None and study.decision.reference_is_best:
             hover += f"<br><b>best by {study.decision.by}</b>: no trial beats vLLM's defaults"
-        common = dict(mode="markers+text", name=REFERENCE_STYLE["name"], text=["ref"], textposition="bottom center",
-                      hovertext=[hover], hoverinfo="text")
+        ref_common = dict(mode="markers+text", name=REFERENCE_STYLE["name"], text=["ref"],
+                          textposition="bottom center", hovertext=[hover], hoverinfo="text")
         if z:
             ref_marker["size"] = 12
             ref_marker["symbol"] = "diamond"
-            fig.add_trace(go.Scatter3d(x=r[x], y=r[y], z=r[z], marker=ref_marker, **common))
+            fig.add_trace(go.Scatter3d(x=r[x], y=r[y], z=r[z], marker=ref_marker, **ref_common))
         else:
             run = [study.reference_run] if study.reference_run is not None else []
             fig.add_trace(go.Scatter(x=r[x], y=r[y], marker=ref_marker, error_x=_error_bars(run, x),
-                                     error_y=_error_bars(run, y), **common))
+                                     error_y=_error_bars(run, y), **ref_common))
     if not z:
         xs, ys = front_line(study.trials, x, y)
         if len(xs) > 1:
@@ -152,7 +166,7 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
         fig.update_layout(xaxis_title=metric_label(x)[0], yaxis_title=metric_label(y)[0])
         # Room around the points, their error bars, the thresholds and bands, so nothing is cut at the edge.
         for axis, name in (("xaxis", x), ("yaxis", y)):
-            values = [v for trace in fig.data for v in _extent(trace, axis[0])]
+            values: list[float | None] = [v for trace in fig.data for v in _extent(trace, axis[0])]
             values += [_scaled([value], name)[0] for _, value in lines.get(name, [])]
             values += _scaled(list(bands.get(name, ())), name)
             span = axis_range(values, pad_share=0.12)
@@ -213,12 +227,14 @@ def _error_bars(trials: Sequence[TrialView], metric: str) -> dict[str, str | flo
     if not trials:
         return dict(visible=False)
     _, factor = metric_label(metric)
-    plus, minus = [], []
+    plus: list[float] = []
+    minus: list[float] = []
     for t in trials:
         value, interval = t.metric(metric), t.interval(metric)
-        ok = interval is not None and not math.isnan(value)
-        plus.append(max(interval[1] - value, 0.0) * factor if ok else 0.0)
-        minus.append(max(value - interval[0], 0.0) * factor if ok else 0.0)
+        if interval is None or math.isnan(value):
+            interval = (value, value)  # no bar
+        plus.append(max(interval[1] - value, 0.0) * factor if not math.isnan(value) else 0.0)
+        minus.append(max(value - interval[0], 0.0) * factor if not math.isnan(value) else 0.0)
     return dict(type="data", symmetric=False, array=plus, arrayminus=minus, thickness=1.2, width=3,
                 visible=any(plus) or any(minus))
 

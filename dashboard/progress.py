@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from tracetune.dashboard.storage import optuna_storage
 from tracetune.dashboard.study_view import StudyView
 from tracetune.tuner.front import hypervolume
 from tracetune.tuner.storage import REFERENCE_RUN
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 
 class ProgressPoint(TypedDict):
@@ -39,8 +43,9 @@ def search_progress(study: StudyView) -> list[ProgressPoint]:
               for n, v in raw.items()}
     seen = [scaled[REFERENCE_RUN]] if REFERENCE_RUN in scaled else []
     ref_point = [1.1] * len(signs)
-    out = [{"trial": REFERENCE_RUN, "category": study.reference_run.category,
-            "hypervolume": hypervolume(seen, ref_point)}] if seen else []
+    ref = study.reference_run
+    out: list[ProgressPoint] = [{"trial": REFERENCE_RUN, "category": ref.category,
+                                 "hypervolume": hypervolume(seen, ref_point)}] if seen and ref is not None else []
     for t in sorted(study.trials, key=lambda t: t.number):
         if t.number in scaled:
             seen.append(scaled[t.number])
@@ -59,9 +64,9 @@ def param_importances(study: StudyView) -> dict[str, dict[str, float]]:
     frozen = [ft for ft in source.get_trials(deepcopy=False) if ft.number in measured and ft.params]
     if len(frozen) < 4:
         return {}
-    copy = optuna.create_study(directions=study.directions)
+    copy = optuna.create_study(directions=[optuna.study.StudyDirection[d.upper()] for d in study.directions])
     copy.add_trials(frozen)
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     for i, (objective, direction) in enumerate(zip(study.objectives, study.directions)):
         sign = 1.0 if direction == "minimize" else -1.0  # the evaluator asks what makes the target low
         try:
@@ -69,7 +74,12 @@ def param_importances(study: StudyView) -> dict[str, dict[str, float]]:
                 warnings.simplefilter("ignore")
                 out[objective] = optuna.importance.get_param_importances(
                     copy, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                    target=lambda t, i=i, sign=sign: sign * t.values[i])
+                    target=functools.partial(_signed_value, i, sign))
         except (RuntimeError, ValueError):  # every trial had the same parameter values
             continue
     return {o: v for o, v in out.items() if v}
+
+
+def _signed_value(i: int, sign: float, trial: FrozenTrial) -> float:
+    """A trial's `i`-th objective value, times `sign` (importance asks what makes the target low)."""
+    return sign * trial.values[i]

@@ -41,7 +41,8 @@ def front_on(trials: Sequence[TrialView], metrics: Sequence[str]) -> list[TrialV
 def front_line(trials: Sequence[TrialView], x: str, y: str) -> tuple[list[float], list[float]]:
     """The 2-D front as a staircase through its points, sorted along x (for drawing)."""
     pts = sorted((t.metric(x), t.metric(y)) for t in front_on(trials, [x, y]))
-    xs, ys = [], []
+    xs: list[float] = []
+    ys: list[float] = []
     for i, (px, py) in enumerate(pts):
         if i:
             # step: keep the previous y until the next x (the front is a staircase, not a diagonal)

@@ -131,9 +131,8 @@ def silent_for(engine: Engine, name: str) -> dict[int, float]:
     query = text("SELECT t.number, h.heartbeat FROM trials t JOIN trial_heartbeats h ON h.trial_id = t.trial_id "
                  "JOIN studies s ON s.study_id = t.study_id WHERE s.study_name = :name AND t.state = 'RUNNING'")
     with engine.connect() as conn:
-        now = conn.execute(select(func.now())).scalar()
+        now = _as_datetime(conn.execute(select(func.now())).scalar_one())
         beats = conn.execute(query, {"name": name}).all()
-    now = _as_datetime(now)
     return {number: (now - _as_datetime(beat)).total_seconds() for number, beat in beats}
 
 
@@ -170,7 +169,7 @@ def read_results(engine: Engine, name: str) -> tuple[dict[int, StoredRun], JsonD
                 item["requests_jsonl"] = unpack_records(item.get("requests_jsonl"))
                 rows[item["trial_number"]] = StoredRun.from_row(item)
         if references.name in tables:
-            row = conn.execute(select(references).where(references.c.study_name == name)).mappings().first()
-            if row is not None:
-                reference = decoded(row, ("config", "probe", "summary"))
+            found = conn.execute(select(references).where(references.c.study_name == name)).mappings().first()
+            if found is not None:
+                reference = decoded(found, ("config", "probe", "summary"))
     return rows, reference

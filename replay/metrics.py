@@ -150,7 +150,8 @@ def large_sample_ci(data: np.ndarray, stat: str) -> tuple[float, float]:
     return float(ordered[low_i]), float(ordered[high_i])
 
 
-def bootstrap_ci(values: Sequence[float], stat: str, *, n_resamples: int = 1000, seed: int = 0) -> Estimate:
+def bootstrap_ci(values: Sequence[float] | np.ndarray, stat: str, *, n_resamples: int = 1000,
+                 seed: int = 0) -> Estimate:
     """`stat` of `values` with a 95% percentile-bootstrap interval (scipy); for more than
     BOOTSTRAP_MAX_VALUES values, the large-sample interval. NaN when empty."""
     data = np.asarray(values, dtype=float)

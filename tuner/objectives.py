@@ -8,7 +8,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tracetune.capacity.step import CapacityResult
 from tracetune.engine_adapter.metrics import EngineMetrics
@@ -16,6 +16,9 @@ from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
 from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import METRICS, SLO, STATS, Estimate, Summary
+
+if TYPE_CHECKING:
+    import optuna
 
 SAMPLERS = ("nsga2", "tpe", "gp", "random")
 DEFAULT_SAMPLER = "gp"  # measured best by benchmarks/search_efficiency.py (README, "Benchmarks")
@@ -169,12 +172,14 @@ def constraint_names(slos: list[SLO], max_quality_loss: QualityGate | float | No
     return ["failed_requests"] + [f"slo {s}" for s in slos] + (["quality_gate"] if max_quality_loss is not None else [])
 
 
-def sampler_constraints(trial: Any, n_constraints: int) -> list[float]:
+def sampler_constraints(trial: optuna.trial.FrozenTrial, n_constraints: int) -> list[float]:
     """The constraint values stored on a finished trial (<= 0 feasible)."""
-    stored = trial.user_attrs.get("sampler_constraints")
+    from tracetune.tuner.trial_record import Attr, TrialRecord
+
+    stored = trial.user_attrs.get(Attr.SAMPLER_CONSTRAINTS)
     if stored is not None:
         return list(stored)
-    user = list(trial.user_attrs.get("constraints", []))  # a measured trial from an older tracetune
+    user = list(TrialRecord.of(trial).constraints or [])  # a measured trial from an older tracetune
     return ([0.0] + user + [FAILED_VIOLATION] * n_constraints)[:n_constraints]
 
 
@@ -184,11 +189,13 @@ def _has_set_constraint() -> bool:
     return hasattr(optuna.trial.Trial, "set_constraint")
 
 
-def set_constraints(trial: Any, names: list[str], values: list[float]) -> None:
+def set_constraints(trial: optuna.Trial, names: list[str], values: list[float]) -> None:
     """Record a trial's constraints where its sampler reads them: `Trial.set_constraint` on
     Optuna >= 5 (`constraints_func` is deprecated there), a user attribute that the
     `constraints_func` of `make_sampler` returns on Optuna 4."""
-    trial.set_user_attr("sampler_constraints", list(values))
+    from tracetune.tuner.trial_record import Attr
+
+    trial.set_user_attr(Attr.SAMPLER_CONSTRAINTS.value, list(values))
     if _has_set_constraint():
         for name, value in zip(names, values):
             trial.set_constraint(name, value)
@@ -208,29 +215,33 @@ def make_sampler(name: str, seed: int | None, n_constraints: int = 1, *, n_start
     generation is as large, at least 4."""
     import optuna
 
-    kwargs = {} if _has_set_constraint() else {
-        "constraints_func": lambda trial: sampler_constraints(trial, n_constraints)}
+    def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
+        return sampler_constraints(trial, n_constraints)
+
+    func = None if _has_set_constraint() else constraints
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(8, n_startup)), **kwargs)
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(8, n_startup)),
+                                             constraints_func=func)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, **kwargs)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, constraints_func=func)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup, **kwargs)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup, constraints_func=func)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise InputError(f"--sampler must be one of {SAMPLERS}, got {name!r}")
 
 
-def penalty_values(study: Any, objectives: list[str], reference_values: list[float] | None) -> list[float]:
+def penalty_values(study: optuna.Study, objectives: list[str], reference_values: list[float] | None) -> list[float]:
     """Objective values reported for a trial that produced no measurement: the worst value
     measured so far in the study (the reference's included) for each minimised objective, 0 for
     maximised ones (an engine that does not serve delivers no throughput)."""
     import optuna
 
     from tracetune.tuner.storage import Status
+    from tracetune.tuner.trial_record import TrialRecord
 
     measured = [t.values for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.user_attrs.get("status") == Status.MEASURED and t.values]
+                if TrialRecord.of(t).status == Status.MEASURED and t.values]
     if reference_values:
         measured.append(reference_values)
     out = []
