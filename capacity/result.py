@@ -67,9 +67,7 @@ class Step:
     repeat: bool = False
     errors: int = 0
     client_procs: int = 1
-    # How the level was decided (`capacity.sustain`): "held" (passed every test), or the test that failed
-    # it: "attainment", "percentile target", "last third", "queue rising", "TTFT rising"; an abandoned
-    # level: "misses" or "last-third misses" (more certain misses than the target allows there).
+    # How the level was decided (`capacity.sustain`): a `DecidedBy` value ("" before it was judged).
     decided_by: str = ""
     window_s: float = 0.0  # the level's length: its requests over its rate
     passes: int = 1  # times the trace was replayed end to end to fill the window
@@ -137,24 +135,24 @@ class Step:
     def why(self) -> str:
         """The test that decided, in a few words."""
         last = f"last third {self.last_third:.0%}" if self.last_third is not None else ""
-        if self.parts is not None and self.decided_by in ("held", "attainment", "last third"):
+        if self.parts is not None and self.decided_by in (DecidedBy.HELD, DecidedBy.ATTAINMENT, DecidedBy.LAST_THIRD):
             low, high = self.attainment_bounds or (math.nan, math.nan)
             whole = f"whole trace [{low:.0%}, {high:.0%}], {last}"
             return f"{whole}, undecided: estimated" if self.undecided else whole
-        if self.decided_by == "held":
+        if self.decided_by == DecidedBy.HELD:
             return f"held to the end ({last})" if last else "held to the end"
-        if self.decided_by == "last third":
+        if self.decided_by == DecidedBy.LAST_THIRD:
             return f"{last}, below the target"
-        if self.decided_by == "queue rising" and self.in_flight_trend:
+        if self.decided_by == DecidedBy.QUEUE_RISING and self.in_flight_trend:
             slope, low, high = self.in_flight_trend[:3]
             return f"queue still rising, {slope:+.2g} in flight/s [{low:+.2g}, {high:+.2g}]"
-        if self.decided_by == "TTFT rising" and self.ttft_trend:
+        if self.decided_by == DecidedBy.TTFT_RISING and self.ttft_trend:
             slope, low, high = (v * 1000 for v in self.ttft_trend[:3])
             return f"TTFT still rising, {slope:+.3g} ms/s [{low:+.3g}, {high:+.3g}]"
-        return {"misses": "more misses than the target allows",
-                "last-third misses": "more misses in the last third than the target allows",
-                "attainment": "below the target", "percentile target": "a percentile target missed"}.get(
-            self.decided_by, self.decided_by)
+        return {DecidedBy.MISSES: "more misses than the target allows",
+                DecidedBy.LAST_THIRD_MISSES: "more misses in the last third than the target allows",
+                DecidedBy.ATTAINMENT: "below the target",
+                DecidedBy.PERCENTILE_TARGET: "a percentile target missed"}.get(self.decided_by, self.decided_by)
 
 
 # What a search's verdict means for the number, in a few words (verdict OK says nothing).

@@ -197,7 +197,7 @@ def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence
 
 
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
-          duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0, abandoned_by: str = "misses",
+          duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0, abandoned_by: str = DecidedBy.MISSES,
           passes: int = 1) -> Step:
     """A measured level as a `Step`: attainment, pass or fail (sustained: `capacity.sustain.held`),
     the test that decided, and the client's own verdict. An abandoned level's attainment is the most
@@ -216,12 +216,12 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
     if result.abandoned and planned:
         step.attainment, step.passed, step.decided_by = (planned - misses_at_stop) / planned, False, abandoned_by
     elif not passed:
-        step.decided_by = "attainment" if attainment < options.attainment else "percentile target"
+        step.decided_by = DecidedBy.ATTAINMENT if attainment < options.attainment else DecidedBy.PERCENTILE_TARGET
     else:
         held = sustain.held(result.records, requests, options.slos, options.attainment, window_s, rps)
         step.last_third = held.last_third
         step.in_flight_trend = held.in_flight.as_list() if held.in_flight else None
         step.ttft_trend = held.ttft.as_list() if held.ttft else None
-        step.passed, step.decided_by = not held.failed, held.failed or "held"
+        step.passed, step.decided_by = not held.failed, held.failed or DecidedBy.HELD
     return step
 

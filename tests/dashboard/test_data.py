@@ -405,3 +405,38 @@ def test_speculation_on_random_weights_says_why_it_is_off_the_front(tmp_path):
     trial = view.trial(number)
     assert trial.category == "infeasible" and trial.violations == [reason]
     assert "random weights" in tables.why(view, trial)
+
+
+def test_a_stored_row_of_an_older_study_reads_as_typed_records():
+    """`StoredRun.from_row` reads a row as `ResultStore.trials` decodes it; an older row (no engine
+    counters, a summary without client errors or stream faults) reads with defaults."""
+    from tracetune.tuner.storage import StoredRun
+
+    old_summary = {"requests": 4, "succeeded": 4, "errors": 0, "error_rate": 0.0, "duration_s": 2.0,
+                   "request_throughput_rps": {"value": 2.0, "ci_low": 1.8, "ci_high": 2.2},
+                   "output_throughput_tps": {"value": 20.0, "ci_low": 18.0, "ci_high": 22.0},
+                   "latency_s": {"ttft": {"p99": {"value": 0.3, "ci_low": 0.2, "ci_high": 0.4}}}}
+    row = StoredRun.from_row({"trial_number": 3, "status": "measured", "summary": old_summary, "engine": None,
+                              "config": {"max_num_seqs": 8}, "quality": None, "startup_s": 12.0})
+    assert row.summary is not None and row.summary.client_errors == 0 and row.summary.stream_faults == 0
+    assert row.summary.estimate("ttft", "p99").value == 0.3 and row.engine is None and row.wall_s is None
+    assert metrics.metric_value("ttft_p99", metrics.run_of(row.summary)) == 0.3
+    assert math.isnan(metrics.metric_value("prefix_cache_hit_rate", metrics.run_of(row.summary)))
+    empty = StoredRun.from_row({"trial_number": 4, "status": "engine_failed", "summary": None})
+    assert empty.summary is None and metrics.run_of(empty.summary) is None
+
+
+def test_a_level_kind_is_its_outcome_a_client_limited_level_apart():
+    from tracetune.capacity.step import Outcome, Step
+    from tracetune.dashboard.capacity import LevelKind, step_kind
+
+    def level(**kw):
+        return Step(scale=1.0, rps=1.0, output_tps=1.0, attainment=0.5, requests=10, planned=10, good=5,
+                    duration_s=1.0, **kw)
+
+    assert step_kind(level(passed=True, abandoned=False)) is LevelKind.PASSED
+    assert step_kind(level(passed=False, abandoned=False)) is LevelKind.FAILED
+    assert step_kind(level(passed=False, abandoned=True)) is LevelKind.ABANDONED
+    assert step_kind(level(passed=False, abandoned=True, client_overloaded=True)) is LevelKind.CLIENT_LIMITED
+    assert step_kind(level(passed=True, abandoned=False, client_overloaded=True)) is LevelKind.PASSED
+    assert level(passed=False, abandoned=True).outcome is Outcome.ABANDONED
