@@ -69,8 +69,8 @@ def _front_table(study: data.StudyView) -> None:
     rows = tables.front_table(study)
     if not rows:
         return
-    st.markdown("**The front, as a decision** (vLLM's defaults, the front, its ties, and what the quality gate "
-                "alone kept off it)")
+    gate = "" if banners.on_random_weights(study) else ", and what the quality gate alone kept off it"
+    st.markdown(f"**The front, as a decision** (vLLM's defaults, the front, its ties{gate})")
     st.dataframe(rows, hide_index=True, key="front_table",
                  column_config={"standing": st.column_config.TextColumn(width="medium"),
                                 "quality vs defaults": st.column_config.TextColumn(width="large"),
@@ -143,7 +143,8 @@ def page_pareto(study: data.StudyView) -> None:
     st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by "
                f"another trial or by vLLM's defaults; bars: 95% intervals) · "
                f"{counts['tie']} tied with it inside the intervals · "
-               f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO or the quality gate · "
+               f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO"
+               + ("" if banners.on_random_weights(study) else " or the quality gate") + " · "
                f"{counts['failed']} failed, rejected or interrupted (no measurements, listed below) · "
                f"{counts['running']} running · {counts['queued']} queued"
                + (f" · {counts['pruned']} pruned (capacity search stopped early: below a configuration at least as "
@@ -201,7 +202,7 @@ def _table_frame(study: data.StudyView, rows: list[dict], columns: list[str] | N
 def _column_config(frame) -> dict:
     config = {"differs from reference": st.column_config.TextColumn(width="medium"),
               "why": st.column_config.TextColumn(width="large"),
-              "quality vs defaults": st.column_config.TextColumn(width="large"),
+              "quality vs defaults": st.column_config.TextColumn(width="medium"),
               "startup_s": st.column_config.NumberColumn("engine start (s)", format="%.0f")}
     for col in frame.columns:
         if col.endswith("(ms)"):

@@ -81,6 +81,9 @@ def test_defaults_breaking_the_slo_are_marked_never_on_the_front(page, artifacts
     _open(page, "slo_broken", "Trials")
     cells = _cells(page)
     assert "pareto" not in cells, cells
+    why = page.locator('[data-testid="stDataFrame"] [role="columnheader"]').filter(has_text="why").first
+    box = why.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1440, box  # on screen at 1440 px
     assert any("breaks the SLO: TTFT p99 17.8 s against 2 s, every load failed" in c for c in cells), cells
     _open(page, "slo_broken", "Trial detail")
     page.get_by_role("heading", name=re.compile(r"^Reference \(vLLM's defaults\) — measured \(infeasible\)$")).wait_for(
