@@ -92,7 +92,10 @@ def chart_category(t: TrialView) -> str:
 
 def _outside_gate_name(study: StudyView) -> str:
     if study.gate_off:
-        return f"on the front, outside the default gate {study.shown_gate} (no gate set)"
+        words = {judged.gate_phrase(t.gate_decision) for t in study.trials if t.outside_gate}
+        where = "undecided against" if words == {"undecided against"} else \
+            "outside or undecided against" if len(words) > 1 else "outside"
+        return f"on the front, {where} the default gate {study.shown_gate} (no gate set)"
     return f"outside the quality gate {study.shown_gate} only (SLOs kept)"
 
 

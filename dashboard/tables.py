@@ -116,7 +116,8 @@ SPEC_COLUMNS = ("spec_acceptance_rate", "spec_accepted_length")
 
 def decision_columns(study: StudyView) -> list[str]:
     """The Trials view's default columns: what a choice is made by (at most 8 with three objectives)."""
-    return ["trial", "category", *study.objectives, "quality vs defaults", "differs from reference", "why"]
+    # "why" beside the category it explains: last, it was off-screen on a 1440 px wide page
+    return ["trial", "category", "why", *study.objectives, "quality vs defaults", "differs from reference"]
 
 
 def why(study: StudyView, t: TrialView) -> str:

@@ -176,8 +176,8 @@ def test_trial_table_rows(study):
     assert rows[2]["why"] == "another run is better on every objective"
     assert rows[1]["quality vs defaults"].startswith("perplexity +2.02% [+1.92%, +2.12%] · KLD 0.0100 [")
     assert rows[1]["spec_acceptance_rate"] == pytest.approx(0.6) and rows[1]["spec_accepted_length"] == 2.5
-    assert tables.decision_columns(study) == ["trial", "category", "ttft_p99", "output_tps", "quality_loss",
-                                              "quality vs defaults", "differs from reference", "why"]
+    assert tables.decision_columns(study) == ["trial", "category", "why", "ttft_p99", "output_tps", "quality_loss",
+                                              "quality vs defaults", "differs from reference"]
     order = [t.number for t in tables.sort_for_table(study.trials)]
     assert order == [0, 1, 2, 3, 4, 5, 6]
 
