@@ -6,8 +6,9 @@ Formats: `vllm-cmd` (one shell command, `shell`), `compose` (a docker compose se
 format runs (the engine's command line, image and release) is `serve`; the comments are `notes`;
 the deployment's shape is `options`; safe text (comments, `$`, YAML) is `text`.
 
-The vLLM flags come from the engine's command builder (`EngineKind.command`) for CUDA; what only a
-CPU measurement needed is left out, saying so. Deployment formats run the `vllm/vllm-openai` image as
+The study's engine supplies the flags (`EngineKind.command`, for CUDA; what only a CPU measurement
+needed is left out, saying so), the image and its default release (`EngineKind.image`,
+`image_version`); an engine without them is refused. Deployment formats run that image as
 `vllm serve MODEL ARGS...` on GPUs, the model mounted read-only under `/models/<directory name>`;
 comments say how to place a model made on the measuring machine (docs/export.md).
 
@@ -29,7 +30,7 @@ from tracetune.dashboard.export.helm import to_helm_values
 from tracetune.dashboard.export.kubernetes import to_k8s
 from tracetune.dashboard.export.notes import is_dummy, label
 from tracetune.dashboard.export.options import DEFAULT_PORT, ExportOptions, k8s_name
-from tracetune.dashboard.export.serve import image_of
+from tracetune.dashboard.export.serve import exported_engine, image_of
 from tracetune.dashboard.export.shell import to_vllm_cmd
 from tracetune.dashboard.export.text import comment_safe
 from tracetune.errors import InputError
@@ -52,6 +53,7 @@ def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions 
     if trial.config is None:
         raise InputError(f"{label(trial)} has no stored config ({trial.status}); nothing to export")
     options = options or ExportOptions()
+    exported_engine(study, options)  # refuses an engine tracetune cannot deploy, before anything else
     options = dataclasses.replace(options, image=image_of(study, options))
     if is_dummy(trial) and not options.allow_dummy_weights:
         raise InputError(f"{label(trial)} was measured with random weights (load_format dummy): deployed as it is, "

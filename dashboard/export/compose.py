@@ -6,13 +6,14 @@ from __future__ import annotations
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.notes import header
 from tracetune.dashboard.export.options import ExportOptions, deployment_name
-from tracetune.dashboard.export.serve import serve_spec
+from tracetune.dashboard.export.serve import exported_engine, serve_spec
 from tracetune.dashboard.export.text import dollars, yaml_text
 
 
 def to_compose(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     """A compose file with one service for `trial`."""
-    spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform)
+    spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform,
+                      engine=exported_engine(study, options))
     name = deployment_name(study, trial, options)
     service: dict[str, object] = {
         "image": options.image,

@@ -10,13 +10,14 @@ from tracetune.dashboard import capacity
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.notes import choice_notes, placing_lines, platform_lines
 from tracetune.dashboard.export.options import ExportOptions
-from tracetune.dashboard.export.serve import gpu_vllm_version, serve_spec
+from tracetune.dashboard.export.serve import exported_engine, gpu_vllm_version, serve_spec
 from tracetune.tuner.secrets import is_secret, strip_secret_args
 
 
 def to_json(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     """The export as one JSON document (`tracetune_export: 1`)."""
-    spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform)
+    spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform,
+                      engine=exported_engine(study, options))
     config = json.loads(json.dumps(trial.config))
     config["extra_args"] = strip_secret_args(list(config.get("extra_args") or []), [])
     config["env"] = {k: v for k, v in (config.get("env") or {}).items() if not is_secret(k, v)}

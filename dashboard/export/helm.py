@@ -7,7 +7,7 @@ from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.kubernetes import Manifest, container, placement, volumes
 from tracetune.dashboard.export.notes import header, trial_id
 from tracetune.dashboard.export.options import ExportOptions, deployment_name
-from tracetune.dashboard.export.serve import ServeSpec, serve_spec
+from tracetune.dashboard.export.serve import ServeSpec, exported_engine, serve_spec
 from tracetune.dashboard.export.text import yaml_text
 
 
@@ -21,7 +21,8 @@ def image_parts(image: str) -> tuple[str, str]:
 
 def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[Manifest, ServeSpec]:
     """The chart's values, and the server they run."""
-    spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform)
+    spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform,
+                      engine=exported_engine(study, options))
     repository, tag = image_parts(options.image or "")
     server = container(spec, options)
     values = {

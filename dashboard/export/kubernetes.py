@@ -7,7 +7,7 @@ from __future__ import annotations
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.notes import header, trial_id
 from tracetune.dashboard.export.options import ExportOptions, deployment_name
-from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, ServeSpec, serve_spec
+from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, ServeSpec, exported_engine, serve_spec
 from tracetune.dashboard.export.text import dollars, yaml_text
 
 # A Kubernetes object as written: nested mappings and lists of plain values.
@@ -59,7 +59,8 @@ def placement(options: ExportOptions) -> Manifest:
 
 def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[list[Manifest], ServeSpec]:
     """The Deployment and the Service, and the server they run."""
-    spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform)
+    spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform,
+                      engine=exported_engine(study, options))
     name = deployment_name(study, trial, options)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tracetune"}
     meta: Manifest = {"name": name, "labels": labels,
@@ -68,12 +69,14 @@ def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) ->
     if options.namespace:
         meta["namespace"] = options.namespace
     pod = {"containers": [container(spec, options)], "volumes": volumes(options), **placement(options)}
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-                  "spec": {"replicas": options.replicas, "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
-                           "template": {"metadata": {"labels": labels}, "spec": pod}}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {k: v for k, v in meta.items() if k != "annotations"},
-               "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
-                        "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]}}
+    deployment: Manifest = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+        "spec": {"replicas": options.replicas, "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                 "template": {"metadata": {"labels": labels}, "spec": pod}}}
+    service: Manifest = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {k: v for k, v in meta.items() if k != "annotations"},
+        "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
+                 "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]}}
     return [deployment, service], spec
 
 

@@ -45,9 +45,9 @@ class ExportOptions:
             raise InputError(f"--namespace {self.namespace!r} must be a DNS-1123 label")
         if not _DNS_LABEL.match(self.models_pvc):
             raise InputError(f"--models-pvc {self.models_pvc!r} must be a DNS-1123 name")
-        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory)):
-            if value is not None and not _QUANTITY.match(value):
-                raise InputError(f"{flag} {value!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi")
+        for flag, quantity in (("--cpu", self.cpu), ("--memory", self.memory)):
+            if quantity is not None and not _QUANTITY.match(quantity):
+                raise InputError(f"{flag} {quantity!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi")
 
     def requests(self) -> dict[str, str]:
         """CPU and memory one replica requests: the flags, else 4 cores and 16Gi per GPU plus the

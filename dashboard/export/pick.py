@@ -58,7 +58,8 @@ def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
     """The candidate that meets every condition of `rule` and is best on its metric: the front's
     trials and vLLM's defaults (the reference, when they keep the study's SLOs), ties going to the
     defaults (a change must earn its place)."""
-    pool = ([study.reference_run] if _reference_competes(study) else []) + study.front
+    ref = study.reference_run
+    pool = ([ref] if ref is not None and _reference_competes(study) else []) + study.front
     if not pool:
         raise InputError(f"study {study.name!r} has no feasible measured trial on its Pareto front yet; "
                          f"use --trial N to export a specific trial")
@@ -92,7 +93,7 @@ def best_trial(study: StudyView) -> TrialView:
         raise ReferenceIsBest(f"vLLM's defaults are best in study {study.name!r} (by {decision.by}), so there is no "
                               f"trial to export: {verdict} (`--reference` exports the defaults; to export a "
                               f"trial anyway, name it with --trial N.)")
-    if decision is not None and decision.best is not None:
+    if decision is not None and decision.best is not None and isinstance(decision.best.label, int):
         return study.trial(decision.best.label)
     return pick_trial(study, best_rule(study))
 
@@ -118,5 +119,5 @@ def select_trial(study: StudyView, *, trial: int | None = None, best: bool = Fal
             raise InputError(f"trial {trial} of study {study.name!r} is {chosen.status}, so there is no measured "
                              f"config to export{reason}")
         return chosen
-    return best_trial(study) if best else pick_for(study, parse_pick(pick))
+    return best_trial(study) if best else pick_for(study, parse_pick(pick or ""))
 

@@ -8,12 +8,13 @@ import shlex
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.notes import header
 from tracetune.dashboard.export.options import ExportOptions
-from tracetune.dashboard.export.serve import serve_spec
+from tracetune.dashboard.export.serve import exported_engine, serve_spec
 
 
 def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     """One shell command (environment assignments, then `vllm serve`), a flag per line."""
-    spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform)
+    spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform,
+                      engine=exported_engine(study, options))
     lines = [" ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()),
              shlex.join(["vllm", "serve", spec.args[0]])]
     for arg in spec.args[1:]:

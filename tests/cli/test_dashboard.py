@@ -59,6 +59,21 @@ def test_export_errors_are_clear_exit_2(synthetic_url, args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+
+def test_export_of_an_engine_it_cannot_deploy_exits_2(synthetic_url, tmp_path):
+    """A study of an engine tracetune does not start (its rules name the engine) has no server to export."""
+    import optuna
+
+    copy = tmp_path / "endpoint.db"
+    shutil.copy(synthetic_url.removeprefix("sqlite:///"), copy)
+    url = f"sqlite:///{copy}"
+    optuna.load_study(study_name="synth", storage=url).set_user_attr("rules", {"engine": "openai"})
+    out = tune("export", "--storage", url, "--trial", "1", "--format", "k8s")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "measured the OpenAI-compatible endpoint engine, which tracetune does not start itself" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_export_needs_exactly_one_choice_and_a_known_format(synthetic_url):
     out = tune("export", "--storage", synthetic_url, "--format", "json")
     assert out.returncode == 2 and "one of the arguments --trial --best --pick --reference is required" in out.stderr

@@ -252,6 +252,65 @@ def test_the_image_tag_is_the_gpu_release_whatever_the_study_measured_on(study):
     assert (doc["measured_vllm"], doc["target_vllm"]) == ("0.32.0", GPU_VLLM_VERSION)
 
 
+
+# -- the engine supplies the image ---------------------------------------------------------------
+def another_engine(monkeypatch, **changes):
+    """vLLM's kind registered under the name "other" with `changes` (its image, its release, ...)."""
+    import dataclasses as dc
+
+    from tracetune.engine_adapter import registry
+
+    real = registry.engine_kind("vllm")
+    monkeypatch.setitem(registry.ENGINES, "other", lambda: dc.replace(real, name="other", label="Other", **changes))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_image_and_its_release_come_from_the_studys_engine(study, monkeypatch, fmt):
+    """Another engine with an image exports it at its own release (tag v<release>): nothing in the
+    export names vLLM's image or release."""
+    import dataclasses as dc
+
+    another_engine(monkeypatch, image="example.org/other-server", image_version="7.1.0")
+    other = dc.replace(study, engine="other", platform="cpu")
+    text = export(other, other.trial(1), fmt)
+    assert "vllm/vllm-openai" not in text
+    if fmt == "json":
+        assert json.loads(text)["target_vllm"] == "7.1.0"
+    else:
+        assert "7.1.0" in text
+    if fmt in ("compose", "k8s", "helm-values"):
+        assert "image: example.org/other-server:v7.1.0;" in text
+
+
+def test_an_engine_without_an_image_or_a_command_is_refused(study, monkeypatch):
+    """An engine with a command but no image exports only with --image; an engine tracetune does not
+    start (an OpenAI-compatible endpoint) has no server command to export."""
+    import dataclasses as dc
+
+    another_engine(monkeypatch, image=None, image_version=None)
+    other = dc.replace(study, engine="other", platform="cpu")
+    with pytest.raises(InputError, match=r"the Other engine names no container image: give one with --image"):
+        export(other, other.trial(1), "k8s")
+    with pytest.raises(InputError, match=r"the Other engine names no release to deploy: give one with --vllm-version"):
+        export(other, other.trial(1), "k8s", ExportOptions(image="mine:1"))
+    text = export(other, other.trial(1), "k8s", ExportOptions(image="mine:1", vllm_version="2.0"))
+    assert "image: mine:1;" in text and "flags of vLLM 2.0" in text
+    endpoint = dc.replace(study, engine="openai")
+    for fmt in FORMATS:
+        with pytest.raises(InputError, match=r"measured the OpenAI-compatible endpoint engine, which tracetune does "
+                                             r"not start itself: there is no server command to export"):
+            export(endpoint, endpoint.trial(1), fmt)
+
+
+def test_the_export_writes_no_engine_image_release_or_key_of_its_own():
+    """vLLM's image, release and API-key variable live in its engine kind, not in the export."""
+    folder = Path(__file__).resolve().parents[2] / "dashboard" / "export"
+    for path in folder.glob("*.py"):
+        text = path.read_text()
+        for word in ("vllm/vllm-openai", "GPU_VLLM_VERSION", "VLLM_API_KEY", "engine_adapter.vllm"):
+            assert word not in text, f"{path.name} names {word}"
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_random_weight_config_is_refused_unless_meant(study, fmt):
     trial = with_config(study, load_format="dummy")
