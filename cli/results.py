@@ -242,12 +242,12 @@ def _bracket(stored: JsonDict | None) -> str:
 def _print_failures(study, console) -> None:
     from tracetune.tuner.front import group_failures
     from tracetune.tuner.storage import Status
+    from tracetune.tuner.trial_record import TrialRecord
 
     ended = (Status.PRUNED, Status.REJECTED, Status.ENGINE_FAILED, Status.FAILED, Status.UNMEASURABLE)
-    failed = [t for t in study.trials if t.user_attrs.get("status") in ended
-              or (t.user_attrs.get("status") == Status.MEASURED and t.user_attrs.get("failure_reason"))]
-    causes = group_failures([(t.number, t.user_attrs["status"], t.user_attrs.get("failure_reason", "")[:300])
-                             for t in failed])
+    records = [(t.number, TrialRecord.of(t)) for t in study.trials]
+    failed = [(n, r) for n, r in records if r.status in ended or (r.status == Status.MEASURED and r.failure_reason)]
+    causes = group_failures([(n, str(r.status), (r.failure_reason or "")[:300]) for n, r in failed])
     for status, reason, numbers in causes:
         console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"
                       f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)

@@ -38,6 +38,7 @@ from tracetune.quality.gate import QualityGate, floor_estimates, floor_text, ran
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.front import dominates, trials_beyond_only_the_gate  # noqa: F401
 from tracetune.tuner.storage import REFERENCE_RUN, StoredRun
+from tracetune.tuner.trial_record import TrialRecord
 from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
@@ -111,23 +112,23 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     trials = []
     for ft in study.get_trials(deepcopy=False):
         row = rows.get(ft.number) or StoredRun(ft.number, "")
-        ua = ft.user_attrs
+        ua = TrialRecord.of(ft)
         state = ft.state.name
-        status, reason = trial_status(state, ua.get("status") or row.status or None,
-                                      row.failure_reason or ua.get("failure_reason"),
+        status, reason = trial_status(state, ua.status or row.status or None,
+                                      row.failure_reason or ua.failure_reason,
                                       silent_s=silent.get(ft.number), started_s=started.get(ft.number), grace_s=grace)
         # Trials without a measurement may be COMPLETE with penalty values for the sampler: never show those.
         values = dict(zip(objectives, ft.values)) if ft.values and state == "COMPLETE" and status == "measured" else {}
-        config = row.config or ua.get("config")
-        constraints = list(ua.get("constraints") or [])
+        config = row.config or ua.config
+        constraints = list(ua.constraints or [])
         trials.append(TrialView(
             number=ft.number, state=state, status=status, objective_values=values, constraints=constraints,
-            feasible=bool(ua.get("feasible", all(c <= 0 for c in constraints))),
-            params=dict(ua.get("values") or ft.params),
+            feasible=ua.feasible if ua.feasible is not None else all(c <= 0 for c in constraints),
+            params=dict(ua.values or ft.params),
             config=config, diff=config_diff(config, ref_config, engine_name) if config and ref_config else {},
             summary=row.summary, quality=shown_quality(config, row.quality), engine=row.engine,
-            requests_jsonl=row.requests_jsonl, failure_reason=reason, not_meaningful=ua.get("not_meaningful"),
-            log_tail=row.log_tail or ua.get("log_tail"), startup_s=row.startup_s, wall_s=row.wall_s))
+            requests_jsonl=row.requests_jsonl, failure_reason=reason, not_meaningful=ua.not_meaningful,
+            log_tail=row.log_tail or ua.log_tail, startup_s=row.startup_s, wall_s=row.wall_s))
     probe = None if random_weights(ref_config) else (reference or {}).get("probe")
     floor = floor_estimates(probe)
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,

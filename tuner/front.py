@@ -289,16 +289,17 @@ class Plateau:
 def _complete_measured(study: Study) -> list[FrozenTrial]:
     import optuna
 
-    from tracetune.tuner.storage import Status
+    from tracetune.tuner.trial_record import TrialRecord
 
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.user_attrs.get("status", Status.MEASURED) == Status.MEASURED
-            and not t.user_attrs.get("not_meaningful")]
+            if (record := TrialRecord.of(t)).measured and not record.not_meaningful]
 
 
 def measured_trials(study: Study) -> list[FrozenTrial]:
     """The complete trials measured within their constraints: the candidates of the front."""
-    return [t for t in _complete_measured(study) if t.user_attrs.get("feasible", True)]
+    from tracetune.tuner.trial_record import TrialRecord
+
+    return [t for t in _complete_measured(study) if TrialRecord.of(t).is_feasible]
 
 
 def trials_beyond_only_the_gate(study: Study) -> list[FrozenTrial]:
@@ -306,10 +307,13 @@ def trials_beyond_only_the_gate(study: Study) -> list[FrozenTrial]:
     study has one: `tuner.objectives.constraint_names`); failed requests are the caller's to check."""
     if not study.user_attrs.get("quality_gate") and study.user_attrs.get("max_quality_loss") is None:
         return []
+    from tracetune.tuner.trial_record import TrialRecord
+
     out = []
     for t in _complete_measured(study):
-        constraints = t.user_attrs.get("constraints") or []
-        if not t.user_attrs.get("feasible", True) and constraints and constraints[-1] > 0 \
+        record = TrialRecord.of(t)
+        constraints = record.constraints or []
+        if not record.is_feasible and constraints and constraints[-1] > 0 \
                 and all(c <= 0 for c in constraints[:-1]):
             out.append(t)
     return out
@@ -318,7 +322,9 @@ def trials_beyond_only_the_gate(study: Study) -> list[FrozenTrial]:
 def trials_outside_constraints(study: Study) -> int:
     """Measured trials left out of the front for breaking a constraint (an SLO, the quality gate,
     failed requests)."""
-    return sum(not t.user_attrs.get("feasible", True) for t in _complete_measured(study))
+    from tracetune.tuner.trial_record import TrialRecord
+
+    return sum(not TrialRecord.of(t).is_feasible for t in _complete_measured(study))
 
 
 def pareto_trials(study: Study) -> list[FrozenTrial]:
