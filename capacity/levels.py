@@ -27,7 +27,7 @@ from tracetune.capacity.step import (
 )
 from tracetune.errors import InputError
 from tracetune.replay.runner import MetricsSource, replay
-from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
+from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
 
 if TYPE_CHECKING:
     from tracetune.replay.workers import ClientPool
@@ -179,7 +179,7 @@ class LevelRunner:
         misses = MissCounter(self.options.slos, last_from_s=last_from)
         why = ["misses"]
 
-        def certain(finished, in_flight, now) -> bool:
+        def certain(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
             if misses(finished, in_flight, now) > budget:
                 return True
             if misses.last > last_budget:
@@ -257,7 +257,7 @@ class LevelRunner:
         own = [dataclasses.replace(r, scheduled_s=r.scheduled_s - start) for r in requests[n_lead:]]
         misses = MissCounter(self.options.slos, last_from_s=start)
 
-        def certain(finished, in_flight, now) -> bool:
+        def certain(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
             misses(finished, in_flight, now)
             return budget is not None and misses.last > budget
 

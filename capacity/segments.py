@@ -84,18 +84,18 @@ class Windows:
     def load(self) -> np.ndarray:
         """Arrivals per second of each window with its lead-in: what the engine was sent before and
         while the window's own requests arrived (a quiet window after a burst inherits its queue)."""
-        return (self.counts + self.lead_counts) / (self.widths + LEAD_IN * self.length_s)
+        return np.asarray((self.counts + self.lead_counts) / (self.widths + LEAD_IN * self.length_s))
 
     @property
     def full(self) -> np.ndarray:
-        return self.widths >= self.length_s * (1 - 1e-9)
+        return np.asarray(self.widths >= self.length_s * (1 - 1e-9))
 
     @property
     def last_part(self) -> np.ndarray:
         """The windows of the trace's last third (by their middle), whose attainment a whole-trace
         level must meet on its own (`capacity.sustain.LAST_PART`)."""
         middle = (self.edges[:-1] + self.edges[1:]) / 2
-        return middle >= self.edges[0] + (self.edges[-1] - self.edges[0]) * (1 - LAST_PART)
+        return np.asarray(middle >= self.edges[0] + (self.edges[-1] - self.edges[0]) * (1 - LAST_PART))
 
     def part(self, cell: int, kind: str) -> Part:
         return Part(kind, cell, float(self.edges[cell]), float(self.edges[cell + 1]), int(self.counts[cell]),

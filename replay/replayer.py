@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import TypeVar
 
+from tracetune.engine_adapter.http_stream import Session
 from tracetune.engine_adapter.openai_client import StreamedCompletion, encoded_request, new_session, stream_completion
 from tracetune.errors import InputError
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, RequestRecord, StopWhen
@@ -51,7 +52,7 @@ class Replayer:
                                max_tokens=request.max_tokens, ignore_eos=self.options.ignore_eos,
                                temperature=temperature, extra_body=extra)
 
-    async def _send(self, session, request: PreparedRequest, body: bytes,
+    async def _send(self, session: Session, request: PreparedRequest, body: bytes,
                     on_first_output: Callable[[], None] | None = None) -> StreamedCompletion:
         return await stream_completion(
             session, self.base_url, model=self.model, prompt=request.prompt, messages=request.messages,
@@ -60,7 +61,7 @@ class Replayer:
             keep_text=self.options.keep_text, on_first_output=on_first_output,
         )
 
-    async def _measured(self, session, request: PreparedRequest, body: bytes, start: float, total: int,
+    async def _measured(self, session: Session, request: PreparedRequest, body: bytes, start: float, total: int,
                         scheduled_s: float) -> RequestRecord:
         send = self.clock()
         live = self.live[request.index] = InFlight(send, scheduled_s=scheduled_s)
@@ -93,7 +94,7 @@ class Replayer:
             self.on_record(record)
         return record
 
-    async def warmup(self, session, requests: Sequence[PreparedRequest]) -> int:
+    async def warmup(self, session: Session, requests: Sequence[PreparedRequest]) -> int:
         """Send the warm-up requests (concurrently, unmeasured); return how many failed."""
         outs = await asyncio.gather(*(self._send(session, r, self._body(r)) for r in requests))
         return sum(not o.success for o in outs)
@@ -102,8 +103,8 @@ class Replayer:
         """Every request's body, encoded before the clock starts (not while the schedule runs)."""
         return [self._body(r) for r in requests]
 
-    async def open_loop(self, session, measured: Sequence[PreparedRequest], bodies: Sequence[bytes], start: float,
-                        stop_when: StopWhen | None, t_first: float | None = None) -> None:
+    async def open_loop(self, session: Session, measured: Sequence[PreparedRequest], bodies: Sequence[bytes],
+                        start: float, stop_when: StopWhen | None, t_first: float | None = None) -> None:
         """Send each request at `start` + its scheduled time - `t_first` (default: the first one's);
         with `stop_when`, stop sending and cancel what is in flight as soon as it says the outcome
         is certain."""

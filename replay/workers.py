@@ -205,14 +205,18 @@ class PoolRun:
     connection_waits: int
 
 
-def _receive(conn: multiprocessing.connection.Connection, i: int) -> tuple[str, list, list, int, int]:
+Report = tuple[str, list[RequestRecord], list[InFlight], int, int]  # kind, records, in flight, sent, waits
+
+
+def _receive(conn: multiprocessing.connection.Connection, i: int) -> Report:
     try:
         message = conn.recv()
     except EOFError:
         raise RuntimeError(f"client process {i} died during the replay (see its output above)") from None
     if message[0] == "error":
         raise RuntimeError(f"client process {i} failed: {message[1]}")
-    return message
+    report: Report = message
+    return report
 
 
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
@@ -237,8 +241,9 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-async def _serve(conn, base_url: str, model: str, requests: list[PreparedRequest], options: ReplayOptions,
-                 headers: dict[str, str] | None, t_first: float) -> None:
+async def _serve(conn: multiprocessing.connection.Connection, base_url: str, model: str,
+                 requests: list[PreparedRequest], options: ReplayOptions, headers: dict[str, str] | None,
+                 t_first: float) -> None:
     from tracetune.engine_adapter.openai_client import new_session
 
     replayer = Replayer(base_url, model, options, headers=headers)
