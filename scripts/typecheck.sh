@@ -28,7 +28,7 @@ shutil.rmtree(tree, ignore_errors=True)
 top = tree / "tracetune"
 top.mkdir(parents=True)
 for f in (root / dirs["tracetune"]).iterdir():
-    if f.suffix in (".py", ".pyi") or f.name == "py.typed":
+    if f.suffix in (".py", ".pyi") or f.name == "py.typed" or (f / "__init__.py").is_file():
         (top / f.name).symlink_to(os.path.relpath(f, top))
 real = {"tracetune/": dirs["tracetune"].rstrip("/") + "/"}  # tree prefix -> source prefix
 for name, folder in sorted(dirs.items()):
