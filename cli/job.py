@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tracetune.types import JsonDict
 
@@ -50,8 +50,9 @@ def make_tuner(request: TuneRequest, console: Console) -> tuple[Tuner, Progress]
     if any(r.input_length is not None for r in request.trace.records):
         from transformers import AutoTokenizer
 
-        from tracetune.replay.synth import PromptSynthesizer
-        synthesizer = PromptSynthesizer(AutoTokenizer.from_pretrained(str(request.model_dir)))
+        from tracetune.replay.synth import PromptSynthesizer, Tokenizer
+        # transformers' tokenizer types do not spell out the protocol's signatures; the tokenizer meets it
+        synthesizer = PromptSynthesizer(cast("Tokenizer", AutoTokenizer.from_pretrained(str(request.model_dir))))
 
     factory = request.engine.make_checkpoint  # quantized checkpoints and derived drafts, made on first use
     make_checkpoint: CheckpointMaker | None = None if factory is None else \

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from tracetune.types import Json
 
@@ -51,17 +51,20 @@ def add_slo_option(parser: argparse.ArgumentParser, *, required: bool = False,
     parser.add_argument("--slo", type=slo_spec, required=required, metavar="SPEC", help=help)
 
 
+N = TypeVar("N", int, float)
+
+
 # Numeric flags, checked as the command line is read: a value that can only fail later (0 requests, a
 # port past 65535, a NaN timeout) is a usage error that names the flag (argparse prefixes
 # "argument --FLAG:"), exit 2, before anything is read, started or written.
-def number(text: str, kind: type, what: str, ok: Callable[[Any], bool]) -> Any:
+def number(text: str, kind: Callable[[str], N], what: str, ok: Callable[[N], bool]) -> N:
     """`text` read as `kind` (int or float; a float must be finite) for which `ok` holds, or a usage
     error saying what the flag takes: "expected WHAT, got 'TEXT'"."""
     try:
         value = kind(text)
     except ValueError:
-        value = None
-    if value is None or (kind is float and not math.isfinite(value)) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if (kind is float and not math.isfinite(value)) or not ok(value):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 

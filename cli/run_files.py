@@ -10,9 +10,15 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from tracetune.errors import InputError
+from tracetune.types import Json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tracetune.replay.types import RequestRecord
 
 RECORDS_FILE = "requests.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -21,7 +27,7 @@ RUN_MARKERS = (RECORDS_FILE, SUMMARY_FILE, "engine-*.log")
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
 
 
-def fresh_out_dir(out_dir: Path, console: Any) -> Path:
+def fresh_out_dir(out_dir: Path, console: Console) -> Path:
     """`out_dir`, or where it holds an earlier run's results, the first free `DIR-2`, `DIR-3`, ...
     beside it (said on the console): results are never written over. A file there is an error."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -48,11 +54,11 @@ class RecordLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.records: list[Any] = []
+        self.records: list[RequestRecord] = []
         self.lines: list[str] = []
         self._file: IO[str] | None = None
 
-    def __call__(self, record: Any, **label: Any) -> None:
+    def __call__(self, record: RequestRecord, **label: Json) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (open until close())

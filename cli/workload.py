@@ -7,7 +7,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tracetune.replay.trace import Trace
+    from tracetune.replay.types import ReplayOptions
 
 PROFILE_EPILOG = """\
 examples:
@@ -46,7 +54,7 @@ def profile_command(args: argparse.Namespace, console) -> int:
     return 0
 
 
-def trace_report(trace: Any, options: Any, console) -> dict[str, Any]:
+def trace_report(trace: Trace, options: ReplayOptions, console: Console) -> JsonDict:
     """Print the trace's profile in one line; where --max-requests/--max-duration cut it, the cut's
     too, and a warning naming how it differs from the whole trace. Returns the whole trace's profile."""
     from tracetune.replay.profile import bounds_text, compare, profile, profile_records

@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Unpack, runtime_checkable
 
 import httpx
 
 from tracetune.engine_adapter.http_stream import Session
 from tracetune.engine_adapter.metrics import EngineMetrics, parse_metrics
-from tracetune.engine_adapter.openai_client import StreamedCompletion, stream_completion
+from tracetune.engine_adapter.openai_client import StreamedCompletion, StreamRequest, stream_completion
 from tracetune.errors import EngineError
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class Engine(Protocol):
     def exit_code(self) -> int | None:
         """Its process's exit code; None while it runs (or for an engine tracetune did not start)."""
 
-    async def stream(self, session: Session, **request: Any) -> StreamedCompletion:
+    async def stream(self, session: Session, **request: Unpack[StreamRequest]) -> StreamedCompletion:
         """One streamed completion (see `openai_client.stream_completion` for arguments)."""
 
     def metrics(self) -> EngineMetrics:
@@ -131,11 +131,11 @@ class HTTPEngine:
             raise EngineError(f"{self.name} engine is not started; call start() first")
         return self.endpoint
 
-    async def stream(self, session: Session, **request: Any) -> StreamedCompletion:
+    async def stream(self, session: Session, **request: Unpack[StreamRequest]) -> StreamedCompletion:
         ep = self._require_endpoint()
-        request.setdefault("model", ep.model)
-        headers = {**ep.headers, **(request.pop("headers", None) or {})}
-        return await stream_completion(session, ep.base_url, headers=headers or None, **request)
+        headers = {**ep.headers, **(request.get("headers") or {})}
+        ask: StreamRequest = {**request, "model": request.get("model", ep.model), "headers": headers or None}
+        return await stream_completion(session, ep.base_url, **ask)
 
     def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
         ep = self._require_endpoint()

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from tracetune.engine_adapter.http_stream import (
     BadStream,
@@ -64,6 +65,26 @@ def token_count(usage: JsonDict, key: str) -> int | None:
     if not 0 <= value <= MAX_TOKEN_COUNT:
         raise BadStream(f"bad usage: {key} {value} is outside 0..{MAX_TOKEN_COUNT:,}")
     return value
+
+
+class StreamRequest(TypedDict, total=False):
+    """What a caller asks of one streamed completion: `stream_completion`'s keywords (an engine
+    fills in `model` and its headers when they are not given)."""
+
+    model: str
+    prompt: str | None
+    messages: list[JsonDict] | None
+    max_tokens: int
+    ignore_eos: bool
+    temperature: float
+    extra_body: JsonDict | None
+    timeout_s: float | None
+    headers: dict[str, str] | None
+    clock: Callable[[], float]
+    on_text: Callable[[str], None] | None
+    keep_text: bool
+    on_first_output: Callable[[], None] | None
+    body: bytes | None
 
 
 @dataclasses.dataclass
