@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 from report import RESULTS, ms, open_store  # noqa: E402  (scripts/gpu/report.py, this script's neighbour)
 
 from tracetune.capacity.step import bracket_rps, level_verdict  # noqa: E402
-from tracetune.engine_adapter.vllm.settings import config_diff  # noqa: E402
+from tracetune.engine_adapter.registry import engine_kind  # noqa: E402
 from tracetune.replay.importers import arrival_grid  # noqa: E402
 from tracetune.replay.metrics import parse_slos  # noqa: E402
 from tracetune.tuner.storage import REFERENCE_RUN, records_of_level  # noqa: E402
+
+config_diff = engine_kind("vllm").config_diff  # how a stored vLLM config reads against another
 
 STUDY, MOON = "h200-cap", "h200-moon"
 GPU_HOUR_USD = 3.5  # the hourly price of one H200 assumed for $ per 1M output tokens

@@ -18,10 +18,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from tracetune.engine_adapter.vllm.settings import config_diff  # noqa: E402
+from tracetune.engine_adapter.registry import engine_kind  # noqa: E402
 from tracetune.replay.metrics import parse_slos, summarize  # noqa: E402
 from tracetune.replay.types import ReplayOptions, ReplayResult, RequestRecord  # noqa: E402
 from tracetune.tuner.storage import ResultStore  # noqa: E402
+
+config_diff = engine_kind("vllm").config_diff  # how a stored vLLM config reads against another
 
 RESULTS = ROOT / "docs" / "results" / "h200"
 
