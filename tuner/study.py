@@ -37,7 +37,7 @@ from tracetune.capacity.step import Verdict
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.registry import EngineKind, engine_kind
 from tracetune.errors import EngineError, Rejected, TuneError
-from tracetune.quality.probe import QualityResult, Reference, quality_key
+from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import Summary
 from tracetune.replay.trace import Trace
 from tracetune.search_spaces.space import SearchSpace
@@ -47,11 +47,12 @@ from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason
 from tracetune.tuner.measure import client_overload_reason
 from tracetune.tuner.objectives import constraint_values, objective_value
 from tracetune.tuner.optuna_study import open_study, queue_first_trials, report_retries
+from tracetune.tuner.reference_run import ReferenceRun
 from tracetune.tuner.reporter import NullReporter, Reporter
-from tracetune.tuner.runner import Measurement, QualityProbe, TrialRunner
+from tracetune.tuner.runner import Measurement, TrialRunner
 from tracetune.tuner.secrets import Redactor
 from tracetune.tuner.settings import StudySettings
-from tracetune.tuner.storage import REFERENCE_RUN, ResultStore, Status
+from tracetune.tuner.storage import ResultStore, Status
 from tracetune.tuner.trial_end import Attempt, Infeasible, Measured, Outcome, Reused, TrialEnd
 from tracetune.tuner.trial_record import TrialRecord
 from tracetune.types import JsonDict
@@ -90,80 +91,23 @@ class Tuner:
                                  reporter=self.reporter)
         self.worker = self.coord.worker
         self.ending = TrialEnd(settings, self.store, self.reporter, self.redact)  # records every trial's outcome
-        self.reference: Reference | None = None
-        self.reference_config: EngineConfig | None = None  # the engine's settings model (engine.config_model)
-        self.reference_values: list[float] | None = None
-        self.reference_capacity: float | None = None  # the reference's capacity level k
-        self._quality_known: dict[str, tuple[int, JsonDict]] = {}  # quality key -> (trial, quality)
+        self.ref = ReferenceRun(settings, store=self.store, coord=self.coord, runner=runner, reporter=self.reporter)
         self._rival: Candidate | None = None  # what the running trial's capacity search may stop at (prune_level)
 
-    # -- the reference -------------------------------------------------------------------------
+    # -- the reference (tuner.reference_run) ----------------------------------------------------
     def ensure_reference(self) -> None:
-        """Measure the unquantized reference once per study (reused on resume, and by every other
-        worker: the first one claims it, the others wait for its row)."""
-        name, reference_of = self.settings.study_name, self.engine.reference
+        """Measure the engine's reference configuration once per study (`ReferenceRun.ensure`)."""
+        reference_of = self.engine.reference
         assert reference_of is not None, "a tuned engine is tunable (cli.tune checks)"
-        self.reference_config = reference_of(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
-        stored = self.store.reference(name)
-        if stored is None:
-            holder = self.coord.claim_or_wait("reference", REFERENCE_RUN, "the reference")
-            stored = self.store.reference(name)
-            if stored is None and holder is not None:
-                raise TuneError("the reference claim is marked done but no reference is stored; "
-                                "delete the study's tracetune_claims row 'reference' and run again")
-        if stored is None:
-            self._measure_reference()
-            return
-        self.reference = Reference.from_json(stored["probe"])
-        if stored.get("summary"):
-            self._set_reference_values(stored["summary"])
-        self.reporter.on_reference_reused()
-
-    def _measure_reference(self) -> None:
-        assert self.reference_config is not None
-        name = self.settings.study_name
-        self.reporter.on_reference_start(config=self.reference_config)
-        config = json.loads(self.reference_config.model_dump_json())
-        with self.coord.measuring("reference", REFERENCE_RUN):
-            measured = self.runner.measure(self.reference_config, "reference", probe=self._probe())
-            self.reference = measured.reference
-            assert self.reference is not None, "the reference's run measures its continuations"
-            self.store.save_reference(name, config=config, probe=self.reference.to_json(),
-                                      summary=measured.summary.as_dict())
-            self.store.save_trial(name, REFERENCE_RUN, Status.MEASURED, config=config, **measured.stored())
-            self.store.save_levels(name, REFERENCE_RUN, measured.levels)
-        self._set_reference_values(measured.summary)
-        self.reporter.on_reference_done(summary=measured.summary, quality=measured.quality)
-
-    def _probe(self) -> QualityProbe:
-        """What this study's quality probes compare against, and the qualities it already knows."""
-        config = None if self.reference_config is None else json.loads(self.reference_config.model_dump_json())
-        return QualityProbe(reference=self.reference, reference_config=config, known=self._known_quality)
-
-    def _known_quality(self, key: str) -> tuple[int, JsonDict] | None:
-        """(trial, quality) of a configuration with this quality key probed by this worker, or stored
-        by any (another worker's, or before a resume)."""
-        return self._quality_known.get(key) or next(
-            ((n, q) for n, c, q in self.store.measured_qualities(self.settings.study_name) if quality_key(c) == key),
-            None)
+        self.ref.ensure(reference_of(fixed=self.space.fixed, model_dir=self.model_dir, base=self.base))
 
     @property
-    def capacity_start(self) -> float:
-        """Where a trial's capacity search starts: the reference's capacity (most configurations
-        land near it, so the bracket closes in a few levels), else the trace's own rate."""
-        capacity = self.settings.capacity
-        if capacity is None or not self.reference_capacity:
-            return 1.0
-        return min(max(self.reference_capacity, capacity.min_scale), capacity.max_scale)
+    def reference_values(self) -> list[float] | None:
+        """The reference's objective values, once measured (or read back): a front candidate."""
+        return self.ref.values
 
     def _set_reference_values(self, summary: Summary | JsonDict) -> None:
-        """The reference as a candidate: its objective values (quality loss 0 by definition) and
-        its capacity level, where trials start their capacity search. `summary` as measured, or as stored."""
-        if not isinstance(summary, Summary):
-            summary = Summary.from_dict(summary)
-        self.reference_values = [objective_value(n, summary, None) if n != "quality_loss" else 0.0
-                                 for n in self.settings.objectives]
-        self.reference_capacity = (summary.capacity or {}).get("capacity_scale") or None
+        self.ref.set_values(summary)
 
     # -- the Optuna objective ------------------------------------------------------------------
     def objective(self, trial: optuna.trial.Trial) -> list[float]:
@@ -197,14 +141,14 @@ class Tuner:
         self.reporter.on_trial_start(number=trial.number, values=dict(attempt.values), config=config)
         self._rival = None
         try:
-            measured = self.runner.measure(config, f"trial-{trial.number:04d}", probe=self._probe(),
-                                           start=self.capacity_start,
+            measured = self.runner.measure(config, f"trial-{trial.number:04d}", probe=self.ref.probe(),
+                                           start=self.ref.capacity_start,
                                            prune=lambda *args: self.prune_level(trial.study, *args))
         except EngineError as exc:
             return Infeasible(Status.ENGINE_FAILED, exc.reason, log_tail=exc.log_tail)
         quality = measured.quality
         if quality is not None and quality.reused_from is None and quality.key is not None:
-            self._quality_known[quality.key] = (trial.number, quality.as_dict())
+            self.ref.quality_known[quality.key] = (trial.number, quality.as_dict())
         return self._judged(measured, attempt.config or {})
 
     def _judged(self, measured: Measurement, config: JsonDict) -> Outcome:

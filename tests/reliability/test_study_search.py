@@ -72,14 +72,14 @@ def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypat
     from tracetune.engine_adapter.vllm.server import VLLMConfig
 
     tuner = make_tuner(tmp_path, lambda c: (0.1, 10.0, 0.0), space_yaml=SEQS)
-    tuner.reference = REFERENCE
+    tuner.ref.reference = REFERENCE
     runner = engine_runner(tmp_path)
 
     def server(endpoint):  # an engine that serves prompt log-probabilities
         return type("S", (), {"endpoint": endpoint, "quality_probe": True})()
 
     def quality(endpoint, config, label):  # the runner's probe, with what the study knows now
-        return runner._quality(server(endpoint) if endpoint else None, config, label, tuner._probe())[0]
+        return runner._quality(server(endpoint) if endpoint else None, config, label, tuner.ref.probe())[0]
 
     measured = []
     monkeypatch.setattr(study_module, "measure_candidate", lambda endpoint, ref: measured.append(endpoint)
