@@ -75,7 +75,7 @@ if proc.returncode == 1 and not errors and not only:  # errors in a form not rea
     sys.exit(1)
 scope = (" in " + " ".join(only) + f" ({elsewhere} elsewhere)") if only else ""
 if errors:
-    print(f"typecheck: {errors} errors in {len(files)} files{scope}")
+    print(f"typecheck: {errors} error{'s' * (errors != 1)} in {len(files)} file{'s' * (len(files) != 1)}{scope}")
     sys.exit(1)
 print(f"typecheck: no errors{scope}")
 PY
