@@ -15,6 +15,7 @@ from tracetune.dashboard.export.pick import PickRule
 from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, ServeSpec, gpu_vllm_version
 from tracetune.dashboard.export.text import comment_safe
 from tracetune.dashboard.metrics import display_value
+from tracetune.quality.gate import UNDECIDED, QualityGate
 
 
 def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
@@ -33,7 +34,7 @@ def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions,
                      "until --load-format is removed and the model points at real weights of the same shape")
     if trial.diff:
         lines.append("differs from the reference: " + ", ".join(f"{k}={v}" for k, v in trial.diff.items()))
-    if trial.category == "infeasible":
+    if trial.category == "infeasible" and not trial.is_reference:  # the reference's own warning: `choice_notes`
         lines.append("WARNING: this trial violates the study's SLOs or quality gate")
     if trial.beaten_by_reference:
         lines.append("WARNING: vLLM's defaults (the reference) are at least as good on every objective: "
@@ -133,6 +134,11 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
 
     if trial.is_reference:
         lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
+        if study.decision is not None and not study.decision.reference_feasible:
+            breach = study.decision.reference_breach
+            lines.append("WARNING: vLLM's defaults break the study's SLO" + (f" ({breach})" if breach else "")
+                         + ": this is the reference, not a recommendation; it will not serve this traffic within "
+                           "the SLO")
         return lines + _turned_down(study, trial, rule)
     if (trial.config or {}).get("load_format") == "dummy":
         return ["quality cost vs vLLM's defaults: not measurable (random weights give speed, never quality): "
@@ -141,21 +147,26 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
     lines = ["quality cost vs vLLM's defaults: " + (cost_text(trial.quality) if measured else "not measured")]
     gate = study.quality_gate
     if gate is None:  # the page judges by the default gate then (`StudyView.shown_gate`): so does the export
-        default = study.shown_gate
-        judged = ("" if not measured else f"; it is within the default gate ({default})"
-                  if default.violation(trial.quality) <= 0 else
-                  f"; it is OUTSIDE the default gate ({default}): not recommended unless that loss is acceptable "
-                  f"for this model and traffic")
+        judged = f"; it is {_gate_word(study.shown_gate, trial, 'the default gate')}" if measured else ""
         lines.append("this study set no quality gate (--max-quality-loss none, or a study from before the "
                      "default gate), so nothing held this cost back" + judged)
     elif not measured:
         lines.append(f"the study's quality gate ({gate}) could not be checked: this quality was not measured")
-    elif gate.violation(trial.quality) <= 0:
-        lines.append(f"within the study's quality gate ({gate})")
     else:
-        lines.append(f"OUTSIDE the study's quality gate ({gate}): not recommended unless that loss is acceptable "
-                     f"for this model and traffic")
+        lines.append(_gate_word(gate, trial, "the study's quality gate"))
     return lines + _turned_down(study, trial, rule)
+
+
+def _gate_word(gate: QualityGate, trial: TrialView, name: str) -> str:
+    """The gate's decision on the trial's quality interval (`QualityGate.decide`), in the export's words:
+    within, OUTSIDE, or UNDECIDED (the interval reaches both sides of the limit; never called within)."""
+    decision = gate.decide(trial.quality)
+    if decision.within:
+        return f"within {name} ({gate})"
+    if decision.word == UNDECIDED:
+        return "UNDECIDED" + decision.text(f"{name} ({gate})").removeprefix("undecided") + \
+            "; not recommended until it is decided"
+    return f"OUTSIDE {name} ({gate}): not recommended unless that loss is acceptable for this model and traffic"
 
 
 def _turned_down(study: StudyView, chosen: TrialView, rule: PickRule | None) -> list[str]:
