@@ -294,9 +294,11 @@ def _decision_trial(study, store, name: str, number: int, gate) -> None:
     result["output_throughput_tps"] = exact(tps)
     if ttft is None:
         del result["latency_s"]["ttft"]["p99"]
-    from tracetune.replay.metrics import parse_slos
+    from tracetune.dashboard.metrics import run_of
+    from tracetune.replay.metrics import Summary, parse_slos
 
-    constraints = constraint_values(result, quality(loss), parse_slos(SLO, flag="--slo"), gate)
+    run = run_of(Summary.from_dict(result), quality(loss))  # as the dashboard reads the stored run back
+    constraints = constraint_values(run.summary, run.quality, parse_slos(SLO, flag="--slo"), gate)
     values = [math.inf if ttft is None else ttft, tps, loss]  # what Optuna keeps of a missing value
     study.add_trial(create_trial(
         state=TrialState.COMPLETE, values=values, params=params,

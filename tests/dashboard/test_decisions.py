@@ -67,14 +67,15 @@ def test_an_infeasible_trial_names_what_it_lacks_or_breaks(gated):
                                          "before the SLO was set, or by an older tracetune)"]
     assert math.isnan(gated.trial(3).metric("ttft_p99"))  # Optuna's inf is no value to plot
     from tests.dashboard.synthetic import summary
-    from tracetune.replay.metrics import parse_slos
+    from tracetune.replay.metrics import Summary, parse_slos
 
     slos = parse_slos("ttft:p99<800ms", flag="--slo")
-    broken = {**summary(0.9, 10.0), "error_rate": 0.1, "errors": 2, "requests": 20}
+    broken = Summary.from_dict({**summary(0.9, 10.0), "error_rate": 0.1, "errors": 2, "requests": 20})
     assert metrics.violations(broken, None, slos, None, [0.1]) == [
         "2 of 20 requests failed (10.0%): a measurement of the survivors only",
         "breaks the SLO ttft:p99<800ms: ttft p99 900 ms"]
-    assert metrics.violations(summary(0.5, 10.0), None, slos, None, [0.3]) == ["constraint 1 = 0.3 (> 0 breaks it)"]
+    kept = Summary.from_dict(summary(0.5, 10.0))
+    assert metrics.violations(kept, None, slos, None, [0.3]) == ["constraint 1 = 0.3 (> 0 breaks it)"]
 
 
 def test_zero_width_intervals_a_hair_apart_are_a_tie(nogate):
@@ -99,10 +100,15 @@ def test_stale_running_is_interrupted_and_waiting_is_queued(nogate):
 
 
 def test_speculation_from_engine_counters():
-    assert metrics.speculation({"spec_decode_draft_tokens": 10.0, "spec_decode_accepted_tokens": 6.0,
-                                "spec_decode_drafts": 4.0}) == (pytest.approx(0.6), pytest.approx(2.5))
-    assert metrics.speculation({"spec_decode_draft_tokens": 0.0, "spec_decode_accepted_tokens": 0.0}) == (None, None)
-    assert metrics.speculation({"spec_decode_draft_tokens": 10.0, "spec_decode_accepted_tokens": 6.0}) == (
+    from tracetune.engine_adapter.metrics import EngineMetrics
+
+    def speculation(stored):
+        return metrics.speculation(EngineMetrics.from_dict(stored))
+
+    assert speculation({"spec_decode_draft_tokens": 10.0, "spec_decode_accepted_tokens": 6.0,
+                        "spec_decode_drafts": 4.0}) == (pytest.approx(0.6), pytest.approx(2.5))
+    assert speculation({"spec_decode_draft_tokens": 0.0, "spec_decode_accepted_tokens": 0.0}) == (None, None)
+    assert speculation({"spec_decode_draft_tokens": 10.0, "spec_decode_accepted_tokens": 6.0}) == (
         pytest.approx(0.6), None)  # a run stored before the drafts counter
 
 
