@@ -1,7 +1,9 @@
 """The dashboard (`tune dashboard`) and exports (`tune export`): read-only views of a study's storage.
 
-- `data.py`: a study loaded as `StudyView` (the front with the reference, ties, thresholds); `storage.py`:
-  reading a storage safely; `metrics.py`, `tables.py`, `records.py`, `progress.py`: what pages show.
+- `data.py`: a study read from its storage (`storage.py`: safely) into a `StudyView` (`study_view.py`) of
+  `TrialView`s (`trial.py`), each run's stored records read back as their types; `standing.py`: the front
+  with the reference, ties, why a trial is off it; `metrics.py`, `tables.py`, `records.py`, `progress.py`:
+  what pages show.
 - `capacity.py`: capacity at the SLO (bracket, caveats, load steps) from a run's stored result.
 - `charts.py`: plotly figures from those views.
 - `export.py`: vllm-cmd / compose / k8s / helm-values / json exporters; `pick.py`: which trial (`--pick`).
