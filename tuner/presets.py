@@ -19,18 +19,21 @@ Presets are ordinary trials: they count toward --trials and are measured like an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from tracetune.replay.trace import TraceRecord
+from tracetune.search_spaces.space import SearchSpace
+from tracetune.tuner.trial_record import ParamValue
 
 # Share of a response's word 4-grams found in its prompt from which ngram speculation is tried first.
 COPY_RATE = 0.2
 
 
-def _offers(space: Any, name: str, value: Any) -> bool:
+def _offers(space: SearchSpace, name: str, value: ParamValue) -> bool:
     param = space.parameters.get(name)
     return param is not None and param.choices is not None and value in param.choices
 
 
-def copy_rate(records: Sequence[Any]) -> float | None:
+def copy_rate(records: Sequence[TraceRecord]) -> float | None:
     """Mean share of the recorded responses' word 4-grams that also occur in their prompts (None
     when no record has both a text prompt and a response)."""
     rates = []
@@ -51,10 +54,10 @@ DEFAULT_LIKE = {"max_num_seqs": "max", "max_num_batched_tokens": "max", "enable_
                 "enable_prefix_caching": True, "speculative": "none", "kv_cache_dtype": "auto", "weight_bits": 16}
 
 
-def near_defaults(space: Any, changes: dict[str, Any]) -> dict[str, Any]:
+def near_defaults(space: SearchSpace, changes: dict[str, ParamValue]) -> dict[str, ParamValue]:
     """`changes` on top of the space's values nearest vLLM's defaults (parameters the space lacks, or a
     default it does not offer, are left to the sampler)."""
-    out: dict[str, Any] = {}
+    out: dict[str, ParamValue] = {}
     for name, want in DEFAULT_LIKE.items():
         param = space.parameters.get(name)
         if param is None or param.choices is None:
@@ -66,9 +69,9 @@ def near_defaults(space: Any, changes: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in out.items() if space.active(name, out)}
 
 
-def presets(space: Any, records: Sequence[Any]) -> list[dict[str, Any]]:
+def presets(space: SearchSpace, records: Sequence[TraceRecord]) -> list[dict[str, ParamValue]]:
     """The first trials worth trying in this space for this trace, in order."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, ParamValue]] = []
     if _offers(space, "weight_bits", 8):
         out.append(near_defaults(space, {"weight_bits": 8, "kv_cache_dtype": "fp8"}
                                  if _offers(space, "kv_cache_dtype", "fp8") else {"weight_bits": 8}))

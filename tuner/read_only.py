@@ -5,11 +5,16 @@ exports read studies this way, and so does a warm start (an earlier study, perha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tracetune.errors import InputError
 from tracetune.tuner.secrets import display_url
 from tracetune.tuner.storage import normalize_url
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    import sqlalchemy
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -22,7 +27,7 @@ def sqlite_path(url: str) -> Path | None:
     return Path(path) if path and path != ":memory:" and not path.startswith("file:") else None
 
 
-def read_only_engine(url: str) -> Any:
+def read_only_engine(url: str) -> sqlalchemy.Engine:
     """A SQLAlchemy engine that cannot write the database at `url`."""
     import sqlalchemy
 
@@ -30,7 +35,7 @@ def read_only_engine(url: str) -> Any:
     return sqlalchemy.create_engine(url, **_engine_kwargs(url))
 
 
-def _connect_read_only(path: str) -> Any:
+def _connect_read_only(path: str) -> sqlite3.Connection:
     """A SQLite connection that cannot write `path` (nor create it): `mode=ro` on a `file:` URI."""
     import sqlite3
     from urllib.parse import quote
@@ -39,7 +44,7 @@ def _connect_read_only(path: str) -> Any:
                            check_same_thread=False)
 
 
-def _engine_kwargs(url: str) -> dict[str, Any]:
+def _engine_kwargs(url: str) -> dict[str, object]:
     """Read-only connections: a SQLite file opened `mode=ro` (waiting for a writer's lock up to
     30 s), PostgreSQL sessions whose transactions are read-only; a server that does not answer
     fails within 10 s."""

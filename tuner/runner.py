@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from tracetune.quality.probe import QualityResult, Reference
 from tracetune.replay.metrics import Summary
+from tracetune.replay.types import RequestRecord
+from tracetune.types import JsonDict
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.kind import EngineConfig
 
 # prune(summary, quality, gpus, base_rps) -> the load level at which a capacity search may stop early
 # (`capacity.search.search_capacity`'s `prune_at`), from what the trial measured so far; None: never.
 PruneAt = Callable[[Summary, "QualityResult | None", int, float], "float | None"]
 # A level a capacity search measured: (scale, is it a repeat, its request records).
-Level = tuple[float, bool, Any]
+Level = tuple[float, bool, list[RequestRecord]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +30,19 @@ class QualityProbe:
     stored quality) of a configuration already probed with the same quality key, or None."""
 
     reference: Reference | None = None
-    reference_config: dict[str, Any] | None = None  # for `quality.lossless_by_construction`
-    known: Callable[[str], tuple[int, dict[str, Any]] | None] = lambda key: None
+    reference_config: JsonDict | None = None  # for `quality.lossless_by_construction`
+    known: Callable[[str], tuple[int, JsonDict] | None] = lambda key: None
+
+
+class StoredColumns(TypedDict):
+    """A trial row's measured columns (`ResultStore.save_trial` keywords), as JSON-ready values."""
+
+    summary: JsonDict
+    quality: JsonDict | None
+    engine: JsonDict | None
+    requests_jsonl: str
+    log_tail: str
+    startup_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +57,7 @@ class Measurement:
     levels: tuple[Level, ...] = ()  # every load level of a capacity search, in search order
     reference: Reference | None = None  # the reference continuations, when this run measured them
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> StoredColumns:
         """The trial row's measured columns (`ResultStore.save_trial` keywords), as JSON-ready values."""
         return {"summary": self.summary.as_dict(), "quality": self.quality.as_dict() if self.quality else None,
                 "engine": self.summary.engine, "requests_jsonl": self.requests_jsonl, "log_tail": self.log_tail,
@@ -53,7 +69,7 @@ class TrialRunner(Protocol):
     "trial-NNNN"); raises `errors.EngineError` when the engine fails (a failed trial, not a
     failed study)."""
 
-    def measure(self, config: Any, label: str, *, probe: QualityProbe | None, start: float = 1.0,
+    def measure(self, config: EngineConfig, label: str, *, probe: QualityProbe | None, start: float = 1.0,
                 prune: PruneAt | None = None) -> Measurement:
         """`probe` None: no quality probe. `start`: the load level (x the trace's rate) where a
         capacity search starts."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TypeVar, cast
 
 # Words of a setting's name that make it a credential: HF_TOKEN and --api-key are, --max-num-batched-tokens
 # and --tokenizer are not (a word, not a substring).
@@ -97,6 +97,9 @@ def secret_values(*, env: dict[str, str] | None = None, process_env: dict[str, s
     return sorted({v for v in found if len(v) >= _MIN_SECRET_LEN}, key=len, reverse=True)
 
 
+_T = TypeVar("_T")
+
+
 class Redactor:
     """Replaces every known secret value with *** in strings, lists and dicts."""
 
@@ -105,18 +108,20 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
-    def __call__(self, value: Any) -> Any:
+    def __call__(self, value: _T) -> _T:
+        """`value` with every secret masked (strings, and the strings inside lists, tuples and dicts)."""
         if not self.secrets or value is None:
             return value
         if isinstance(value, str):
+            text: str = value
             for secret in self.secrets:
-                if secret in value:
-                    value = value.replace(secret, self.MASK)
-            return value
+                if secret in text:
+                    text = text.replace(secret, self.MASK)
+            return cast(_T, text)
         if isinstance(value, dict):
-            return {self(k): self(v) for k, v in value.items()}
+            return cast(_T, {self(k): self(v) for k, v in value.items()})
         if isinstance(value, (list, tuple)):
-            return type(value)(self(v) for v in value)
+            return cast(_T, type(value)(self(v) for v in value))
         return value
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from tracetune.capacity.step import CapacityOptions
 from tracetune.errors import InputError
@@ -12,6 +11,8 @@ from tracetune.quality.gate import QualityGate
 from tracetune.replay.metrics import SLO
 from tracetune.replay.types import ReplayOptions
 from tracetune.tuner.objectives import constraint_names
+from tracetune.tuner.trial_record import ParamValue
+from tracetune.types import Json, JsonDict
 
 
 @dataclasses.dataclass
@@ -37,7 +38,7 @@ class StudySettings:
     prune: bool = True  # stop a capacity search early where the trial cannot be on the front (`Tuner.prune_level`)
     presets: bool = True  # informed first trials (tuner.presets) before the sampler's
     warm_start: tuple[str, str] | None = None  # (storage URL, study): an earlier study's configs tried first
-    enqueue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    enqueue: list[dict[str, ParamValue]] = dataclasses.field(default_factory=list)
     # A worker refreshes its running trial's (and claim's) heartbeat every `heartbeat_s`; one silent
     # for 2 x heartbeat_s is considered dead: its trial is failed and retried, its claim taken over.
     heartbeat_s: int = 30
@@ -45,7 +46,7 @@ class StudySettings:
     secrets: list[str] = dataclasses.field(default_factory=list, repr=False)  # never stored
     api_key: str | None = dataclasses.field(default=None, repr=False)  # sent to our own engines
     trace_sha256: str | None = None  # the trace file's content hash: one of the study's rules (`study_rules`)
-    trace_profile: dict[str, Any] | None = None  # `replay.profile.Profile.as_dict()`, kept with the study
+    trace_profile: JsonDict | None = None  # `replay.profile.Profile.as_dict()`, kept with the study
 
     @property
     def grace_s(self) -> int:
@@ -68,7 +69,7 @@ RULE_FLAGS = {"objectives": "--objectives", "slo": "--slo", "attainment": "--att
 RULES_ATTR = "rules"
 
 
-def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) -> dict[str, Any]:
+def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) -> JsonDict:
     """This run's rules (`RULE_FLAGS`): attainment and precision only where a capacity search uses
     them; the model by its directory's name (workers on other hosts keep it elsewhere)."""
     capacity = settings.capacity
@@ -78,7 +79,7 @@ def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) 
             "trace_sha256": settings.trace_sha256, "engine": engine, "model": Path(str(model_dir)).name}
 
 
-def _shown(name: str, value: Any) -> str:
+def _shown(name: str, value: Json) -> str:
     if value is None or value == "":
         return f"no {RULE_FLAGS[name]}"
     if name == "trace_sha256":
@@ -88,7 +89,7 @@ def _shown(name: str, value: Any) -> str:
     return f"{RULE_FLAGS[name]} {value}"
 
 
-def check_rules(study_name: str, attrs: dict[str, Any], rules: dict[str, Any]) -> bool:
+def check_rules(study_name: str, attrs: JsonDict, rules: JsonDict) -> bool:
     """Refuse (InputError, exit 2) to resume study `study_name`, whose user attributes are `attrs`,
     under `rules` (`study_rules`) that differ from those it was measured under, naming both. False
     when the study predates kept rules (only its objectives could be checked), True otherwise."""
