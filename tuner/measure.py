@@ -189,7 +189,7 @@ class EngineRunner:
         """The trace at its own rate. A replay whose client could not keep the schedule (its
         summary says client_overloaded) measured the client: it is sent again by twice as many
         client processes while the machine has the cores; what is still overloaded then is
-        reported as unmeasurable by `Tuner._measured`, never as the engine's failure."""
+        reported as unmeasurable by `Tuner._judged`, never as the engine's failure."""
         n_warm = min(self.settings.replay.warmup_requests, len(self.requests))
         procs = self.settings.client_procs or workers.auto_client_procs(self.requests[n_warm:], engine_cores)
         endpoint = _endpoint(server)

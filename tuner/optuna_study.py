@@ -18,8 +18,8 @@ from tracetune.tuner.coordination import check_same_choices, counted, make_stora
 from tracetune.tuner.objectives import OBJECTIVES, make_sampler, startup_trials
 from tracetune.tuner.presets import presets
 from tracetune.tuner.reporter import Reporter
-from tracetune.tuner.settings import RULES_ATTR, StudySettings, check_rules, study_rules
-from tracetune.tuner.trial_record import ParamValue
+from tracetune.tuner.settings import StudySettings, check_rules, study_rules
+from tracetune.tuner.trial_record import ParamValue, StudyAttr
 
 if TYPE_CHECKING:
     import optuna
@@ -47,12 +47,12 @@ def open_study(settings: StudySettings, *, space: SearchSpace, engine: str, mode
         raise InputError(f"study {settings.study_name!r} exists with objectives in other directions; "
                          f"use another --study name or the same --objectives")
     rules = study_rules(settings, engine=engine, model_dir=model_dir)
-    if study.user_attrs.get("objectives") is None:
+    if study.user_attrs.get(StudyAttr.OBJECTIVES) is None:
         _keep_rules(study, settings, rules, platform)
     else:  # the command line checked this already, before it wrote anything (cli.job.check_resume)
         check_rules(settings.study_name, study.user_attrs, rules)
     check_same_choices(study, space, settings.study_name)
-    for key, value in {**settings.economics, "trace_profile": settings.trace_profile}.items():
+    for key, value in {**settings.economics, StudyAttr.TRACE_PROFILE.value: settings.trace_profile}.items():
         study.set_user_attr(key, value)
     return study, storage
 
@@ -61,19 +61,19 @@ def _keep_rules(study: optuna.Study, settings: StudySettings, rules: Mapping[str
                 platform: Platform) -> None:
     """A new study's rules and what the dashboard draws them with (`settings.RULE_FLAGS`)."""
     # The rules first: a worker that finds the objectives (a study made) finds its rules too.
-    study.set_user_attr(RULES_ATTR, {k: v for k, v in rules.items() if k != "objectives"})
-    study.set_user_attr("objectives", settings.objectives)
-    study.set_user_attr("slos", [str(s) for s in settings.slos])
+    study.set_user_attr(StudyAttr.RULES.value, {k: v for k, v in rules.items() if k != "objectives"})
+    study.set_user_attr(StudyAttr.OBJECTIVES.value, settings.objectives)
+    study.set_user_attr(StudyAttr.SLOS.value, [str(s) for s in settings.slos])
     gate = settings.max_quality_loss
     if isinstance(gate, QualityGate):
-        study.set_user_attr("quality_gate", gate.spec)
+        study.set_user_attr(StudyAttr.QUALITY_GATE.value, gate.spec)
         # The nats limit is drawn on the quality_loss axis (nats per token) by the dashboard.
-        study.set_user_attr("max_quality_loss", gate.limit if gate.unit == "nats" else None)
+        study.set_user_attr(StudyAttr.MAX_QUALITY_LOSS.value, gate.limit if gate.unit == "nats" else None)
     else:
-        study.set_user_attr("max_quality_loss", gate)
-    study.set_user_attr("platform", platform.value)
-    study.set_user_attr("vllm_version", installed_vllm_version())
-    study.set_user_attr("heartbeat_s", settings.heartbeat_s)  # silent for twice this: its worker is gone
+        study.set_user_attr(StudyAttr.MAX_QUALITY_LOSS.value, gate)
+    study.set_user_attr(StudyAttr.PLATFORM.value, platform.value)
+    study.set_user_attr(StudyAttr.VLLM_VERSION.value, installed_vllm_version())
+    study.set_user_attr(StudyAttr.HEARTBEAT_S.value, settings.heartbeat_s)
 
 
 def queue_first_trials(study: optuna.Study, settings: StudySettings, *, space: SearchSpace,

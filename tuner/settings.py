@@ -11,7 +11,7 @@ from tracetune.quality.gate import QualityGate
 from tracetune.replay.metrics import SLO
 from tracetune.replay.types import ReplayOptions
 from tracetune.tuner.objectives import constraint_names
-from tracetune.tuner.trial_record import ParamValue
+from tracetune.tuner.trial_record import ParamValue, StudyAttr
 from tracetune.types import Json, JsonDict
 
 
@@ -35,7 +35,7 @@ class StudySettings:
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
     patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row
-    prune: bool = True  # stop a capacity search early where the trial cannot be on the front (`Tuner.prune_level`)
+    prune: bool = True  # stop a capacity search early where the trial cannot be on the front (`incumbents.prune_rival`)
     presets: bool = True  # informed first trials (tuner.presets) before the sampler's
     warm_start: tuple[str, str] | None = None  # (storage URL, study): an earlier study's configs tried first
     enqueue: list[dict[str, ParamValue]] = dataclasses.field(default_factory=list)
@@ -66,7 +66,7 @@ class StudySettings:
 # checked when it is resumed (`check_rules`): trials measured under other rules never share a front.
 RULE_FLAGS = {"objectives": "--objectives", "slo": "--slo", "attainment": "--attainment",
               "precision": "--precision", "trace_sha256": "--trace", "engine": "--engine", "model": "--model"}
-RULES_ATTR = "rules"
+RULES_ATTR = StudyAttr.RULES.value
 
 
 def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) -> JsonDict:
@@ -95,8 +95,8 @@ def check_rules(study_name: str, attrs: JsonDict, rules: JsonDict) -> bool:
     when the study predates kept rules (only its objectives could be checked), True otherwise."""
     kept = attrs.get(RULES_ATTR)
     stored = dict(kept or {})
-    if attrs.get("objectives") is not None:  # kept by every tracetune, before the other rules were
-        stored["objectives"] = attrs["objectives"]
+    if attrs.get(StudyAttr.OBJECTIVES) is not None:  # kept by every tracetune, before the other rules were
+        stored["objectives"] = attrs[StudyAttr.OBJECTIVES]
     # A rule kept as None was not known when the study was made (a Tuner given no trace hash): unchecked.
     differ = [name for name in RULE_FLAGS if stored.get(name) is not None and stored[name] != rules.get(name)]
     if differ:

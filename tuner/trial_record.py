@@ -41,6 +41,20 @@ class Attr(enum.StrEnum):
     STATUS = "status"                              # how it ended (`tuner.storage.Status`); written last
 
 
+class StudyAttr(enum.StrEnum):
+    """The user attribute keys of a study, as stored (`tuner.optuna_study` writes them)."""
+
+    RULES = "rules"                        # the rules its trials are measured under (`settings.study_rules`)
+    OBJECTIVES = "objectives"              # its objectives' names, in order: set once a study is made
+    SLOS = "slos"
+    QUALITY_GATE = "quality_gate"          # the gate's spec, when it has one
+    MAX_QUALITY_LOSS = "max_quality_loss"  # the gate's nats limit (drawn on the quality_loss axis)
+    PLATFORM = "platform"
+    VLLM_VERSION = "vllm_version"
+    HEARTBEAT_S = "heartbeat_s"            # its workers' heartbeat: silent for twice this, a worker is gone
+    TRACE_PROFILE = "trace_profile"        # `replay.profile.Profile.as_dict()`
+
+
 class HasUserAttrs(Protocol):
     """An Optuna trial, running (`optuna.trial.Trial`) or finished (`optuna.trial.FrozenTrial`)."""
 

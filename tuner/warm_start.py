@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tracetune.errors import InputError
-from tracetune.tuner.trial_record import ParamValue, TrialRecord
+from tracetune.tuner.trial_record import ParamValue, StudyAttr, TrialRecord
 from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def earlier_configs(url: str, name: str, *, space: SearchSpace, platform: str,
         _check_same_setting(source, read_reference(storage.engine, name), name, platform=platform, model=model)
         front, trials = pareto_trials(source), measured_trials(source)
         directions = [d.name.lower() for d in source.directions]
-        i = deciding_objective(list(source.user_attrs.get("objectives") or []), directions)
+        i = deciding_objective(list(source.user_attrs.get(StudyAttr.OBJECTIVES) or []), directions)
     finally:
         storage.engine.dispose()
     sign = -1.0 if directions[i] == "maximize" else 1.0
@@ -56,7 +56,7 @@ def earlier_configs(url: str, name: str, *, space: SearchSpace, platform: str,
 
 def _check_same_setting(source: optuna.Study, reference: JsonDict | None, name: str, *, platform: str,
                         model: str) -> None:
-    theirs = source.user_attrs.get("platform")
+    theirs = source.user_attrs.get(StudyAttr.PLATFORM)
     if theirs and theirs != platform:
         raise InputError(f"--warm-start {name}: measured on {theirs}, this study runs on {platform}; what wins "
                          f"there says little here")
