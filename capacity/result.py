@@ -48,6 +48,13 @@ class Verdict(enum.StrEnum):
     PRUNED = "pruned"
 
 
+# The failed tests whose words need no numbers (`Step.why`).
+_WHY: dict[str, str] = {DecidedBy.MISSES: "more misses than the target allows",
+                        DecidedBy.LAST_THIRD_MISSES: "more misses in the last third than the target allows",
+                        DecidedBy.ATTAINMENT: "below the target",
+                        DecidedBy.PERCENTILE_TARGET: "a percentile target missed"}
+
+
 @dataclasses.dataclass
 class Step:
     """One load level as measured: `requests` were sent of `planned`, `duration_s` of wall time."""
@@ -149,10 +156,7 @@ class Step:
         if self.decided_by == DecidedBy.TTFT_RISING and self.ttft_trend:
             slope, low, high = (v * 1000 for v in self.ttft_trend[:3])
             return f"TTFT still rising, {slope:+.3g} ms/s [{low:+.3g}, {high:+.3g}]"
-        return {DecidedBy.MISSES: "more misses than the target allows",
-                DecidedBy.LAST_THIRD_MISSES: "more misses in the last third than the target allows",
-                DecidedBy.ATTAINMENT: "below the target",
-                DecidedBy.PERCENTILE_TARGET: "a percentile target missed"}.get(self.decided_by, self.decided_by)
+        return _WHY.get(self.decided_by, self.decided_by)
 
 
 # What a search's verdict means for the number, in a few words (verdict OK says nothing).
