@@ -284,21 +284,23 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
 
             kind = engine_kind("openai")
             engine = kind.make()
-            engine.start(kind.config_model(base_url=args.endpoint, model=args.served_model,
-                                           api_key_env=args.api_key_env))
+            engine.start(kind.load_config({"base_url": args.endpoint, "model": args.served_model,
+                                           "api_key_env": args.api_key_env}))
             engine.wait_healthy(60)
             yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
         else:
+            from tracetune.engine_adapter.platform import detect_platform
             from tracetune.engine_adapter.registry import make_engine
 
-            engine = make_engine("vllm", out_dir)
+            platform = detect_platform()
+            engine = make_engine("vllm", out_dir, platform=platform)
             with console.status("starting vLLM…") as status:
                 t0 = time.perf_counter()
                 engine.launch(config, args.start_timeout,
                               on_tick=lambda s: status.update(f"starting vLLM… {s:.0f}s (log: {engine.log_path})"))
             console.print(f"vLLM healthy after {time.perf_counter() - t0:.1f}s (log: {engine.log_path})")
             yield engine, Path(config.model), {"engine": "vllm", "config": json.loads(config.model_dump_json()),
-                                                "platform": engine.platform.value}
+                                                "platform": platform.value}
     finally:
         if engine is not None:
             engine.stop()
