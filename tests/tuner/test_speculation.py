@@ -19,7 +19,7 @@ parameters:
   speculative: {choices: [none, ngram]}
   num_speculative_tokens: {low: 3, high: 3, when: {speculative: [ngram]}}
 """
-ARGS = argparse.Namespace(gpu_hour_cost=None, target_rate=None)
+ARGS = argparse.Namespace(gpu_hour_cost=None, target_rate=None, engine_type="vllm")
 
 
 def test_speculation_on_random_weights_is_not_meaningful():
