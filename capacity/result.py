@@ -10,7 +10,7 @@ import enum
 import math
 
 from tracetune.capacity import segments
-from tracetune.replay.metrics import number
+from tracetune.stored import Stored, listed, mapping, number, text, whole
 from tracetune.types import JsonDict
 
 
@@ -89,21 +89,21 @@ class Step:
     attainment_bounds: list[float] | None = None  # the whole trace's, [low, high], from the parts replayed
     undecided: bool = False  # the bounds still straddled the target after the most parts: the estimate decided
 
-    def as_dict(self) -> JsonDict:
+    def as_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "outcome": self.outcome}
 
     @classmethod
-    def from_dict(cls, stored: JsonDict) -> Step:
+    def from_dict(cls, stored: Stored) -> Step:
         """A level as `as_dict` stored it; a field an older tracetune did not store takes its default
         (`outcome` is derived, not read)."""
         known = {f.name: f for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in stored.items() if k in known}
+        values: JsonDict = {k: v for k, v in stored.items() if k in known}  # as stored: fields typed below
         for name in ("scale", "rps", "output_tps", "attainment", "duration_s"):
             values[name] = number(values.get(name))
         for name in ("passed", "abandoned"):
             values[name] = bool(values.get(name))
         for name in ("requests", "planned", "good"):
-            values[name] = int(values.get(name) or 0)
+            values[name] = whole(values.get(name))
         return cls(**values)
 
     @property
@@ -206,9 +206,9 @@ class CapacityResult:
     def replay_s(self) -> float:
         return sum(s.duration_s for s in self.steps)
 
-    def as_dict(self) -> JsonDict:
+    def as_dict(self) -> dict[str, object]:
         high = self.bracket_high
-        out: JsonDict = {
+        out: dict[str, object] = {
             "capacity_scale": self.capacity_scale or 0.0, "capacity_rps": self.capacity_rps,
             "capacity_output_tps": self.capacity_output_tps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
             "bracket_scale": [self.capacity_scale or 0.0, high],
@@ -225,12 +225,12 @@ class CapacityResult:
         return out
 
     @classmethod
-    def from_dict(cls, stored: JsonDict) -> CapacityResult:
+    def from_dict(cls, stored: Stored) -> CapacityResult:
         """A result as `as_dict` stored it (the derived rates recomputed from the stored ones); a field
         an older tracetune did not store takes its default."""
         scale = number(stored.get("capacity_scale"))
         scale_or_none = scale if math.isfinite(scale) and scale > 0 else None
-        high = (list(stored.get("bracket_scale") or []) + [None, None])[1]
+        high = (listed(stored.get("bracket_scale")) + [None, None])[1]
         base_rps = number(stored.get("base_rps"))
         if not math.isfinite(base_rps):  # derived from the capacity it offered
             base_rps = number(stored.get("capacity_rps")) / scale if scale_or_none else 0.0
@@ -240,11 +240,12 @@ class CapacityResult:
         return cls(
             attainment_target=number(stored.get("attainment_target", 0.95)),
             precision=number(stored.get("precision", 0.05)),
-            slos=list(stored.get("slo") or []), steps=[Step.from_dict(s) for s in stored.get("steps") or []],
+            slos=[text(s) for s in listed(stored.get("slo"))],
+            steps=[Step.from_dict(mapping(s)) for s in listed(stored.get("steps"))],
             capacity_scale=scale_or_none, bracket_high=None if high is None else number(high), base_rps=base_rps,
-            base_output_tps=number(stored.get("base_output_tps") or 0.0), gpus=max(int(stored.get("gpus") or 1), 1),
+            base_output_tps=number(stored.get("base_output_tps") or 0.0), gpus=max(whole(stored.get("gpus"), 1), 1),
             mean_prompt_tokens=_ratio(input_tps, rps), unstable=bool(stored.get("unstable")),
-            verdict=Verdict(stored.get("verdict") or Verdict.OK), search_s=number(stored.get("search_s") or 0.0),
+            verdict=Verdict(text(stored.get("verdict")) or Verdict.OK), search_s=number(stored.get("search_s") or 0.0),
             usd_per_1m_output_tokens=None if cost is None else number(cost))
 
     @property
@@ -305,17 +306,17 @@ class CapacityResult:
 
 
 # -- a stored result (`CapacityResult.as_dict()`) in words -------------------------------------------
-def bracket_rps(cap: JsonDict | None) -> tuple[float, float | None]:
+def bracket_rps(cap: Stored | None) -> tuple[float, float | None]:
     """A stored result's [highest passing, lowest failing] offered requests/s (`CapacityResult.bracket_rps`)."""
     return CapacityResult.from_dict(cap).bracket_rps() if cap else (math.nan, None)
 
 
-def bracket_text(cap: JsonDict | None, *, per_gpu: bool = False) -> str:
+def bracket_text(cap: Stored | None, *, per_gpu: bool = False) -> str:
     """A stored result's bracket in words (`CapacityResult.bracket_text`; "" without one)."""
     return CapacityResult.from_dict(cap).bracket_text(per_gpu=per_gpu) if cap else ""
 
 
-def caveats(cap: JsonDict | None) -> list[str]:
+def caveats(cap: Stored | None) -> list[str]:
     """A stored result's caveats (`CapacityResult.caveats`; none without one)."""
     return CapacityResult.from_dict(cap).caveats() if cap else []
 

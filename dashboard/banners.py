@@ -12,7 +12,7 @@ from tracetune.quality.gate import random_weights
 
 def on_random_weights(study: data.StudyView) -> bool:
     """The study measured on random weights: speed only, no quality number, gate or floor on any page."""
-    return random_weights((study.reference or {}).get("config"))
+    return random_weights(study.reference.get("config") if study.reference else None)
 
 
 def _gate_off(study: data.StudyView) -> None:

@@ -129,7 +129,7 @@ def load_study(url: str, name: str | None = None) -> StudyView:
             summary=row.summary, quality=shown_quality(config, row.quality), engine=row.engine,
             requests_jsonl=row.requests_jsonl, failure_reason=reason, not_meaningful=ua.not_meaningful,
             log_tail=row.log_tail or ua.log_tail, startup_s=row.startup_s, wall_s=row.wall_s))
-    probe = None if random_weights(ref_config) else (reference or {}).get("probe")
+    probe = None if random_weights(ref_config) else (reference.get("probe") if reference else None)
     floor = floor_estimates(probe)
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,
                      slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),

@@ -9,9 +9,10 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from tracetune.quality.gate import UNDECIDED, GateDecision, QualityGate
+from tracetune.quality.probe import StoredQuality
 from tracetune.replay.metrics import SLO
 from tracetune.tuner.front import REFERENCE, Decision, slo_breach
-from tracetune.types import JsonDict
+from tracetune.tuner.storage import StoredReference
 
 
 class Judged(Protocol):
@@ -20,7 +21,7 @@ class Judged(Protocol):
     number: int
     feasible: bool
     on_front: bool
-    quality: JsonDict | None
+    quality: StoredQuality | None
     violations: list[str]
     gate_decision: GateDecision | None
 
@@ -54,10 +55,10 @@ def quality_words(trials: Iterable[Judged], gate_words: str) -> dict[int | str, 
             if t.gate_decision is not None and t.gate_decision.measured is not None and not t.gate_decision.within}
 
 
-def breach(reference: JsonDict | None, slos: Sequence[SLO], feasible: bool) -> str:
+def breach(reference: StoredReference | None, slos: Sequence[SLO], feasible: bool) -> str:
     """How vLLM's defaults (the stored reference: config and summary) break the study's SLO, e.g. "TTFT
     p95 17.8 s against 2 s, every load failed" ("" when they keep it)."""
-    return "" if feasible else slo_breach((reference or {}).get("summary"), slos)
+    return "" if feasible else slo_breach(reference.get("summary") if reference else None, slos)
 
 
 def mark_reference(ref: Judged | None, decision: Decision | None) -> None:

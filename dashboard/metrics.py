@@ -11,10 +11,9 @@ from tracetune.capacity.step import CapacityResult
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
-from tracetune.quality.probe import QualityResult
+from tracetune.quality.probe import QualityResult, StoredQuality
 from tracetune.replay.metrics import SLO, Estimate, Summary
 from tracetune.tuner.objectives import OBJECTIVE_METRICS, Direction, Metric, Run
-from tracetune.types import JsonDict
 
 
 # Every metric a trial can be plotted, filtered or picked by (`tuner.objectives.Metric`): the tuner's
@@ -61,7 +60,7 @@ def metric_label(name: str) -> tuple[str, float]:
     return (metric.label, metric.scale) if metric else (name, 1.0)
 
 
-def run_of(summary: Summary | None, quality: JsonDict | None = None,
+def run_of(summary: Summary | None, quality: StoredQuality | None = None,
            engine: EngineMetrics | None = None) -> Run | None:
     """A stored run (its summary, quality and engine counters as read back) as its metrics read it;
     None without a summary. A quality result this version cannot read counts as not measured."""
@@ -74,18 +73,10 @@ def run_of(summary: Summary | None, quality: JsonDict | None = None,
     return Run(summary, typed_quality, engine)
 
 
-_ESTIMATES = ("nll_delta_per_token", "greedy_agreement", "accuracy", "kld", "top1_agreement", "ppl_change")
-
-
-def _quality_of(stored: JsonDict) -> QualityResult:
-    """A stored quality result as `QualityResult`, an estimate without its interval (an older study's)
-    read with a NaN interval, a count it lacks as 0."""
-    filled = {**stored, "n_prompts": stored.get("n_prompts") or 0,
-              "nll_delta_per_token": stored.get("nll_delta_per_token"),
-              **{k: Estimate.from_dict(stored[k]).as_dict() for k in _ESTIMATES if stored.get(k)}}
-    if stored.get("beyond_floor"):
-        filled["beyond_floor"] = {k: Estimate.from_dict(v).as_dict() for k, v in stored["beyond_floor"].items()}
-    return QualityResult.from_dict(filled)
+def _quality_of(stored: StoredQuality) -> QualityResult | None:
+    """A stored quality result as `QualityResult` (`from_dict` reads an estimate without its interval,
+    an older study's, with a NaN interval, a count it lacks as 0); None without its NLL increase."""
+    return QualityResult.from_dict(stored) if stored.get("nll_delta_per_token") else None
 
 
 def metric_value(name: str, run: Run | None) -> float:
@@ -151,7 +142,7 @@ def display_interval(name: str, interval: tuple[float, float] | None) -> str:
 QUALITY_UNITS = (("ppl_change", "perplexity"), ("kld", "KLD"), ("top1_agreement", "top-1"))
 
 
-def quality_text(quality: JsonDict | None) -> str:
+def quality_text(quality: StoredQuality | None) -> str:
     """A stored quality result in the one vocabulary of tables, best.json and exports, each unit with
     its 95% interval: "perplexity +2.67% [+2.45%, +2.88%] · KLD 0.0120 [0.0108, 0.0132] · top-1 0.970
     [0.960, 0.980]" ("-" when not measured)."""
@@ -162,7 +153,7 @@ def quality_text(quality: JsonDict | None) -> str:
             est = Estimate.from_dict(entry)
             shown = "" if math.isnan(est.low) or math.isnan(est.high) else \
                 f" [{_unit_value(name, est.low)}, {_unit_value(name, est.high)}]"
-            parts.append(f"{word} {_unit_value(name, entry['value'])}{shown}")
+            parts.append(f"{word} {_unit_value(name, est.value)}{shown}")
     return " · ".join(parts) or "-"
 
 
@@ -172,7 +163,7 @@ def _unit_value(name: str, value: float) -> str:
     return f"{value:.4f}" if name == "kld" else f"{value:.3f}"
 
 
-def violations(summary: Summary | None, quality: JsonDict | None, slos: Sequence[SLO], gate: QualityGate | None,
+def violations(summary: Summary | None, quality: StoredQuality | None, slos: Sequence[SLO], gate: QualityGate | None,
                constraints: list[float]) -> list[str]:
     """Why a measured run is outside the study's constraints, one line each: failed requests, each
     SLO it breaks or whose statistic its summary lacks, the quality gate (or the quality it lacks).

@@ -18,7 +18,7 @@ from tracetune.types import JsonDict
 if TYPE_CHECKING:
     from sqlalchemy import Engine, RowMapping
 
-    from tracetune.tuner.storage import StoredRun
+    from tracetune.tuner.storage import StoredReference, StoredRun
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def _as_datetime(value: dt.datetime | str) -> dt.datetime:
     return value.replace(tzinfo=None)
 
 
-def read_results(engine: Engine, name: str) -> tuple[dict[int, StoredRun], JsonDict | None]:
+def read_results(engine: Engine, name: str) -> tuple[dict[int, StoredRun], StoredReference | None]:
     """tracetune's rows for a study, read with plain SELECTs (tuner.storage's ResultStore would
     create missing tables: the dashboard never writes): each trial's run (`StoredRun`), and the
     reference as stored ({"config", "probe", "summary"})."""
@@ -160,7 +160,7 @@ def read_results(engine: Engine, name: str) -> tuple[dict[int, StoredRun], JsonD
 
     tables = set(inspect(engine).get_table_names())
     rows: dict[int, StoredRun] = {}
-    reference = None
+    reference: StoredReference | None = None
     with engine.connect() as conn:
         if trial_results.name in tables:
             query = select(trial_results).where(trial_results.c.study_name == name)
@@ -171,5 +171,6 @@ def read_results(engine: Engine, name: str) -> tuple[dict[int, StoredRun], JsonD
         if references.name in tables:
             found = conn.execute(select(references).where(references.c.study_name == name)).mappings().first()
             if found is not None:
-                reference = decoded(found, ("config", "probe", "summary"))
+                item = decoded(found, ("config", "probe", "summary"))
+                reference = {"config": item["config"], "probe": item["probe"], "summary": item["summary"]}
     return rows, reference

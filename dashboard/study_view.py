@@ -15,7 +15,7 @@ from tracetune.quality.gate import QualityGate
 from tracetune.replay.metrics import SLO, Estimate, Summary
 from tracetune.tuner.front import Decision, economics
 from tracetune.tuner.objectives import Run
-from tracetune.types import JsonDict
+from tracetune.tuner.storage import StoredReference
 
 
 @dataclasses.dataclass
@@ -29,7 +29,7 @@ class StudyView:
     slos: list[str]
     max_quality_loss: float | None
     trials: list[TrialView]
-    reference: JsonDict | None          # {"config", "summary"} as stored
+    reference: StoredReference | None   # {"config", "probe", "summary"} as stored
     platform: str                       # the platform the study measured on (cpu | cuda | unknown)
     decision: Decision | None = None    # over the study objectives (reference included)
     economics: dict[str, float] = dataclasses.field(default_factory=dict)  # gpu_hour_cost, target_rate

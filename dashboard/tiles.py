@@ -12,7 +12,8 @@ from streamlit.delta_generator import DeltaGenerator
 from tracetune.dashboard import data, metrics
 from tracetune.dashboard.banners import on_random_weights
 from tracetune.quality.gate import random_weights, verdict
-from tracetune.types import JsonDict
+from tracetune.quality.probe import StoredQuality
+from tracetune.replay.metrics import StoredEstimate
 
 # Tiles' units, short enough for a tile of a wide page (the table and axis labels say them in full).
 TILE_UNITS = {"capacity": "req/s/GPU", "output_tps": "tok/s", "request_tps": "req/s", "goodput": "req/s"}
@@ -45,7 +46,7 @@ def metric_delta(study: data.StudyView, trial: data.TrialView, name: str) -> str
     return f"{value - ref:+.3g} vs reference"
 
 
-def _quality_metric(column: DeltaGenerator, label: str, estimate: JsonDict | None, fmt: str) -> None:
+def _quality_metric(column: DeltaGenerator, label: str, estimate: StoredEstimate | None, fmt: str) -> None:
     """One quality unit, its unit in the value, with its 95% interval (the vocabulary of the table,
     best.json and exports)."""
     if not estimate:
@@ -63,7 +64,7 @@ def quality_section(study: data.StudyView, t: data.TrialView) -> None:
         st.caption("not measurable: measured on random weights (load_format dummy), which give speed, never "
                    "quality; measure quality with the real weights")
         return
-    q = t.quality or {}
+    q: StoredQuality = t.quality or {}
     # two tiles a row: four in half the page cut their values short
     k1, k2 = st.columns(2)
     _quality_metric(k1, "perplexity change", q.get("ppl_change"), "{:+.2%}")
@@ -77,8 +78,9 @@ def quality_section(study: data.StudyView, t: data.TrialView) -> None:
     st.caption(metrics.quality_text(q) + " (95% intervals)")
     if q and t.gate_decision is not None:
         st.caption(t.gate_decision.text(study.gate_words))
-    if q.get("accuracy") is not None:
-        st.caption(f"accuracy on labelled prompts: {q['accuracy']['value']:.1%}")
+    accuracy = q.get("accuracy")
+    if accuracy is not None:
+        st.caption(f"accuracy on labelled prompts: {accuracy['value']:.1%}")
     st.caption(f"{q.get('n_prompts', '?')} probe texts"
                + (f", {q['n_tokens']} tokens" if q.get("n_tokens") else "")
                + (f" · {verdict(q)}" if verdict(q) else "")

@@ -13,6 +13,7 @@ from tracetune.dashboard.capacity import capacity_of
 from tracetune.dashboard.metrics import metric_interval, metric_value, run_of
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.quality.gate import GateDecision
+from tracetune.quality.probe import StoredQuality
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.objectives import Run
 from tracetune.tuner.storage import REFERENCE_RUN
@@ -53,7 +54,7 @@ class TrialView:
     config: JsonDict | None         # the engine config's dump
     diff: JsonDict
     summary: Summary | None = None
-    quality: JsonDict | None = None  # quality.probe.QualityResult.as_dict(), as the gate reads it
+    quality: StoredQuality | None = None  # quality.probe.QualityResult.as_dict(), as the gate reads it
     engine: EngineMetrics | None = None  # the engine's counters (None: the summary's own)
     requests_jsonl: str | None = None
     failure_reason: str | None = None

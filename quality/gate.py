@@ -9,13 +9,10 @@ import math
 from collections.abc import Sequence
 
 from tracetune.errors import InputError
-from tracetune.quality.probe import Reference
-from tracetune.replay.metrics import Estimate, bootstrap_ci
-from tracetune.types import Json, JsonDict
-
-# A stored quality result (`quality.probe.QualityResult.as_dict()`, or an older study's subset of it),
-# as read back from storage.
-StoredQuality = JsonDict
+from tracetune.quality.probe import Reference, StoredQuality
+from tracetune.replay.metrics import Estimate, StoredEstimate, bootstrap_ci
+from tracetune.stored import Stored, mapping, number
+from tracetune.types import JsonDict
 
 # The gate's units: how each reads a stored quality dict, and which side of the limit passes.
 GATE_UNITS = {
@@ -150,12 +147,13 @@ def _tokens_to_decide(gate: QualityGate, quality: StoredQuality) -> int | None:
     return max(math.ceil(n * (half / margin) ** 2), n + 1)
 
 
-def _estimate(entry: Json) -> Estimate | None:
+def _estimate(raw: object) -> Estimate | None:
     """A stored estimate ({"value", "ci_low", "ci_high"}; an interval-less one: the value alone)."""
+    entry = mapping(raw)
     if not entry:
         return None
-    value = float(entry["value"])
-    return Estimate(value, float(entry.get("ci_low", value)), float(entry.get("ci_high", value)))
+    value = number(entry["value"])
+    return Estimate(value, number(entry.get("ci_low", value)), number(entry.get("ci_high", value)))
 
 
 def _beyond_floor(quality: StoredQuality, unit: str) -> Estimate | None:
@@ -173,17 +171,20 @@ def with_units(quality: StoredQuality | None) -> StoredQuality | None:
         return quality
     nll = _estimate(quality["nll_delta_per_token"])
     assert nll is not None
-    ppl = {"value": math.expm1(nll.value), "ci_low": math.expm1(nll.low), "ci_high": math.expm1(nll.high)}
-    return {**quality, "ppl_change": ppl}
+    ppl: StoredEstimate = {"value": math.expm1(nll.value), "ci_low": math.expm1(nll.low),
+                           "ci_high": math.expm1(nll.high)}
+    out = quality.copy()
+    out["ppl_change"] = ppl
+    return out
 
 
-def shown_quality(config: JsonDict | None, quality: StoredQuality | None) -> StoredQuality | None:
+def shown_quality(config: Stored | None, quality: StoredQuality | None) -> StoredQuality | None:
     """A configuration's stored quality as pages read it: in perplexity too (`with_units`); None on
     random weights, whose quality is not measurable (`random_weights`)."""
     return None if random_weights(config) else with_units(quality)
 
 
-def random_weights(config: JsonDict | None) -> bool:
+def random_weights(config: Stored | None) -> bool:
     """A configuration measured on random weights (load_format dummy): its speed is measured, its
     quality is not measurable (random weights agree with themselves whatever the configuration)."""
     return (config or {}).get("load_format") == "dummy"
@@ -243,9 +244,10 @@ def units_text(quality: StoredQuality | None) -> str:
     quality = with_units(quality)
     if not quality or not quality.get("ppl_change"):
         return "-"
-    parts = ([f"KLD {quality['kld']['value']:.4f}"] if quality.get("kld") else []) \
-        + [f"ppl {quality['ppl_change']['value'] * 100:+.1f}%"] \
-        + ([f"top-1 {quality['top1_agreement']['value']:.2f}"] if quality.get("top1_agreement") else [])
+    kld, top1 = _value(quality.get("kld")), _value(quality.get("top1_agreement"))
+    ppl = _value(quality.get("ppl_change"))
+    parts = ([f"KLD {kld:.4f}"] if kld is not None else []) + [f"ppl {number(ppl) * 100:+.1f}%"] \
+        + ([f"top-1 {top1:.2f}"] if top1 is not None else [])
     return " · ".join(parts + ([verdict(quality)] if verdict(quality) else []))
 
 
@@ -256,14 +258,20 @@ def cost_text(quality: StoredQuality | None) -> str:
     quality = with_units(quality)
     if not quality or not quality.get("ppl_change"):
         return "an unmeasured quality"
-    ppl = quality["ppl_change"]
+    ppl: StoredEstimate = quality.get("ppl_change") or {}
     text = f"{ppl['value'] * 100:+.1f}% perplexity [{ppl['ci_low'] * 100:+.1f}%, {ppl['ci_high'] * 100:+.1f}%]"
+    kld, top1 = _value(quality.get("kld")), _value(quality.get("top1_agreement"))
     units = []
-    if quality.get("kld"):
-        units.append(f"KLD {quality['kld']['value']:.3f}")
-    if quality.get("top1_agreement"):
-        units.append(f"top-1 {quality['top1_agreement']['value']:.2f}")
+    if kld is not None:
+        units.append(f"KLD {kld:.3f}")
+    if top1 is not None:
+        units.append(f"top-1 {top1:.2f}")
     return text + (f" ({', '.join(units)})" if units else "")
+
+
+def _value(estimate: StoredEstimate | None) -> float | None:
+    """A stored estimate's value; None without the estimate (missing, or stored as null or empty)."""
+    return estimate["value"] if estimate else None
 
 
 def floor_text(reference_probe: JsonDict | list[JsonDict] | None, estimates: dict[str, Estimate] | None = None) -> str:

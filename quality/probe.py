@@ -38,15 +38,16 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 import httpx
 import numpy as np
 
 from tracetune.engine_adapter.base import Endpoint
 from tracetune.errors import EngineError
-from tracetune.replay.metrics import Estimate, bootstrap_ci
+from tracetune.replay.metrics import Estimate, StoredEstimate, bootstrap_ci
 from tracetune.replay.trace import Trace
+from tracetune.stored import Stored, mapping, number, text, whole
 from tracetune.types import JsonDict
 
 _Item = TypeVar("_Item")
@@ -95,7 +96,7 @@ class Reference:
     # ("nll", "kld", "top1"), aligned with `items`. None for studies stored before it existed.
     floor: dict[str, list[float]] | None = None
 
-    def to_json(self) -> JsonDict:
+    def to_json(self) -> dict[str, object]:
         return {"items": [dataclasses.asdict(i) for i in self.items], "floor": self.floor}
 
     @classmethod
@@ -103,6 +104,27 @@ class Reference:
         if isinstance(data, list):  # stored before the noise floor: the items alone
             return cls(items=[ProbeItem(**d) for d in data])
         return cls(items=[ProbeItem(**d) for d in data["items"]], floor=data.get("floor"))
+
+
+class StoredQuality(TypedDict, total=False):
+    """A `QualityResult` as stored (`QualityResult.as_dict`); an older study stored a subset of it."""
+
+    nll_delta_per_token: StoredEstimate
+    greedy_agreement: StoredEstimate | None
+    exact_match: float | None
+    accuracy: StoredEstimate | None
+    n_prompts: int
+    kld: StoredEstimate | None
+    top1_agreement: StoredEstimate | None
+    ppl_change: StoredEstimate | None
+    beyond_floor: dict[str, StoredEstimate] | None
+    within_floor: bool | None
+    top_k: int
+    n_tokens: int
+    reused_from: int | None
+    key: str | None
+    lossless: bool | None
+    probe_noisy: bool
 
 
 @dataclasses.dataclass
@@ -130,32 +152,38 @@ class QualityResult:
         return bool(self.lossless) and self.within_floor is False
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> QualityResult:
+    def from_dict(cls, d: Stored) -> QualityResult:
         """The inverse of `as_dict` (a stored result, reused by a configuration of the same quality key)."""
-        def est(e: dict[str, float] | None) -> Estimate | None:
-            return Estimate(e["value"], e["ci_low"], e["ci_high"]) if e else None
+        def est(e: object) -> Estimate | None:
+            return Estimate.from_dict(e) if e else None
 
-        def known(e: dict[str, float]) -> Estimate:
-            return Estimate(e["value"], e["ci_low"], e["ci_high"])
+        def maybe(value: object) -> bool | None:
+            return None if value is None else bool(value)
 
-        return cls(nll_delta_per_token=known(d["nll_delta_per_token"]),
+        exact, reused, key = d.get("exact_match"), d.get("reused_from"), d.get("key")
+        beyond = mapping(d.get("beyond_floor"))
+        return cls(nll_delta_per_token=Estimate.from_dict(d.get("nll_delta_per_token")),
                    greedy_agreement=est(d.get("greedy_agreement")),
-                   exact_match=d.get("exact_match"), accuracy=est(d.get("accuracy")), n_prompts=d["n_prompts"],
+                   exact_match=None if exact is None else number(exact), accuracy=est(d.get("accuracy")),
+                   n_prompts=whole(d.get("n_prompts")),
                    kld=est(d.get("kld")), top1_agreement=est(d.get("top1_agreement")),
                    ppl_change=est(d.get("ppl_change")),
-                   beyond_floor={k: known(v) for k, v in d["beyond_floor"].items()} if d.get("beyond_floor") else None,
-                   within_floor=d.get("within_floor"), top_k=d.get("top_k", 0), n_tokens=d.get("n_tokens", 0),
-                   reused_from=d.get("reused_from"), key=d.get("key"), lossless=d.get("lossless"))
+                   beyond_floor={k: Estimate.from_dict(v) for k, v in beyond.items()} if beyond else None,
+                   within_floor=maybe(d.get("within_floor")), top_k=whole(d.get("top_k")),
+                   n_tokens=whole(d.get("n_tokens")), reused_from=None if reused is None else whole(reused),
+                   key=None if key is None else text(key), lossless=maybe(d.get("lossless")))
 
-    def as_dict(self) -> JsonDict:
-        optional = {"kld": self.kld, "top1_agreement": self.top1_agreement, "ppl_change": self.ppl_change}
+    def as_dict(self) -> StoredQuality:
+        def maybe(e: Estimate | None) -> StoredEstimate | None:
+            return e.as_dict() if e is not None else None
+
         return {
             "nll_delta_per_token": self.nll_delta_per_token.as_dict(),
             "greedy_agreement": self.greedy_agreement.as_dict() if self.greedy_agreement else None,
             "exact_match": self.exact_match,
             "accuracy": self.accuracy.as_dict() if self.accuracy else None,
             "n_prompts": self.n_prompts,
-            **{k: v.as_dict() if v is not None else None for k, v in optional.items()},
+            "kld": maybe(self.kld), "top1_agreement": maybe(self.top1_agreement), "ppl_change": maybe(self.ppl_change),
             "beyond_floor": {k: v.as_dict() for k, v in self.beyond_floor.items()} if self.beyond_floor else None,
             "within_floor": self.within_floor, "top_k": self.top_k, "n_tokens": self.n_tokens,
             "reused_from": self.reused_from, "key": self.key,

@@ -25,13 +25,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
+from typing import TypedDict
 
 import numpy as np
 
 from tracetune.engine_adapter.openai_client import stream_fault
 from tracetune.errors import InputError
 from tracetune.replay.types import ReplayResult, RequestRecord
-from tracetune.types import Json, JsonDict
+from tracetune.stored import Stored, listed, mapping, number, text, whole
 
 # Schedule lag beyond which a replay measures the client, not the engine: 10 ms, or 5% of the
 # tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the
@@ -102,28 +103,28 @@ def _stat(values: np.ndarray, stat: str, axis: int | None = None) -> np.floating
     return np.percentile(values, float(stat[1:]), axis=axis)
 
 
+class StoredEstimate(TypedDict, total=False):
+    """An `Estimate` as stored (`Estimate.as_dict`); an interval-less one has the value alone."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+
+
 @dataclasses.dataclass
 class Estimate:
     value: float
     low: float
     high: float
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> StoredEstimate:
         return {"value": self.value, "ci_low": self.low, "ci_high": self.high}
 
     @classmethod
-    def from_dict(cls, stored: JsonDict | None) -> Estimate:
+    def from_dict(cls, raw: object) -> Estimate:
         """An estimate as `as_dict` stored it (NaN where a value is missing or not a number)."""
-        stored = stored or {}
+        stored = mapping(raw)
         return cls(number(stored.get("value")), number(stored.get("ci_low")), number(stored.get("ci_high")))
-
-
-def number(value: Json) -> float:
-    """A stored value as a float; NaN where it is missing or not a number (a result read back from JSON)."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 # Above this many values the interval comes from large-sample theory instead of the bootstrap: a
@@ -224,7 +225,7 @@ class Summary:
     slo_met: dict[str, bool] = dataclasses.field(default_factory=dict)
     engine: dict[str, float] | None = None
     error_examples: list[str] = dataclasses.field(default_factory=list)
-    capacity: JsonDict | None = None  # capacity.step.CapacityResult.as_dict(), when searched
+    capacity: Stored | None = None  # capacity.step.CapacityResult.as_dict(), when searched
     client_errors: int = 0  # failed by this machine (file descriptors, ports), not by the engine
     client_overloaded: bool = False
     lag_bound_s: float = LAG_BOUND_S
@@ -233,8 +234,8 @@ class Summary:
     stream_faults: int = 0  # errors whose answer was not a well-formed OpenAI stream
     first_stream_fault: str = ""  # the reason of the first of them (in trace order)
 
-    def as_dict(self) -> JsonDict:
-        out: JsonDict = {
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "requests": self.requests, "succeeded": self.succeeded, "errors": self.errors,
             "client_errors": self.client_errors, "client_overloaded": self.client_overloaded,
             "lag_bound_s": self.lag_bound_s, "connection_waits": self.connection_waits,
@@ -254,30 +255,33 @@ class Summary:
         return out
 
     @classmethod
-    def from_dict(cls, stored: JsonDict) -> Summary:
+    def from_dict(cls, stored: Stored) -> Summary:
         """A summary as `as_dict` stored it; a field an older tracetune did not store takes its default
         (a statistic it did not measure is absent from `latency`)."""
         def count(key: str) -> int:
-            return int(stored.get(key) or 0)
+            return whole(stored.get(key))
 
         goodput = stored.get("goodput_rps")
         attainment = stored.get("slo_attainment")
+        engine, capacity = stored.get("engine"), stored.get("capacity")
         return cls(
             requests=count("requests"), succeeded=count("succeeded"), errors=count("errors"),
             error_rate=number(stored.get("error_rate") or 0.0), duration_s=number(stored.get("duration_s")),
             request_throughput_rps=Estimate.from_dict(stored.get("request_throughput_rps")),
             output_throughput_tps=Estimate.from_dict(stored.get("output_throughput_tps")),
-            latency={m: {s: Estimate.from_dict(e) for s, e in (stats or {}).items()}
-                     for m, stats in (stored.get("latency_s") or {}).items()},
-            schedule_lag=dict(stored.get("schedule_lag_s") or {}),
+            latency={m: {s: Estimate.from_dict(e) for s, e in mapping(stats).items()}
+                     for m, stats in mapping(stored.get("latency_s")).items()},
+            schedule_lag={k: number(v) for k, v in mapping(stored.get("schedule_lag_s")).items()},
             goodput_rps=None if goodput is None else Estimate.from_dict(goodput),
-            slo_attainment=None if attainment is None else float(attainment),
-            slo_met=dict(stored.get("slo_met") or {}), engine=stored.get("engine"),
-            error_examples=list(stored.get("error_examples") or []), capacity=stored.get("capacity"),
+            slo_attainment=None if attainment is None else number(attainment),
+            slo_met={k: bool(v) for k, v in mapping(stored.get("slo_met")).items()},
+            engine=None if engine is None else {k: number(v) for k, v in mapping(engine).items()},
+            error_examples=[text(e) for e in listed(stored.get("error_examples"))],
+            capacity=capacity if isinstance(capacity, dict) else None,
             client_errors=count("client_errors"), client_overloaded=bool(stored.get("client_overloaded")),
             lag_bound_s=number(stored.get("lag_bound_s", LAG_BOUND_S)), connection_waits=count("connection_waits"),
             connection_limit=count("connection_limit"), stream_faults=count("stream_faults"),
-            first_stream_fault=str(stored.get("first_stream_fault") or ""))
+            first_stream_fault=text(stored.get("first_stream_fault")))
 
     def estimate(self, metric: str, stat: str) -> Estimate | None:
         """The latency estimate of `metric` at `stat` (None where the summary does not hold it)."""

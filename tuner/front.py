@@ -14,7 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from tracetune.types import JsonDict
+from tracetune.stored import Stored, listed, mapping, whole
+from tracetune.stored import number as to_float
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -238,7 +239,7 @@ def _best_by(candidates: Sequence[Candidate], key: int, direction: str) -> Candi
     return best
 
 
-def economics(capacity: JsonDict | None, *, gpu_hour_cost: float | None = None,
+def economics(capacity: Stored | None, *, gpu_hour_cost: float | None = None,
               target_rate: float | None = None) -> dict[str, float]:
     """What a stored capacity result means in money and machines: $ per 1M output (and input)
     tokens when the GPUs run at capacity (the whole GPU hour charged to each kind of token), and
@@ -246,9 +247,9 @@ def economics(capacity: JsonDict | None, *, gpu_hour_cost: float | None = None,
     if not capacity:
         return {}
     out: dict[str, float] = {}
-    gpus = max(int(capacity.get("gpus") or 1), 1)
-    rps, out_tps, in_tps = (capacity.get("capacity_rps") or 0.0, capacity.get("capacity_output_tps") or 0.0,
-                            capacity.get("capacity_input_tps") or 0.0)
+    gpus = max(whole(capacity.get("gpus"), 1), 1)
+    rps, out_tps, in_tps = (to_float(capacity.get("capacity_rps") or 0.0), to_float(capacity.get("capacity_output_tps")
+                            or 0.0), to_float(capacity.get("capacity_input_tps") or 0.0))
     if gpu_hour_cost is not None:
         per_hour = gpu_hour_cost * gpus
         out["usd_per_1m_output_tokens"] = per_hour / (out_tps * 3600) * 1e6 if out_tps > 0 else math.inf
@@ -260,11 +261,11 @@ def economics(capacity: JsonDict | None, *, gpu_hour_cost: float | None = None,
     return out
 
 
-def not_meaningful(config: JsonDict) -> str | None:
+def not_meaningful(config: Stored) -> str | None:
     """Why a measured configuration must stay off the front whatever its numbers (None: it need not):
     speculative decoding on random weights, whose draft acceptance (hence its speed) says nothing
     about real traffic."""
-    spec = (config.get("speculative") or {}).get("method", "none")
+    spec = mapping(config.get("speculative")).get("method", "none")
     if spec != "none" and config.get("load_format") == "dummy":
         return (f"not meaningful: speculative decoding ({spec}) on random weights (load_format dummy); how many "
                 f"draft tokens random weights accept says nothing about real traffic, so its speed is not "
@@ -340,20 +341,19 @@ def _seconds(value: float) -> str:
     return f"{value:.3g} s" if value >= 1 else f"{value * 1000:.0f} ms"
 
 
-def slo_breach(summary: JsonDict | None, slos: Sequence[SLO]) -> str:
+def slo_breach(stored: Stored | None, slos: Sequence[SLO]) -> str:
     """How a measured run breaks the SLO, in words: each statistic past its threshold, e.g. "TTFT p95
     17.8 s against 2 s", failed requests, and, for a capacity search, that every load level failed
     ("" when it keeps it, or was not measured)."""
-    summary = summary or {}
+    summary = mapping(stored)
     parts = []
     for slo in slos:
-        entry = ((summary.get("latency_s") or {}).get(slo.metric) or {}).get(slo.stat) or {}
-        value = entry.get("value")
-        if value is not None and math.isfinite(value) and value > slo.threshold_s:
+        value = to_float(mapping(mapping(mapping(summary.get("latency_s")).get(slo.metric)).get(slo.stat)).get("value"))
+        if math.isfinite(value) and value > slo.threshold_s:
             parts.append(f"{slo.metric.upper()} {slo.stat} {_seconds(value)} against {_seconds(slo.threshold_s)}")
     if summary.get("error_rate"):
         parts.append(f"{summary.get('errors', '?')} of {summary.get('requests', '?')} requests failed")
-    steps = (summary.get("capacity") or {}).get("steps") or []
-    if steps and not any(step.get("passed") for step in steps):
+    steps = listed(mapping(summary.get("capacity")).get("steps"))
+    if steps and not any(mapping(step).get("passed") for step in steps):
         parts.append("every load failed" if len(steps) > 1 else "its one load failed")
     return ", ".join(parts)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import Summary
+from tracetune.stored import Stored
 from tracetune.tuner.front import REFERENCE, Candidate, decide, measured_trials, strongest_rival
 from tracetune.tuner.objectives import OBJECTIVES, objective_value
 from tracetune.tuner.settings import StudySettings
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -51,14 +51,15 @@ def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: 
     return min(rival.values[index] * gpus / base_rps, settings.capacity.max_scale), rival
 
 
-def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: JsonDict) -> str:
+def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stored) -> str:
     """Why a trial's capacity search stopped early, naming the configuration (`rival`) it cannot beat."""
-    from tracetune.capacity.step import bracket_text
+    from tracetune.capacity.step import CapacityResult, bracket_text
 
     who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
            else f"trial {rival.label}")
     others = [n for n in objectives if n != "capacity"]
     verb = "pass and are" if who == "vLLM's defaults" else "passes and is"
-    return (f"pruned: fails {capacity['bracket_scale'][1]:.3g}x the trace's rate (confirmed by a repeat), where "
+    high = CapacityResult.from_dict(capacity).bracket_high
+    return (f"pruned: fails {high:.3g}x the trace's rate (confirmed by a repeat), where "
             f"{who} {verb} at least as good on {', '.join(others) or 'every other objective'}: it cannot "
             f"be on the front; capacity {bracket_text(capacity)}, not searched further")

@@ -22,7 +22,7 @@ import json
 import random
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from sqlalchemy import (
     Boolean,
@@ -42,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.quality.probe import StoredQuality
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.secrets import Redactor
 from tracetune.types import Json, JsonDict
@@ -134,6 +135,16 @@ level_records = Table(
 _JSON_FIELDS = ("values", "config", "summary", "quality", "engine")
 
 
+class StoredReference(TypedDict, total=False):
+    """A study's reference run as stored (`ResultStore.save_reference`): vLLM's defaults' engine config,
+    their quality probe (`quality.probe.Reference.to_json`) and their summary (`Summary.as_dict`); a page
+    may hold the config and summary alone."""
+
+    config: JsonDict
+    probe: JsonDict | list[JsonDict]
+    summary: dict[str, object] | None
+
+
 @dataclasses.dataclass
 class StoredRun:
     """One row of tracetune_trial_results read back: the summary and engine counters as the typed
@@ -144,7 +155,7 @@ class StoredRun:
     values: JsonDict | None = None  # the search-space values
     config: JsonDict | None = None
     summary: Summary | None = None
-    quality: JsonDict | None = None  # quality.probe.QualityResult.as_dict()
+    quality: StoredQuality | None = None  # quality.probe.QualityResult.as_dict()
     engine: EngineMetrics | None = None
     requests_jsonl: str | None = None
     failure_reason: str | None = None
@@ -287,7 +298,7 @@ class ResultStore:
                 time.sleep(0.2 + random.random())
 
     def save_trial(self, study_name: str, trial_number: int, status: str, *, values: dict | None = None,
-                   config: dict | None = None, summary: dict | None = None, quality: dict | None = None,
+                   config: dict | None = None, summary: dict | None = None, quality: StoredQuality | None = None,
                    engine: dict | None = None, requests_jsonl: str | None = None, failure_reason: str | None = None,
                    log_tail: str | None = None, startup_s: float | None = None, wall_s: float | None = None) -> None:
         r = self.redact
@@ -304,7 +315,7 @@ class ResultStore:
                                                       trial_results.c.trial_number == trial_number))
             conn.execute(trial_results.insert().values(**row))
 
-    def measured_qualities(self, study_name: str) -> list[tuple[int, JsonDict, JsonDict]]:
+    def measured_qualities(self, study_name: str) -> list[tuple[int, JsonDict, StoredQuality]]:
         """(trial number, config, quality) of every measured trial with a quality result, without
         reading the heavy columns."""
         query = select(trial_results.c.trial_number, trial_results.c.config_json, trial_results.c.quality_json) \
@@ -362,11 +373,11 @@ class ResultStore:
                 study_name=study_name, config_json=self.redact(_dump(config)), probe_json=_dump(probe),
                 summary_json=self.redact(_dump(summary)), created_at=utc_now()))
 
-    def reference(self, study_name: str) -> JsonDict | None:
+    def reference(self, study_name: str) -> StoredReference | None:
         return read_reference(self.engine, study_name)
 
 
-def read_reference(engine: Engine, study_name: str) -> JsonDict | None:
+def read_reference(engine: Engine, study_name: str) -> StoredReference | None:
     """The reference run of `study_name` (config, probe, summary) read with a plain SELECT (on a
     read-only engine too); None when there is none, or no table for it yet."""
     from sqlalchemy import inspect
