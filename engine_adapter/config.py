@@ -1,13 +1,11 @@
 """What every caller reads of an engine's settings, whatever the engine (`EngineConfig`). Its own
-module, importing nothing of tracetune's but `tracetune.types`, so that the engine contract
+module, importing nothing of tracetune's, so that the engine contract
 (`base.py`) and the engine seam (`kind.py`, which re-exports it) both name it without importing
 each other."""
 
 from __future__ import annotations
 
 from typing import Protocol
-
-from tracetune.types import JsonDict
 
 
 class EngineConfig(Protocol):
@@ -18,4 +16,4 @@ class EngineConfig(Protocol):
 
     def model_dump_json(self) -> str: ...
 
-    def model_dump(self, *, mode: str = ..., exclude_defaults: bool = ...) -> JsonDict: ...
+    def model_dump(self, *, mode: str = ..., exclude_defaults: bool = ...) -> dict[str, object]: ...

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 from tracetune.engine_adapter.config import EngineConfig
-from tracetune.types import Json, JsonDict
+from tracetune.types import Scalar
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -30,9 +30,9 @@ CheckpointMaker = Callable[[str], Path]
 # (model directory, scheme or derived draft name, progress) -> the cached checkpoint, made on first use.
 CheckpointFactory = Callable[[Path, str, Progress], Path]
 # Categorical choices a platform can never run: {parameter: {choice: reason}}.
-Unrunnable = dict[str, dict[Json, str]]
+Unrunnable = dict[str, dict[Scalar, str]]
 # (config, reference) as stored JSON -> the settings where config differs, as a person reads them.
-ConfigDiff = Callable[[JsonDict, JsonDict], JsonDict]
+ConfigDiff = Callable[[Mapping[str, object], Mapping[str, object]], dict[str, object]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Knob:
     model never sees (translation consumes it), the only values it takes (None: the model checks)."""
 
     description: str
-    values: tuple[Json, ...] | None = None
+    values: tuple[Scalar, ...] | None = None
 
 
 # Search-space parameter name -> its knob.
@@ -77,17 +77,17 @@ class ParamView(Protocol):
     """What an engine reads of one search-space parameter."""
 
     @property
-    def choices(self) -> Sequence[Json] | None: ...
+    def choices(self) -> Sequence[Scalar] | None: ...
 
     @property
-    def when(self) -> Mapping[str, Sequence[Json]] | None: ...
+    def when(self) -> Mapping[str, Sequence[Scalar]] | None: ...
 
 
 class SpaceView(Protocol):
     """What an engine reads of a search space (`search_spaces.space.SearchSpace` meets it)."""
 
     @property
-    def fixed(self) -> JsonDict: ...
+    def fixed(self) -> Mapping[str, object]: ...
 
     @property
     def parameters(self) -> Mapping[str, ParamView]: ...
@@ -115,9 +115,10 @@ class Translator(Protocol):
     """Search-space values (on top of `base`, then `fixed`) -> the engine's settings for one trial;
     raises errors.Rejected with every reason the combination cannot run."""
 
-    def __call__(self, values: JsonDict, *, fixed: JsonDict, platform: Platform, model_dir: Path,
+    def __call__(self, values: Mapping[str, object], *, fixed: Mapping[str, object], platform: Platform,
+                 model_dir: Path,
                  quantized_checkpoints: Mapping[int, Path] | None = None,
-                 make_checkpoint: CheckpointMaker | None = None, base: JsonDict | None = None,
+                 make_checkpoint: CheckpointMaker | None = None, base: Mapping[str, object] | None = None,
                  flags: frozenset[str] | None = None) -> EngineConfig: ...
 
 
@@ -132,14 +133,15 @@ class ReferenceConfig(Protocol):
     """The engine's own defaults under the fixed settings: the study's quality and speed reference.
     Raises pydantic's ValidationError for fixed settings the engine's settings model refuses."""
 
-    def __call__(self, *, fixed: JsonDict, model_dir: Path, base: JsonDict | None = None) -> EngineConfig: ...
+    def __call__(self, *, fixed: Mapping[str, object], model_dir: Path,
+                 base: Mapping[str, object] | None = None) -> EngineConfig: ...
 
 
 class UnrunnableCheck(Protocol):
     """The categorical choices of `space` that `platform` can never run, whatever the others are."""
 
     def __call__(self, space: SpaceView, *, platform: Platform, model_dir: Path,
-                 flags: frozenset[str] | None = None, base: JsonDict | None = None) -> Unrunnable: ...
+                 flags: frozenset[str] | None = None, base: Mapping[str, object] | None = None) -> Unrunnable: ...
 
 
 class Preparer(Protocol):
@@ -149,7 +151,7 @@ class Preparer(Protocol):
     def __call__(self, config: EngineConfig, progress: Progress) -> EngineConfig: ...
 
 
-def plain_diff(config: JsonDict, reference: JsonDict) -> JsonDict:
+def plain_diff(config: Mapping[str, object], reference: Mapping[str, object]) -> dict[str, object]:
     """Settings where `config` differs from `reference` (a key missing from one counts as None)."""
     return {k: v for k, v in config.items() if reference.get(k) != v}
 
@@ -197,6 +199,6 @@ class EngineKind:
         """The engine's name as the user reads it."""
         return self.label or self.name
 
-    def load_config(self, data: JsonDict) -> EngineConfig:
+    def load_config(self, data: Mapping[str, object]) -> EngineConfig:
         """Stored settings read back as this engine's settings model."""
         return cast("EngineConfig", self.config_model.model_validate(data))

@@ -28,7 +28,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypedDict
 
 from tracetune.engine_adapter.http_stream import (
@@ -40,7 +40,9 @@ from tracetune.engine_adapter.http_stream import (
     Session,
     shown,
 )
-from tracetune.types import JsonDict
+
+# One chat message as a trace holds it ({"role": ..., "content": ...}; content may be a list of parts).
+ChatMessage = Mapping[str, object]
 
 # A token count above this in a `usage` is not one (no model has a context of ten million tokens).
 MAX_TOKEN_COUNT = 10_000_000
@@ -54,7 +56,7 @@ def stream_fault(error: str) -> bool:
     return error.startswith(STREAM_FAULTS)
 
 
-def token_count(usage: JsonDict, key: str) -> int | None:
+def token_count(usage: Mapping[str, object], key: str) -> int | None:
     """`usage[key]` as a token count (None when absent); `BadStream` when it is not a whole number
     from 0 to MAX_TOKEN_COUNT (a string, a fraction, a negative, an overflow such as 1e400)."""
     value = usage.get(key)
@@ -73,11 +75,11 @@ class StreamRequest(TypedDict, total=False):
 
     model: str
     prompt: str | None
-    messages: list[JsonDict] | None
+    messages: Sequence[ChatMessage] | None
     max_tokens: int
     ignore_eos: bool
     temperature: float
-    extra_body: JsonDict | None
+    extra_body: Mapping[str, object] | None
     timeout_s: float | None
     headers: dict[str, str] | None
     clock: Callable[[], float]
@@ -133,13 +135,13 @@ def new_session(limit: int = 0, timeout_s: float | None = None) -> Session:
 
 
 def request_body(
-    *, model: str, prompt: str | None, messages: list[JsonDict] | None, max_tokens: int,
-    ignore_eos: bool, temperature: float, extra_body: JsonDict | None,
-) -> tuple[str, JsonDict]:
+    *, model: str, prompt: str | None, messages: Sequence[ChatMessage] | None, max_tokens: int,
+    ignore_eos: bool, temperature: float, extra_body: Mapping[str, object] | None,
+) -> tuple[str, dict[str, object]]:
     """The URL path and JSON body of one streaming request."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt or messages")
-    body: JsonDict = {
+    body: dict[str, object] = {
         "model": model,
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -277,11 +279,11 @@ async def stream_completion(
     *,
     model: str,
     prompt: str | None = None,
-    messages: list[JsonDict] | None = None,
+    messages: Sequence[ChatMessage] | None = None,
     max_tokens: int = 64,
     ignore_eos: bool = False,
     temperature: float = 0.0,
-    extra_body: JsonDict | None = None,
+    extra_body: Mapping[str, object] | None = None,
     timeout_s: float | None = None,
     headers: dict[str, str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
@@ -350,8 +352,8 @@ def _unstreamed(body: bytes) -> bool:
     return b'"stream": false' in body or b'"stream":false' in body
 
 
-def encoded_request(*, model: str, prompt: str | None, messages: list[JsonDict] | None, max_tokens: int,
-                    ignore_eos: bool, temperature: float, extra_body: JsonDict | None) -> bytes:
+def encoded_request(*, model: str, prompt: str | None, messages: Sequence[ChatMessage] | None, max_tokens: int,
+                    ignore_eos: bool, temperature: float, extra_body: Mapping[str, object] | None) -> bytes:
     """The JSON body `stream_completion` would send, encoded once ahead of time."""
     return json.dumps(request_body(model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
                                    ignore_eos=ignore_eos, temperature=temperature, extra_body=extra_body)[1]).encode()

@@ -42,7 +42,7 @@ from pydantic import (
 
 from tracetune.errors import InputError, opened_input
 from tracetune.search_spaces.yaml_source import composed, duplicate_key, line_of, printable
-from tracetune.types import Json, JsonDict
+from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -132,14 +132,14 @@ class SearchSpace(BaseModel):
 
     name: str = "space"
     description: str | None = None
-    fixed: JsonDict = Field(default_factory=dict, description="Engine settings every trial gets.")
+    fixed: dict[str, object] = Field(default_factory=dict, description="Engine settings every trial gets.")
     parameters: dict[str, Param] = Field(min_length=1)
     quantized_checkpoints: dict[int, Path] = Field(
         default_factory=dict, description="Your own quantized checkpoint per weight_bits value.")
 
     @model_validator(mode="before")
     @classmethod
-    def _draft_models(cls, data: Json) -> Json:
+    def _draft_models(cls, data: object) -> object:
         """`draft_models: [...]` as the parameter `draft_model` (see the module's docstring)."""
         if not isinstance(data, dict) or "draft_models" not in data:
             return data
@@ -192,7 +192,7 @@ class SearchSpace(BaseModel):
         return self
 
     @classmethod
-    def for_knobs(cls, data: JsonDict, knobs: Knobs | None = None) -> SearchSpace:
+    def for_knobs(cls, data: Mapping[str, object], knobs: Knobs | None = None) -> SearchSpace:
         """`data` validated as a space over `knobs` (None: the default engine's knob table)."""
         return cls.model_validate(data, context={"knobs": knobs})
 
@@ -251,12 +251,12 @@ class SearchSpace(BaseModel):
             raise SpaceError(f"search space {self.name!r} with --draft-model {' '.join(drafts)}: "
                              f"{exc.errors()[0]['msg']}") from None
 
-    def draft_models(self) -> list[Json]:
+    def draft_models(self) -> list[str]:
         """Every draft model the space can give a trial (fixed, or choices of draft_model)."""
         if "draft_model" in self.fixed:
-            return [self.fixed["draft_model"]]
+            return [str(self.fixed["draft_model"])]
         param = self.parameters.get("draft_model")
-        return list(param.choices or []) if param is not None else []
+        return [str(c) for c in param.choices or []] if param is not None else []
 
     def pinned(self, settings: Mapping[str, object]) -> tuple[SearchSpace, list[str]]:
         """This space without the parameters that `settings` (engine flags the user gave) already
@@ -436,7 +436,7 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default.yaml"
 
 
-def _with_draft_parameter(params: dict[str, JsonDict], drafts: Sequence[Json]) -> dict[str, JsonDict]:
+def _with_draft_parameter(params: dict[str, JsonDict], drafts: Sequence[Scalar]) -> dict[str, JsonDict]:
     """`params` (raw parameter definitions) with the parameter draft_model choosing among `drafts`:
     right after speculative and existing only when it is draft_model, or first when the space has no
     speculative parameter (it is fixed)."""

@@ -13,4 +13,10 @@ Json = Any
 JsonDict = dict[str, Json]
 """A JSON object with arbitrary values, e.g. a user's YAML mapping or an engine config dumped to JSON."""
 
-__all__ = ["Json", "JsonDict"]
+Scalar = str | int | float | bool | None
+"""One value as YAML or the command line gives it: a search-space choice or one engine setting."""
+
+ParamValues = dict[str, Scalar]
+"""Search-space parameter name -> the value one trial takes (what optuna suggests or a user tries)."""
+
+__all__ = ["Json", "JsonDict", "ParamValues", "Scalar"]

@@ -24,7 +24,6 @@ from tracetune.engine_adapter.base import Endpoint, HTTPEngine, OnTick, StartPha
 from tracetune.engine_adapter.platform import Platform, cpu_flags, detect_platform, visible_gpus
 from tracetune.engine_adapter.process import ServerProcess, free_port
 from tracetune.errors import EngineError, EngineStartError, InputError
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.config import EngineConfig
@@ -60,10 +59,10 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"`prompt_lookup_min <= prompt_lookup_max` must hold, but got ({lo}, {hi})")
         return self
 
-    def as_vllm_json(self) -> JsonDict | None:
+    def as_vllm_json(self) -> dict[str, object] | None:
         if self.method == "none":
             return None
-        spec: JsonDict = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        spec: dict[str, object] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "draft_model":
             spec["model"] = str(self.draft_model)
         if self.prompt_lookup_min is not None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from tracetune.engine_adapter.kind import EngineFlag, FlagValue, Knob, Knobs
 from tracetune.engine_adapter.vllm.server import SpeculativeConfig, VLLMConfig
-from tracetune.types import Json, JsonDict
 
 WEIGHT_BITS = (16, 8, 4)
 
@@ -117,12 +117,13 @@ FLAGS: tuple[EngineFlag, ...] = tuple(s.flag for s in SETTINGS if s.flag is not 
 KNOBS: Knobs = {s.knob: Knob(s.about, s.values) for s in SETTINGS if s.knob is not None}
 
 
-def config_diff(config: JsonDict, reference: JsonDict) -> JsonDict:
+def config_diff(config: Mapping[str, object], reference: Mapping[str, object]) -> dict[str, object]:
     """Settings where `config` differs from the reference (nested speculative flattened; "auto",
     vLLM's default, the same as unset)."""
-    def flat(c: JsonDict) -> JsonDict:
+    def flat(c: Mapping[str, object]) -> dict[str, object]:
         out = {k: v for k, v in c.items() if k not in ("speculative", "env", "extra_args")}
-        spec = c.get("speculative") or {}
+        stored = c.get("speculative")
+        spec: Mapping[str, object] = stored if isinstance(stored, Mapping) else {}
         out["speculative"] = spec.get("method", "none")
         if spec.get("method", "none") != "none":
             out["num_speculative_tokens"] = spec.get("num_speculative_tokens")
@@ -130,7 +131,7 @@ def config_diff(config: JsonDict, reference: JsonDict) -> JsonDict:
             out["draft_model"] = Path(str(spec["draft_model"])).name
         return out
 
-    def same(x: Json, y: Json) -> bool:
+    def same(x: object, y: object) -> bool:
         return bool((None if x == "auto" else x) == (None if y == "auto" else y))
 
     a, b = flat(config), flat(reference)

@@ -27,7 +27,7 @@ from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
 from tracetune.engine_adapter.vllm.server import VLLMConfig, own, platform_problems
 from tracetune.engine_adapter.vllm.settings import WEIGHT_BITS
 from tracetune.errors import Rejected
-from tracetune.types import Json, JsonDict
+from tracetune.types import ParamValues, Scalar
 
 # (platform, bits) -> how the bits are realised: ("online", method) or ("checkpoint", scheme)
 BITS_METHOD: dict[tuple[Platform, int], tuple[str, str]] = {
@@ -61,26 +61,27 @@ def cpu_config_problems(config: VLLMConfig, flags: frozenset[str]) -> list[str]:
 
 
 def to_engine_config(
-    values: JsonDict,
+    values: Mapping[str, object],
     *,
-    fixed: JsonDict,
+    fixed: Mapping[str, object],
     platform: Platform,
     model_dir: Path,
     quantized_checkpoints: Mapping[int, Path] | None = None,
     make_checkpoint: CheckpointMaker | None = None,
-    base: JsonDict | None = None,
+    base: Mapping[str, object] | None = None,
     flags: frozenset[str] | None = None,
 ) -> VLLMConfig:
     """Build the VLLMConfig for one trial; raise Rejected with every reason it cannot run."""
-    settings: JsonDict = {**(base or {}), **fixed, **values}
+    settings: dict[str, object] = {**(base or {}), **fixed, **values}
     reasons: list[str] = []
     model = Path(model_dir)
     quantization = settings.pop("quantization", None)
 
     bits = settings.pop("weight_bits", 16)
-    if bits not in WEIGHT_BITS:
+    if not isinstance(bits, int | float) or bits not in WEIGHT_BITS:
         reasons.append(f"weight_bits={bits} is not supported (use 16, 8 or 4)")
     elif bits != 16:
+        bits = int(bits)
         if quantized_checkpoints and bits in quantized_checkpoints:
             model = Path(quantized_checkpoints[bits])
         else:
@@ -98,13 +99,13 @@ def to_engine_config(
                 model = make_checkpoint(method)
 
     spec = _speculative(settings, reasons, platform=platform, make_checkpoint=make_checkpoint, flags=flags)
-    config_fields = {**settings, "model": model, "speculative": spec}
+    config_fields: dict[str, object] = {**settings, "model": model, "speculative": spec}
     if quantization is not None:
         config_fields["quantization"] = quantization
     if reasons:
         raise Rejected(reasons)
     try:
-        config = VLLMConfig(**config_fields)
+        config = VLLMConfig.model_validate(config_fields)
     except Exception as exc:  # pydantic ValidationError: the combination itself is invalid
         raise Rejected([str(exc).splitlines()[0] + ": " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in getattr(exc, "errors", lambda: [])())]) from None
@@ -123,12 +124,12 @@ def to_engine_config(
     return config
 
 
-def _speculative(settings: JsonDict, reasons: list[str], *, platform: Platform,
-                 make_checkpoint: CheckpointMaker | None, flags: frozenset[str] | None) -> JsonDict:
+def _speculative(settings: dict[str, object], reasons: list[str], *, platform: Platform,
+                 make_checkpoint: CheckpointMaker | None, flags: frozenset[str] | None) -> dict[str, object]:
     """The SpeculativeConfig fields, popped from `settings`; why they cannot run appended to
     `reasons`. A derived draft is made here (`make_checkpoint`)."""
     spec_method = settings.pop("speculative", "none")
-    spec: JsonDict = {"method": spec_method}
+    spec: dict[str, object] = {"method": spec_method}
     for key in ("num_speculative_tokens", "prompt_lookup_max", "draft_model"):
         if key in settings:
             value = settings.pop(key)
@@ -137,7 +138,7 @@ def _speculative(settings: JsonDict, reasons: list[str], *, platform: Platform,
     if spec_method == "draft_model" and "draft_model" not in spec:
         reasons.append("speculative=draft_model needs a draft model: list it under draft_models in the search "
                        "space (or tune --draft-model DIR)")
-    elif spec_method == "draft_model" and is_derived(spec["draft_model"]):
+    elif spec_method == "draft_model" and is_derived(str(spec["draft_model"])):
         name = str(spec["draft_model"])
         scheme = QUANTIZED_DRAFTS.get(name)  # the model's own quantized checkpoint, shared with weight_bits
         problem = cpu_scheme_problem(scheme, cpu_flags() if flags is None else flags) \
@@ -153,17 +154,18 @@ def _speculative(settings: JsonDict, reasons: list[str], *, platform: Platform,
     return spec
 
 
-def reference_config(*, fixed: JsonDict, model_dir: Path, base: JsonDict | None = None) -> VLLMConfig:
+def reference_config(*, fixed: Mapping[str, object], model_dir: Path,
+                     base: Mapping[str, object] | None = None) -> VLLMConfig:
     """The quality reference: unquantized weights, auto KV cache, no speculation."""
     settings = {**(base or {}), **fixed}
     for key in ("weight_bits", "kv_cache_dtype", "speculative", "num_speculative_tokens", "prompt_lookup_max",
                 "draft_model", "quantization"):
         settings.pop(key, None)
-    return VLLMConfig(model=model_dir, **settings)
+    return VLLMConfig.model_validate({**settings, "model": model_dir})
 
 
 def unrunnable_choices(space: SpaceView, *, platform: Platform, model_dir: Path, flags: frozenset[str] | None = None,
-                       base: JsonDict | None = None) -> Unrunnable:
+                       base: Mapping[str, object] | None = None) -> Unrunnable:
     """Categorical choices this platform can never run, whatever the other parameters are:
     {parameter: {choice: reason}}. Each choice is checked on top of the fixed settings, with the
     values its condition needs; a choice other parameters exist for (speculative=draft_model and its
@@ -185,7 +187,7 @@ def unrunnable_choices(space: SpaceView, *, platform: Platform, model_dir: Path,
     return out
 
 
-def _alone(space: SpaceView, name: str, choice: Json) -> list[JsonDict]:
+def _alone(space: SpaceView, name: str, choice: Scalar) -> list[ParamValues]:
     """The value sets that try `choice` of `name` alone: with the first value each of its conditions
     allows, and, where categorical parameters exist only for it, with each of their choices."""
     values = {name: choice, **{other: allowed[0] for other, allowed in (space.parameters[name].when or {}).items()}}
