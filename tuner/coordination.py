@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
@@ -24,7 +24,6 @@ from tracetune.errors import InputError
 from tracetune.tuner.reporter import Reporter
 from tracetune.tuner.storage import ResultStore, claims, normalize_url, utc_now
 from tracetune.tuner.trial_record import TrialRecord
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -112,7 +111,7 @@ def make_storage(url: str, heartbeat_s: int) -> RDBStorage:
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def config_key(config_json: JsonDict) -> str:
+def config_key(config_json: Mapping[str, object]) -> str:
     """Identity of a configuration across workers and hosts: the engine config without the
     worker's own environment (CPU binding, visible GPUs) and with the model named by its
     directory (checkpoint caches live in different places on different hosts)."""

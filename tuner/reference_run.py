@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING
 
 from tracetune.errors import TuneError
-from tracetune.quality.probe import Reference, quality_key
+from tracetune.quality.probe import Reference, StoredQuality, quality_key
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.coordination import Coordinator
 from tracetune.tuner.objectives import objective_value
@@ -17,7 +17,6 @@ from tracetune.tuner.reporter import Reporter
 from tracetune.tuner.runner import QualityProbe, TrialRunner
 from tracetune.tuner.settings import StudySettings
 from tracetune.tuner.storage import REFERENCE_RUN, ResultStore, Status
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.kind import EngineConfig
@@ -33,7 +32,7 @@ class ReferenceRun:
         self.config: EngineConfig | None = None  # the engine's settings model (engine.config_model)
         self.values: list[float] | None = None  # its objective values (quality loss 0 by definition)
         self.capacity: float | None = None  # its capacity level k
-        self.quality_known: dict[str, tuple[int, JsonDict]] = {}  # quality key -> (trial, quality) probed here
+        self.quality_known: dict[str, tuple[int, StoredQuality]] = {}  # quality key -> (trial, quality) probed here
 
     def ensure(self, config: EngineConfig) -> None:
         """Measure the reference `config` unless the study has it (stored, or claimed by another worker)."""
@@ -50,8 +49,9 @@ class ReferenceRun:
             self._measure(config)
             return
         self.reference = Reference.from_json(stored["probe"])
-        if stored.get("summary"):
-            self.set_values(stored["summary"])
+        summary = stored.get("summary")
+        if summary:
+            self.set_values(summary)
         self.reporter.on_reference_reused()
 
     def _measure(self, config: EngineConfig) -> None:
@@ -74,7 +74,7 @@ class ReferenceRun:
         config = None if self.config is None else json.loads(self.config.model_dump_json())
         return QualityProbe(reference=self.reference, reference_config=config, known=self._known_quality)
 
-    def _known_quality(self, key: str) -> tuple[int, JsonDict] | None:
+    def _known_quality(self, key: str) -> tuple[int, StoredQuality] | None:
         """(trial, quality) of a configuration with this quality key probed by this worker, or stored
         by any (another worker's, or before a resume)."""
         return self.quality_known.get(key) or next(
@@ -90,11 +90,12 @@ class ReferenceRun:
             return 1.0
         return min(max(self.capacity, capacity.min_scale), capacity.max_scale)
 
-    def set_values(self, summary: Summary | JsonDict) -> None:
+    def set_values(self, summary: Summary | dict[str, object]) -> None:
         """The reference as a candidate: its objective values (quality loss 0 by definition) and its
         capacity level, where trials start their capacity search. `summary` as measured, or as stored."""
         if not isinstance(summary, Summary):
             summary = Summary.from_dict(summary)
         self.values = [objective_value(n, summary, None) if n != "quality_loss" else 0.0
                        for n in self.settings.objectives]
-        self.capacity = (summary.capacity or {}).get("capacity_scale") or None
+        scale = (summary.capacity or {}).get("capacity_scale")
+        self.capacity = float(scale) if isinstance(scale, int | float) and scale else None

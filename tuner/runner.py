@@ -8,10 +8,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from tracetune.quality.probe import QualityResult, Reference
+from tracetune.quality.probe import QualityResult, Reference, StoredQuality
 from tracetune.replay.metrics import Summary
 from tracetune.replay.types import RequestRecord
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.kind import EngineConfig
@@ -30,16 +29,16 @@ class QualityProbe:
     stored quality) of a configuration already probed with the same quality key, or None."""
 
     reference: Reference | None = None
-    reference_config: JsonDict | None = None  # for `quality.lossless_by_construction`
-    known: Callable[[str], tuple[int, JsonDict] | None] = lambda key: None
+    reference_config: dict[str, object] | None = None  # for `quality.lossless_by_construction`
+    known: Callable[[str], tuple[int, StoredQuality] | None] = lambda key: None
 
 
 class StoredColumns(TypedDict):
     """A trial row's measured columns (`ResultStore.save_trial` keywords), as JSON-ready values."""
 
-    summary: JsonDict
-    quality: JsonDict | None
-    engine: JsonDict | None
+    summary: dict[str, object]
+    quality: StoredQuality | None
+    engine: dict[str, float] | None
     requests_jsonl: str
     log_tail: str
     startup_s: float

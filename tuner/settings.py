@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 from tracetune.capacity.step import CapacityOptions
@@ -12,7 +13,6 @@ from tracetune.replay.metrics import SLO
 from tracetune.replay.types import ReplayOptions
 from tracetune.tuner.objectives import constraint_names
 from tracetune.tuner.trial_record import ParamValue, StudyAttr
-from tracetune.types import Json, JsonDict
 
 
 @dataclasses.dataclass
@@ -46,7 +46,7 @@ class StudySettings:
     secrets: list[str] = dataclasses.field(default_factory=list, repr=False)  # never stored
     api_key: str | None = dataclasses.field(default=None, repr=False)  # sent to our own engines
     trace_sha256: str | None = None  # the trace file's content hash: one of the study's rules (`study_rules`)
-    trace_profile: JsonDict | None = None  # `replay.profile.Profile.as_dict()`, kept with the study
+    trace_profile: dict[str, object] | None = None  # `replay.profile.Profile.as_dict()`, kept with the study
 
     @property
     def grace_s(self) -> int:
@@ -69,7 +69,7 @@ RULE_FLAGS = {"objectives": "--objectives", "slo": "--slo", "attainment": "--att
 RULES_ATTR = StudyAttr.RULES.value
 
 
-def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) -> JsonDict:
+def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) -> dict[str, object]:
     """This run's rules (`RULE_FLAGS`): attainment and precision only where a capacity search uses
     them; the model by its directory's name (workers on other hosts keep it elsewhere)."""
     capacity = settings.capacity
@@ -79,22 +79,22 @@ def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) 
             "trace_sha256": settings.trace_sha256, "engine": engine, "model": Path(str(model_dir)).name}
 
 
-def _shown(name: str, value: Json) -> str:
+def _shown(name: str, value: object) -> str:
     if value is None or value == "":
         return f"no {RULE_FLAGS[name]}"
     if name == "trace_sha256":
-        return f"a --trace of sha256 {value[:12]}"
-    if name == "objectives":
-        value = ",".join(value)
+        return f"a --trace of sha256 {str(value)[:12]}"
+    if name == "objectives" and isinstance(value, list | tuple):
+        value = ",".join(map(str, value))
     return f"{RULE_FLAGS[name]} {value}"
 
 
-def check_rules(study_name: str, attrs: JsonDict, rules: JsonDict) -> bool:
+def check_rules(study_name: str, attrs: Mapping[str, object], rules: Mapping[str, object]) -> bool:
     """Refuse (InputError, exit 2) to resume study `study_name`, whose user attributes are `attrs`,
     under `rules` (`study_rules`) that differ from those it was measured under, naming both. False
     when the study predates kept rules (only its objectives could be checked), True otherwise."""
     kept = attrs.get(RULES_ATTR)
-    stored = dict(kept or {})
+    stored: dict[str, object] = dict(kept) if isinstance(kept, Mapping) else {}
     if attrs.get(StudyAttr.OBJECTIVES) is not None:  # kept by every tracetune, before the other rules were
         stored["objectives"] = attrs[StudyAttr.OBJECTIVES]
     # A rule kept as None was not known when the study was made (a Tuner given no trace hash): unchecked.

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +55,6 @@ from tracetune.tuner.settings import StudySettings
 from tracetune.tuner.storage import ResultStore, Status
 from tracetune.tuner.trial_end import Attempt, Infeasible, Measured, Outcome, Reused, TrialEnd
 from tracetune.tuner.trial_record import TrialRecord
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -73,7 +72,7 @@ class Tuner:
 
     def __init__(self, settings: StudySettings, *, trace: Trace, space: SearchSpace, model_dir: Path,
                  platform: Platform, runner: TrialRunner, report: Reporter | None = None,
-                 base: JsonDict | None = None, make_checkpoint: Callable[[str], Path] | None = None,
+                 base: Mapping[str, object] | None = None, make_checkpoint: Callable[[str], Path] | None = None,
                  engine: EngineKind | None = None) -> None:
         self.settings = settings
         self.engine = engine or engine_kind("vllm")  # which engine the study starts (engine_adapter.registry)
@@ -106,7 +105,7 @@ class Tuner:
         """The reference's objective values, once measured (or read back): a front candidate."""
         return self.ref.values
 
-    def _set_reference_values(self, summary: Summary | JsonDict) -> None:
+    def _set_reference_values(self, summary: Summary | dict[str, object]) -> None:
         self.ref.set_values(summary)
 
     # -- the Optuna objective ------------------------------------------------------------------
@@ -151,7 +150,7 @@ class Tuner:
             self.ref.quality_known[quality.key] = (trial.number, quality.as_dict())
         return self._judged(measured, attempt.config or {})
 
-    def _judged(self, measured: Measurement, config: JsonDict) -> Outcome:
+    def _judged(self, measured: Measurement, config: dict[str, object]) -> Outcome:
         """What a measurement counts as: measured (perhaps pruned, or not meaningful), or unusable."""
         summary, quality, settings = measured.summary, measured.quality, self.settings
         objectives = [objective_value(name, summary, quality) for name in settings.objectives]

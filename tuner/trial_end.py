@@ -30,7 +30,6 @@ from tracetune.tuner.secrets import Redactor
 from tracetune.tuner.settings import StudySettings
 from tracetune.tuner.storage import ResultStore, Status
 from tracetune.tuner.trial_record import ParamValue, TrialRecord
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -43,7 +42,7 @@ class Attempt:
     number: int
     values: Mapping[str, ParamValue]
     t0: float = dataclasses.field(default_factory=time.perf_counter)
-    config: JsonDict | None = None
+    config: dict[str, object] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from tracetune.tuner.storage import COUNTED, SKIPPED, Status
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -83,7 +82,7 @@ class TrialRecord:
 
     values: Mapping[str, ParamValue] | None = None
     worker: str | None = None
-    config: JsonDict | None = None
+    config: dict[str, object] | None = None
     failure_reason: str | None = None
     feasible: bool | None = None  # None: not written; read as feasible (`is_feasible`)
     constraints: list[float] | None = None

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from tracetune.errors import InputError
 from tracetune.tuner.trial_record import ParamValue, StudyAttr, TrialRecord
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -54,13 +53,15 @@ def earlier_configs(url: str, name: str, *, space: SearchSpace, platform: str,
     return out
 
 
-def _check_same_setting(source: optuna.Study, reference: JsonDict | None, name: str, *, platform: str,
+def _check_same_setting(source: optuna.Study, reference: Mapping[str, object] | None, name: str, *, platform: str,
                         model: str) -> None:
     theirs = source.user_attrs.get(StudyAttr.PLATFORM)
     if theirs and theirs != platform:
         raise InputError(f"--warm-start {name}: measured on {theirs}, this study runs on {platform}; what wins "
                          f"there says little here")
-    their_model = str((reference or {}).get("config", {}).get("model", "")).rstrip("/").rsplit("/", 1)[-1]
+    config = (reference or {}).get("config")
+    stored_model = config.get("model", "") if isinstance(config, Mapping) else ""
+    their_model = str(stored_model).rstrip("/").rsplit("/", 1)[-1]
     if their_model and their_model != model:
         raise InputError(f"--warm-start {name}: measured on model {their_model}, this study runs {model}")
 
