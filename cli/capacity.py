@@ -8,11 +8,9 @@ import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     from tracetune.capacity.levels import LevelRunner
@@ -137,7 +135,7 @@ class CapacityRun:
 
     log: RecordLog | None = None  # once the results folder is known
     runner: LevelRunner | None = None  # once the search starts
-    payload: JsonDict = dataclasses.field(default_factory=dict)
+    payload: dict[str, object] = dataclasses.field(default_factory=dict)
 
     def record(self, scale: float, record: RequestRecord) -> None:
         """One request's record, with its load level (the search's n-th replay) and scale."""
@@ -160,7 +158,7 @@ class CapacityRun:
         console.print(f"\ninterrupted ({caught.name}): kept " + "; ".join(kept), highlight=False)
 
 
-def write_json(path: Path, payload: JsonDict) -> None:
+def write_json(path: Path, payload: Mapping[str, object]) -> None:
     from tracetune.files import write_atomic
 
     write_atomic(path, json.dumps(payload, indent=2, default=str))
@@ -203,10 +201,12 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
 
         console.print(f"searching the capacity of {engine_info.get('endpoint') or 'vLLM'} at SLO {args.slo} "
                       f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)
+        endpoint = engine.endpoint
+        assert endpoint is not None, "serving_target yields a started engine"
         with _level_progress(console) as (on_progress, on_level, progress_print):
             run.runner = runner = LevelRunner(
-                engine.endpoint.base_url, engine.endpoint.model, everything[n_warm:], replay_options, options,
-                warmup=everything[:n_warm], engine=None, headers=engine.endpoint.headers or None,
+                endpoint.base_url, endpoint.model, everything[n_warm:], replay_options, options,
+                warmup=everything[:n_warm], engine=None, headers=endpoint.headers or None,
                 before_level=before_level, on_level=on_level, on_progress=on_progress, on_record=run.record,
                 client_procs=args.client_procs, engine_cores=engine_cores(args, engine_info, config))
             run.payload = {"trace": str(args.trace), **engine_info, "slo": args.slo,

@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tracetune.cli.options import default_of, positive_float
 from tracetune.errors import InputError
-from tracetune.types import Json, JsonDict
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -83,11 +82,11 @@ def validation_message(exc: ValidationError, flag_of_field: dict[str, str]) -> s
     return "Invalid engine settings:\n  " + "\n  ".join(lines)
 
 
-def _value(flag: EngineFlag, value: Json) -> Json:
+def _value(flag: EngineFlag, value: object) -> object:
     """A parsed flag's value as its settings field takes it."""
     if flag.value == "pairs":
-        return _parse_env(value)
-    if flag.value == "drafts" and value:
+        return _parse_env(cast("list[str]", value))
+    if flag.value == "drafts" and isinstance(value, list) and value:
         if len(value) > 1:
             raise InputError(f"{flag.flag} is given {len(value)} times: one engine serves one draft model "
                              f"(the main job, tune --trace, searches several)")
@@ -100,7 +99,7 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path, kind: Eng
     from pydantic import ValidationError
 
     kind = _kind(kind)
-    fields: JsonDict = {"model": model_dir}
+    fields: dict[str, object] = {"model": model_dir}
     for flag in kind.flags:
         if flag.field == "model":
             continue
@@ -108,7 +107,7 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path, kind: Eng
         *parents, name = flag.field.split(".")
         target = fields
         for parent in parents:
-            target = target.setdefault(parent, {})
+            target = cast("dict[str, object]", target.setdefault(parent, {}))
         if value is not None or not parents:
             target[name] = value
     try:

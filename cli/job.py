@@ -8,8 +8,6 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from tracetune.types import JsonDict
-
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
@@ -32,7 +30,7 @@ class TuneRequest:
     model_dir: Path
     platform: Platform
     run_dir: Path
-    base: JsonDict  # engine settings from the command line, held for every trial
+    base: dict[str, object]  # engine settings from the command line, held for every trial
     storage_shown: str
     engine: EngineKind  # which engine the trials start
 
@@ -112,7 +110,7 @@ def check_warm_start(url: str, name: str, run_dir: Path, *, flag: str) -> None:
                      f"them, or give --warm-start-storage URL of the database that holds it")
 
 
-def stored_study_attrs(url: str, name: str, tables: set[str]) -> JsonDict | None:
+def stored_study_attrs(url: str, name: str, tables: set[str]) -> dict[str, object] | None:
     """The user attributes of study `name` at `url` (whose `tables` `check_storage` read), read
     without writing; None when there is no such study yet."""
     from tracetune.dashboard.storage import STUDY_TABLES, optuna_storage
@@ -128,7 +126,7 @@ def stored_study_attrs(url: str, name: str, tables: set[str]) -> JsonDict | None
         storage.engine.dispose()
 
 
-def check_resume(request: TuneRequest, attrs: JsonDict | None, console: Console) -> None:
+def check_resume(request: TuneRequest, attrs: dict[str, object] | None, console: Console) -> None:
     """Resuming a study (its user attributes `attrs`; None for a new study) only under the rules it
     was measured under (`tuner.settings.check_rules`): an InputError naming both otherwise. A study
     from before tracetune kept its rules resumes, with a line saying they could not be checked."""

@@ -13,13 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tracetune.types import Json
 
-
-def default_of(settings: type, field: str) -> Json:
+def default_of(settings: type, field: str) -> object:
     """The default of dataclass `settings`' field `field` (e.g. `StudySettings.heartbeat_s`): a flag
     that fills a setting shows and takes the setting's own default, written in one place."""
-    default: Json = next(f.default for f in dataclasses.fields(settings) if f.name == field)
+    default: object = next(f.default for f in dataclasses.fields(settings) if f.name == field)
     if default is dataclasses.MISSING:
         raise TypeError(f"{settings.__name__}.{field} has no default")
     return default

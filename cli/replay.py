@@ -9,11 +9,9 @@ import datetime as dt
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from tracetune.types import Json, JsonDict
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from tracetune.cli.run_files import Interrupt, RecordLog
@@ -41,14 +39,27 @@ examples:
 """  # noqa: E501 (literal example commands, printed verbatim by RawDescriptionHelpFormatter)
 
 
+class EngineInfo(TypedDict, total=False):
+    """What a replay records about the engine it measured (`serving_target`): a running endpoint's
+    URL, or the engine tracetune started, its settings and the platform it ran on."""
+
+    endpoint: str
+    engine: str
+    config: dict[str, object]
+    platform: str
+
+
 def add_target_options(parser: argparse.ArgumentParser) -> None:
     """What to measure: a running endpoint, or an engine tracetune starts (see `serving_target`)."""
     from tracetune.cli.checks import endpoint_url
+    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, ENGINES
 
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--endpoint", type=endpoint_url, metavar="URL",
                         help="an already running OpenAI-compatible server")
-    target.add_argument("--engine", choices=["vllm"], default=None, help="start this engine (default: vllm)")
+    started = [name for name, kind in ENGINES.items() if kind().command is not None]  # not an endpoint's
+    target.add_argument("--engine", choices=started, default=None,
+                        help=f"start this engine (default: {DEFAULT_ENGINE})")
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
     parser.add_argument("--served-model", metavar="NAME",
                         help="model name to request from --endpoint (default: first listed)")
@@ -75,7 +86,7 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
                              "peak rate, within the cores the engine leaves free)")
 
 
-def engine_cores(args: argparse.Namespace, engine_info: JsonDict, config: EngineConfig | None) -> int:
+def engine_cores(args: argparse.Namespace, engine_info: EngineInfo, config: EngineConfig | None) -> int:
     """Cores the engine keeps busy on this machine: all of them for an engine on the CPU, its API
     server and one engine process per GPU on a GPU, one for a server on this machine's loopback
     address, none for a remote endpoint."""
@@ -89,7 +100,7 @@ def engine_cores(args: argparse.Namespace, engine_info: JsonDict, config: Engine
     return started_engine_cores(engine_info.get("platform", ""), config.gpus() if config is not None else 1)
 
 
-def client_procs(args: argparse.Namespace, requests: Sequence[PreparedRequest], engine_info: JsonDict,
+def client_procs(args: argparse.Namespace, requests: Sequence[PreparedRequest], engine_info: EngineInfo,
                  config: EngineConfig | None) -> int:
     """The --client-procs to use for `requests`: as given, or chosen for their peak rate."""
     from tracetune.replay.workers import auto_client_procs
@@ -274,7 +285,8 @@ def print_summary(summary: Summary, console) -> None:
 
 
 @contextlib.contextmanager
-def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console):
+def serving_target(args: argparse.Namespace, config: EngineConfig | None, out_dir: Path,
+                   console) -> Iterator[tuple[Engine, Path | None, EngineInfo]]:
     """The engine to measure: `--endpoint URL` (already running) or a vLLM server started here
     (and always stopped). Yields (engine, tokenizer directory or None, what to record about it)."""
     engine = None
@@ -290,17 +302,19 @@ def serving_target(args: argparse.Namespace, config: Any, out_dir: Path, console
             yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
         else:
             from tracetune.engine_adapter.platform import detect_platform
-            from tracetune.engine_adapter.registry import make_engine
+            from tracetune.engine_adapter.registry import DEFAULT_ENGINE, make_engine
 
+            assert config is not None, "prepare_run reads the settings of an engine started here"
+            name = getattr(args, "engine", None) or DEFAULT_ENGINE
             platform = detect_platform()
-            engine = make_engine("vllm", out_dir, platform=platform)
+            engine = make_engine(name, out_dir, platform=platform)
             with console.status("starting vLLM…") as status:
                 t0 = time.perf_counter()
                 engine.launch(config, args.start_timeout,
                               on_tick=lambda s: status.update(f"starting vLLM… {s:.0f}s (log: {engine.log_path})"))
             console.print(f"vLLM healthy after {time.perf_counter() - t0:.1f}s (log: {engine.log_path})")
-            yield engine, Path(config.model), {"engine": "vllm", "config": json.loads(config.model_dump_json()),
-                                                "platform": platform.value}
+            yield engine, Path(str(config.model_dump()["model"])), {
+                "engine": name, "config": json.loads(config.model_dump_json()), "platform": platform.value}
     finally:
         if engine is not None:
             engine.stop()
@@ -384,7 +398,7 @@ class ReplayRun:
     """What a replay has so far: its records (on disk as they come), and summary.json's fields."""
 
     log: RecordLog | None = None  # once the results folder is known
-    payload: JsonDict = dataclasses.field(default_factory=dict)  # set when sending starts
+    payload: dict[str, object] = dataclasses.field(default_factory=dict)  # set when sending starts
     options: ReplayOptions | None = None
     slos: Sequence[SLO] = ()
 
@@ -392,7 +406,7 @@ class ReplayRun:
         if self.log is not None:
             self.log.close()
 
-    def write_summary(self, summary: Summary | None, **more: Json) -> Path:
+    def write_summary(self, summary: Summary | None, **more: object) -> Path:
         from tracetune.cli.run_files import SUMMARY_FILE
         from tracetune.files import write_atomic
 
@@ -463,8 +477,10 @@ def _replay(args: argparse.Namespace, console, run: ReplayRun) -> int:
 
             run.payload = {"trace": str(args.trace), **engine_info,
                            "options": vars(options) | {"slo": args.slo, "client_procs": procs}}
-            result = replay(engine.endpoint.base_url, engine.endpoint.model, requests, options,
-                            engine=engine_with_metrics(engine), headers=engine.endpoint.headers or None,
+            endpoint = engine.endpoint
+            assert endpoint is not None, "serving_target yields a started engine"
+            result = replay(endpoint.base_url, endpoint.model, requests, options,
+                            engine=engine_with_metrics(engine), headers=endpoint.headers or None,
                             on_progress=on_progress, client_procs=procs, on_record=run.log)
     if run.log is not None:
         run.log.finish_in_trace_order()

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from tracetune.errors import InputError
-from tracetune.types import Json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,7 +57,7 @@ class RecordLog:
         self.lines: list[str] = []
         self._file: IO[str] | None = None
 
-    def __call__(self, record: RequestRecord, **label: Json) -> None:
+    def __call__(self, record: RequestRecord, **label: object) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (open until close())

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracetune.cli.job import TuneRequest, make_tuner
-from tracetune.types import Json, JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from tracetune.search_spaces.space import Param, SearchSpace
     from tracetune.tuner.settings import StudySettings
     from tracetune.tuner.study import Tuner
+    from tracetune.types import ParamValues
 
 TUNE_EPILOG = """\
 the main job:
@@ -237,7 +237,7 @@ def _with_drafts(space: SearchSpace, drafts: list[str], model_dir: Path, engine:
     return space
 
 
-def _tries(args: argparse.Namespace) -> list[JsonDict]:
+def _tries(args: argparse.Namespace) -> list[ParamValues]:
     from tracetune.errors import InputError
 
     out = []
@@ -248,6 +248,8 @@ def _tries(args: argparse.Namespace) -> list[JsonDict]:
             raise InputError(f"--try {item!r}: not valid JSON ({exc.msg})") from None
         if not isinstance(params, dict):
             raise InputError(f"--try {item!r}: expected a JSON object of search-space values")
+        if nested := [k for k, v in params.items() if not isinstance(v, str | int | float | bool | None)]:
+            raise InputError(f"--try {item!r}: {nested[0]} is not one value (a string, number, true/false or null)")
         out.append(params)
     return out
 
@@ -334,8 +336,8 @@ def _replay_options(args: argparse.Namespace) -> ReplayOptions:
 
 
 def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list[SLO],
-              gate: QualityGate | float | None, enqueue: list[JsonDict], secrets: list[str], api_key: str | None,
-              trace_sha256: str) -> StudySettings:
+              gate: QualityGate | float | None, enqueue: list[ParamValues], secrets: list[str],
+              api_key: str | None, trace_sha256: str) -> StudySettings:
     from tracetune.tuner.settings import StudySettings
 
     replay_options = _replay_options(args)
@@ -377,7 +379,7 @@ def _runnable_space(request: TuneRequest, console: Console) -> SearchSpace:
     return space
 
 
-def _check_tries(enqueue: list[JsonDict], space: SearchSpace, never: Unrunnable, platform: Platform) -> None:
+def _check_tries(enqueue: list[ParamValues], space: SearchSpace, never: Unrunnable, platform: Platform) -> None:
     from tracetune.errors import InputError
 
     unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
@@ -394,7 +396,7 @@ def _check_tries(enqueue: list[JsonDict], space: SearchSpace, never: Unrunnable,
                 raise InputError(f"--try {name}={value!r}: {why} of the search space {space.name!r}")
 
 
-def _off_range(param: Param, value: Json) -> str | None:
+def _off_range(param: Param, value: object) -> str | None:
     """Why `value` is not a value numeric parameter `param` can take (None when it is one)."""
     import math
 

@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracetune.types import JsonDict
-
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -54,7 +52,7 @@ def profile_command(args: argparse.Namespace, console) -> int:
     return 0
 
 
-def trace_report(trace: Trace, options: ReplayOptions, console: Console) -> JsonDict:
+def trace_report(trace: Trace, options: ReplayOptions, console: Console) -> dict[str, object]:
     """Print the trace's profile in one line; where --max-requests/--max-duration cut it, the cut's
     too, and a warning naming how it differs from the whole trace. Returns the whole trace's profile."""
     from tracetune.replay.profile import bounds_text, compare, profile, profile_records

@@ -100,6 +100,7 @@ def refused(argv: list[str], folder: Path, capsys) -> str:
     ('{"max_num_seqs": NaN}', "--try max_num_seqs=nan: expected a whole number"),
     ('{"max_num_seqs": "8"}', "--try max_num_seqs='8': expected a whole number"),
     ('{"max_num_seqs": true}', "--try max_num_seqs=True: expected a whole number"),
+    ('{"max_num_seqs": [8]}', "max_num_seqs is not one value (a string, number, true/false or null)"),
 ])
 def test_a_try_value_outside_the_space_is_refused(value, says, folder, capsys):
     assert says in refused(["--space", "space.yaml", "--try", value], folder, capsys)
