@@ -12,6 +12,7 @@ from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.files import write_atomic
 from tracetune.quality.gate import QualityGate
 from tracetune.replay.metrics import Summary
+from tracetune.stored import Stored, mapping
 from tracetune.tuner.objectives import OBJECTIVES
 from tracetune.types import JsonDict
 
@@ -135,16 +136,16 @@ def _quality_words(results: dict[int, JsonDict], gate: QualityGate | float | Non
     return out
 
 
-def _breach(reference: JsonDict | None, slos: list) -> str:
+def _breach(reference: Stored | None, slos: list) -> str:
     """How vLLM's defaults break the SLO, in words (`tuner.front.slo_breach`; "" when they keep it)."""
     from tracetune.tuner.front import slo_breach
 
-    return slo_breach((reference or {}).get("summary"), slos)
+    return slo_breach(mapping(mapping(reference).get("summary")), slos)
 
 
-def _summary_of(stored: JsonDict | None) -> Summary | None:
+def _summary_of(stored: Stored | None) -> Summary | None:
     """A stored row's (or the reference's) summary, read back; None: not measured."""
-    summary = (stored or {}).get("summary")
+    summary = mapping(mapping(stored).get("summary"))
     return Summary.from_dict(summary) if summary else None
 
 
@@ -209,7 +210,7 @@ def config_lines(rows: list[dict]) -> list[str]:
     return ["configurations (what differs from vLLM's defaults):", *out]
 
 
-def spec_text(stored: JsonDict | None) -> str:
+def spec_text(stored: Stored | None) -> str:
     """A trial's speculative decoding from its stored engine counters (`EngineMetrics`), compactly: the
     share of draft tokens accepted and the tokens each verification step yields ("38% x2.1"); "-"
     without speculation."""
@@ -230,7 +231,7 @@ def _print_quality_floor(reference: dict | None, results: dict[int, dict], conso
             console.print(("[yellow]" + line + "[/]") if "too noisy" in line else line, highlight=False)
 
 
-def _bracket(stored: JsonDict | None) -> str:
+def _bracket(stored: Stored | None) -> str:
     from tracetune.capacity.step import CapacityResult
 
     if not stored:
@@ -253,7 +254,7 @@ def _print_failures(study, console) -> None:
                       f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)
 
 
-def _ci_of(name: str, summary: JsonDict, quality: JsonDict) -> tuple[float, float] | None:
+def _ci_of(name: str, summary: Stored, quality: Stored) -> tuple[float, float] | None:
     """An objective's 95% interval, read from the row's stored summary and quality (None: without one)."""
     from tracetune.quality.probe import QualityResult
     from tracetune.tuner.objectives import objective_estimate

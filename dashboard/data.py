@@ -36,9 +36,10 @@ from tracetune.dashboard.trial import CATEGORIES, TrialView, config_diff, diff_t
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate, floor_estimates, floor_text, random_weights, shown_quality
 from tracetune.replay.metrics import Summary
+from tracetune.stored import Stored
 from tracetune.tuner.front import dominates, trials_beyond_only_the_gate  # noqa: F401
 from tracetune.tuner.storage import REFERENCE_RUN, StoredRun
-from tracetune.tuner.trial_record import TrialRecord
+from tracetune.tuner.trial_record import StudyAttr, TrialRecord
 from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
@@ -49,13 +50,14 @@ if TYPE_CHECKING:
 _PLATFORM_LINE = re.compile(r"\b(CPU|GPU) KV cache (?:size|usage)|detected platform (cpu|cuda)\b")
 
 
-def _gate_of(attrs: JsonDict) -> QualityGate | None:
+def _gate_of(attrs: Stored) -> QualityGate | None:
     """The study's quality gate (`quality.probe.QualityGate`): its stored spec, or the plain nats
     limit of a study made before gates had units; None without one (or one this version cannot read)."""
     from tracetune.quality.gate import parse_gate
 
     try:
-        return parse_gate(attrs.get("quality_gate") or attrs.get("max_quality_loss"))
+        spec = attrs.get(StudyAttr.QUALITY_GATE) or attrs.get(StudyAttr.MAX_QUALITY_LOSS)
+        return parse_gate(spec if isinstance(spec, str | float) else None)
     except InputError:
         return None
 
@@ -82,9 +84,9 @@ def _summaries(study: StudyView) -> list[Summary]:
     return summaries + ([study.reference_summary] if study.reference_summary is not None else [])
 
 
-def _platform_of(study_attrs: JsonDict, rows: Iterable[StoredRun]) -> str:
-    if study_attrs.get("platform"):
-        return str(study_attrs["platform"])
+def _platform_of(study_attrs: Stored, rows: Iterable[StoredRun]) -> str:
+    if study_attrs.get(StudyAttr.PLATFORM):
+        return str(study_attrs[StudyAttr.PLATFORM])
     for row in rows:
         m = _PLATFORM_LINE.search(row.log_tail or "")
         if m:
@@ -102,12 +104,12 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     rows, reference = read_results(storage.engine, name)
     ref_config = reference["config"] if reference else {}
     attrs = study.user_attrs
-    engine_name = (attrs.get("rules") or {}).get("engine")  # the study's engine reads its configs' differences
+    engine_name = (attrs.get(StudyAttr.RULES) or {}).get("engine")  # the study's engine reads its configs' differences
     silent = silent_for(storage.engine, name)
-    heartbeat_s = float(attrs.get("heartbeat_s") or 30)
+    heartbeat_s = float(attrs.get(StudyAttr.HEARTBEAT_S) or 30)
     grace = 2 * heartbeat_s
     directions = [d.name.lower() for d in study.directions]
-    objectives = list(attrs.get("objectives") or [f"objective_{i}" for i in range(len(directions))])
+    objectives = list(attrs.get(StudyAttr.OBJECTIVES) or [f"objective_{i}" for i in range(len(directions))])
     started = _started_ages(study)
     trials = []
     for ft in study.get_trials(deepcopy=False):
@@ -132,12 +134,12 @@ def load_study(url: str, name: str | None = None) -> StudyView:
     probe = None if random_weights(ref_config) else (reference.get("probe") if reference else None)
     floor = floor_estimates(probe)
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,
-                     slos=list(attrs.get("slos") or []), max_quality_loss=attrs.get("max_quality_loss"),
+                     slos=list(attrs.get(StudyAttr.SLOS) or []), max_quality_loss=attrs.get(StudyAttr.MAX_QUALITY_LOSS),
                      trials=trials,
                      reference=reference and {"config": reference["config"], "summary": reference["summary"]},
                      platform=_platform_of(attrs, rows.values()),
                      economics={k: float(attrs[k]) for k in ("gpu_hour_cost", "target_rate") if attrs.get(k)},
-                     quality_gate=_gate_of(attrs), vllm_version=attrs.get("vllm_version"), engine=engine_name,
+                     quality_gate=_gate_of(attrs), vllm_version=attrs.get(StudyAttr.VLLM_VERSION), engine=engine_name,
                      noise_floor=floor,
                      floor_text=floor_text(probe, floor), heartbeat_s=heartbeat_s,
                      reference_summary=Summary.from_dict(reference["summary"]) if reference and reference["summary"]

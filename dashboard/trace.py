@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from tracetune.dashboard import capacity
 from tracetune.dashboard.storage import optuna_storage
 from tracetune.replay.metrics import Summary
-from tracetune.types import JsonDict
+from tracetune.stored import Stored, listed, number
+from tracetune.tuner.trial_record import StudyAttr
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -20,13 +21,13 @@ KIND_COLORS = {"busiest": "rgba(214, 39, 40, 0.25)", "busiest by tokens": "rgba(
                "by load": "rgba(31, 119, 180, 0.18)"}
 
 
-def stored_profile(url: str, name: str) -> JsonDict | None:
+def stored_profile(url: str, name: str) -> Stored | None:
     """The trace profile kept with study `name` (`replay.profile.TraceProfile.as_dict()`; None for a
     study from before it was kept)."""
     import optuna
 
     study = optuna.load_study(study_name=name, storage=optuna_storage(url))
-    found = study.user_attrs.get("trace_profile")
+    found = study.user_attrs.get(StudyAttr.TRACE_PROFILE)
     return found if isinstance(found, dict) and found.get("over_time") else None
 
 
@@ -52,12 +53,12 @@ def parts_replayed(summary: Summary | None) -> list[Window]:
     return sorted(seen.values(), key=lambda p: p.start_s)
 
 
-def rate_figure(profile: JsonDict, parts: list[Window], title: str) -> go.Figure:
+def rate_figure(profile: Stored, parts: list[Window], title: str) -> go.Figure:
     """The trace's arrivals per second over time (minutes), the replayed windows shaded by kind."""
     import plotly.graph_objects as go
 
-    width = float(profile["over_time_s"])
-    rates = [float(v) for v in profile["over_time"]]
+    width = number(profile["over_time_s"])
+    rates = [number(v) for v in listed(profile["over_time"])]
     minutes = [(i + 0.5) * width / 60 for i in range(len(rates))]
     fig = go.Figure(go.Scatter(x=minutes, y=rates, mode="lines", line={"shape": "hvh", "color": "#444"},
                                name="arrivals/s", hovertemplate="%{x:.1f} min: %{y:.3g} req/s<extra></extra>"))
@@ -75,10 +76,10 @@ def rate_figure(profile: JsonDict, parts: list[Window], title: str) -> go.Figure
     return fig
 
 
-def caption(profile: JsonDict, parts: list[Window]) -> str:
+def caption(profile: Stored, parts: list[Window]) -> str:
     """What the chart shows, in a line: the trace and what the levels replayed of it."""
-    trace = (f"{profile['requests']} requests over {float(profile['duration_s']) / 60:.1f} min, "
-             f"{float(profile['mean_rps']):.3g} req/s on average")
+    trace = (f"{profile['requests']} requests over {number(profile['duration_s']) / 60:.1f} min, "
+             f"{number(profile['mean_rps']):.3g} req/s on average")
     if not parts:
         return f"The trace: {trace}. Every load level replayed the whole trace."
     return (f"The trace: {trace}. Shaded: the {len(parts)} windows this run's load levels replayed (each level "

@@ -4,7 +4,6 @@ dashboard.data / tables / charts / export."""
 from __future__ import annotations
 
 import shlex
-from typing import cast
 
 import streamlit as st
 
@@ -25,7 +24,7 @@ from tracetune.dashboard import (
 from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
 from tracetune.dashboard.export.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
 from tracetune.errors import TuneError
-from tracetune.types import JsonDict
+from tracetune.stored import Stored, listed, mapping
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
 LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
@@ -90,7 +89,7 @@ def _capacity_chart(study: data.StudyView, trials: list[data.TrialView], key: st
 
 
 @st.cache_data(ttl=60, show_spinner=False)
-def _trace_profile(url: str, name: str) -> dict | None:
+def _trace_profile(url: str, name: str) -> Stored | None:
     return trace.stored_profile(url, name)
 
 
@@ -127,9 +126,10 @@ def page_pareto(study: data.StudyView) -> None:
         st.plotly_chart(fig, key="pareto_chart_3d")
     else:
         event = st.plotly_chart(fig, key="pareto_chart", on_select="rerun", selection_mode=("points",))
-        state = cast(JsonDict, event or {})  # the chart's selection state (Streamlit's plotly event)
-        numbers = [p.get("customdata") for p in (state.get("selection") or {}).get("points", [])]
-        numbers = [int(n[0] if isinstance(n, list) else n) for n in numbers if n is not None and n != []]
+        state = mapping(event)  # the chart's selection state (Streamlit's plotly event)
+        points = [mapping(p).get("customdata") for p in listed(mapping(state.get("selection")).get("points"))]
+        numbers = [int(n[0] if isinstance(n, list) else n) for n in points
+                   if isinstance(n, list | int | float | str) and n != []]
         if numbers:
             chosen = study.trial(numbers[0])
             st.session_state["detail_default"] = chosen.number

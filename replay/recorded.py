@@ -8,10 +8,10 @@ import dataclasses
 import json
 import math
 import zlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tracetune.engine_adapter.http_stream import sse_payloads
-from tracetune.types import Json, JsonDict
 
 if TYPE_CHECKING:
     from tracetune.replay.trace import TraceRecord
@@ -56,7 +56,7 @@ def decoded(raw: bytes, content_encoding: str) -> bytes | None:
     return None
 
 
-def _choice_text(choice: JsonDict, chat: bool, stream: bool) -> str | None:
+def _choice_text(choice: Mapping[str, object], chat: bool, stream: bool) -> str | None:
     if chat:
         part = choice.get("delta" if stream else "message")
         content = part.get("content") if isinstance(part, dict) else None
@@ -103,7 +103,7 @@ def summarize_response(raw: bytes, *, chat: bool, sse: bool) -> ResponseSummary:
     return out
 
 
-def _message(raw: Json) -> JsonDict | None:
+def _message(raw: object) -> dict[str, object] | None:
     """A chat message as the trace's `{role, content}`, or None when it holds more than text."""
     if not isinstance(raw, dict):
         return None
@@ -117,12 +117,12 @@ def _message(raw: Json) -> JsonDict | None:
     return {"role": raw.get("role"), "content": content}
 
 
-def _sampling(body: JsonDict) -> JsonDict | None:
+def _sampling(body: Mapping[str, object]) -> dict[str, object] | None:
     from pydantic import ValidationError
 
     from tracetune.replay.trace import Sampling
 
-    fields: JsonDict = {}
+    fields: dict[str, object] = {}
     for name in SAMPLING_FIELDS:
         value = body.get(name)
         if value is None:
@@ -151,7 +151,7 @@ def build_record(kind: str, request_body: bytes, response: ResponseSummary, *,
         return None
     if not isinstance(body, dict):
         return None
-    fields: JsonDict = {"timestamp": 0.0}
+    fields: dict[str, object] = {"timestamp": 0.0}
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:

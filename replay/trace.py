@@ -28,7 +28,6 @@ from pydantic_core import ErrorDetails
 
 from tracetune.errors import InputError, opened_input
 from tracetune.files import open_atomic, refuse_overwrite
-from tracetune.types import Json, JsonDict
 
 MAX_LINE_BYTES = 64 * 2**20
 # Far beyond any model's context; a larger length is a corrupt line, and synthesising its prompt
@@ -134,10 +133,10 @@ def _refuse_constant(name: str) -> NoReturn:
     raise _NonFinite(name)
 
 
-def _unencodable(data: JsonDict) -> str | None:
+def _unencodable(data: object) -> str | None:
     """The field of the first string that cannot be sent as UTF-8 (a lone surrogate written as
     an escape such as \\ud800), or None. Iterative: a line may nest as deep as json allows."""
-    stack: list[tuple[str, Json]] = [("", data)]
+    stack: list[tuple[str, object]] = [("", data)]
     while stack:
         field, value = stack.pop()
         if isinstance(value, str):

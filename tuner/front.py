@@ -306,9 +306,11 @@ def measured_trials(study: Study) -> list[FrozenTrial]:
 def trials_beyond_only_the_gate(study: Study) -> list[FrozenTrial]:
     """Measured trials that kept every SLO but broke the quality gate (the last constraint when the
     study has one: `tuner.objectives.constraint_names`); failed requests are the caller's to check."""
-    if not study.user_attrs.get("quality_gate") and study.user_attrs.get("max_quality_loss") is None:
+    from tracetune.tuner.trial_record import StudyAttr, TrialRecord
+
+    attrs = study.user_attrs
+    if not attrs.get(StudyAttr.QUALITY_GATE) and attrs.get(StudyAttr.MAX_QUALITY_LOSS) is None:
         return []
-    from tracetune.tuner.trial_record import TrialRecord
 
     out = []
     for t in _complete_measured(study):
