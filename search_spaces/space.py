@@ -42,7 +42,6 @@ from pydantic import (
 
 from tracetune.errors import InputError, opened_input
 from tracetune.search_spaces.yaml_source import composed, duplicate_key, line_of, printable
-from tracetune.types import JsonDict
 
 if TYPE_CHECKING:
     import optuna
@@ -204,7 +203,7 @@ class SearchSpace(BaseModel):
     def without(self, drop: Mapping[str, Sequence[object]]) -> SearchSpace:
         """This space minus some categorical choices (conditions follow; a parameter whose
         condition can no longer hold is removed)."""
-        params: dict[str, JsonDict] = {}
+        params: dict[str, dict[str, object]] = {}
         for name, p in self.parameters.items():
             data = p.model_dump(by_alias=True, exclude_none=True)
             if p.choices is not None and name in drop:
@@ -265,7 +264,7 @@ class SearchSpace(BaseModel):
         names = [n for n in self.parameters if n in settings]
         if not names:
             return self, []
-        params: dict[str, JsonDict] = {}
+        params: dict[str, dict[str, object]] = {}
         for name, p in self.parameters.items():
             if name in names:
                 continue
@@ -436,14 +435,15 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default.yaml"
 
 
-def _with_draft_parameter(params: dict[str, JsonDict], drafts: Sequence[Scalar]) -> dict[str, JsonDict]:
+def _with_draft_parameter(params: Mapping[str, dict[str, object]],
+                          drafts: Sequence[Scalar]) -> dict[str, dict[str, object]]:
     """`params` (raw parameter definitions) with the parameter draft_model choosing among `drafts`:
     right after speculative and existing only when it is draft_model, or first when the space has no
     speculative parameter (it is fixed)."""
-    draft: JsonDict = {"choices": list(drafts)}
+    draft: dict[str, object] = {"choices": list(drafts)}
     if "speculative" not in params:
         return {"draft_model": draft, **params}
-    ordered: dict[str, JsonDict] = {}
+    ordered: dict[str, dict[str, object]] = {}
     for name, param in params.items():
         ordered[name] = param
         if name == "speculative":
