@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from tracetune.capacity.step import CapacityResult
@@ -17,7 +18,7 @@ from tracetune.quality.probe import StoredQuality
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.objectives import Run
 from tracetune.tuner.storage import REFERENCE_RUN
-from tracetune.types import JsonDict
+from tracetune.types import JsonDict, ParamValues
 
 # Categories of a trial in the Pareto view, in drawing order.
 CATEGORIES = ("pareto", "tie", "dominated", "infeasible", "pruned", "failed", "running", "queued", "duplicate")
@@ -35,7 +36,7 @@ def config_diff(config: JsonDict, reference: JsonDict, engine: str | None = None
     return diff
 
 
-def diff_text(diff: JsonDict) -> str:
+def diff_text(diff: Mapping[str, object]) -> str:
     return ", ".join(f"{k}={v}" for k, v in diff.items()) or "(same as reference)"
 
 
@@ -50,7 +51,7 @@ class TrialView:
     objective_values: dict[str, float]
     constraints: list[float]
     feasible: bool
-    params: JsonDict                # search-space values
+    params: ParamValues             # search-space values
     config: JsonDict | None         # the engine config's dump
     diff: JsonDict
     summary: Summary | None = None

@@ -206,7 +206,7 @@ QUALITY_SETTINGS = ("model", "dtype", "quantization", "kv_cache_dtype", "specula
 LOSSLESS_SETTINGS = ("speculative",)
 
 
-def _quality_settings(config_json: JsonDict, settings: Sequence[str] = QUALITY_SETTINGS) -> JsonDict:
+def _quality_settings(config_json: Stored, settings: Sequence[str] = QUALITY_SETTINGS) -> dict[str, object]:
     """The settings a configuration's quality depends on, each as it takes effect: the model named by
     its directory (as `config_key`), "auto" the same as unset (vLLM's default), no speculation the
     same whatever its unused draft length."""
@@ -218,13 +218,13 @@ def _quality_settings(config_json: JsonDict, settings: Sequence[str] = QUALITY_S
     return ident
 
 
-def quality_key(config_json: JsonDict) -> str:
+def quality_key(config_json: Stored) -> str:
     """Identity of a configuration's quality."""
     ident = _quality_settings(config_json)
     return "quality:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
 
 
-def lossless_by_construction(config_json: JsonDict, reference_json: JsonDict) -> bool:
+def lossless_by_construction(config_json: Stored, reference_json: Stored) -> bool:
     """The configuration has the reference's weights, precisions and kernels, and differs from it at
     most in batching, caching, scheduling and speculation: it must measure within the noise floor."""
     settings = [k for k in QUALITY_SETTINGS if k not in LOSSLESS_SETTINGS]

@@ -45,7 +45,7 @@ from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.quality.probe import StoredQuality
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.secrets import Redactor
-from tracetune.types import Json, JsonDict
+from tracetune.types import JsonDict, ParamValues
 
 if TYPE_CHECKING:
     import numpy as np
@@ -152,7 +152,7 @@ class StoredRun:
 
     trial_number: int
     status: str  # a `Status`
-    values: JsonDict | None = None  # the search-space values
+    values: ParamValues | None = None  # the search-space values
     config: JsonDict | None = None
     summary: Summary | None = None
     quality: StoredQuality | None = None  # quality.probe.QualityResult.as_dict()
@@ -275,7 +275,7 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
-def _dump(value: Json) -> str | None:
+def _dump(value: object) -> str | None:
     return None if value is None else json.dumps(value, default=str)
 
 
