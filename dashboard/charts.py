@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from tracetune.capacity.step import CapacityResult
 from tracetune.dashboard import capacity, judged
+from tracetune.dashboard.banners import on_random_weights
 from tracetune.dashboard.data import StudyView, TrialView, diff_text, front_line
 from tracetune.dashboard.metrics import display_value, metric_label, quality_text
 from tracetune.dashboard.progress import ProgressPoint
@@ -78,8 +79,10 @@ def _hover(study: StudyView, t: TrialView) -> str:
     gate = f"<br><b>{judged.gate_phrase(t.gate_decision)} {study.gate_words}</b>" if t.outside_gate else ""
     why = "".join(f"<br>{v}" for v in t.violations
                   if not v.startswith(("outside the quality gate", "undecided against the quality gate")))
+    quality = "not measurable (random weights)" if on_random_weights(study) else \
+        quality_text(t.quality).replace(" · ", "<br>  ")
     return (f"<b>trial {t.number}</b> ({t.category}){beaten}{gate}{why}<br>{values}<br>quality: "
-            f"{quality_text(t.quality).replace(' · ', '<br>  ')}<br>config vs reference:<br>  {diff}")
+            f"{quality}<br>config vs reference:<br>  {diff}")
 
 
 def chart_category(t: TrialView) -> str:
@@ -142,6 +145,8 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
             f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
         if study.decision is not None and study.decision.reference_is_best:
             hover += f"<br><b>best by {study.decision.by}</b>: no trial beats vLLM's defaults"
+        elif study.decision is not None and study.decision.reference_breach:
+            hover += f"<br><b>breaks the SLO</b>: {study.decision.reference_breach} (the reference, not a candidate)"
         ref_common = dict(mode="markers+text", name=REFERENCE_STYLE["name"], text=["ref"],
                           textposition="bottom center", hovertext=[hover], hoverinfo="text")
         if z:

@@ -18,12 +18,22 @@ from tracetune.dashboard.metrics import display_value
 from tracetune.quality.gate import UNDECIDED, QualityGate
 
 
+def measured_value(objective: str, trial: TrialView) -> str:
+    """An objective's value as the header states it: quality_loss with its unit, and not measurable
+    on random weights (noise against noise)."""
+    if objective == "quality_loss":
+        shown = display_value(objective, trial.metric(objective))
+        return "not measurable (random weights)" if is_dummy(trial) else \
+            shown if shown == "-" else f"{shown} nats/token"
+    return display_value(objective, trial.metric(objective))
+
+
 def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
     """The `#` comment lines every text format starts with."""
     lines = [
         f"tracetune export ({fmt}): study {study.name!r}, {label(trial)}",
         *platform_lines(study, options),
-        "measured: " + ", ".join(f"{o}={display_value(o, trial.metric(o))}" for o in study.objectives),
+        "measured: " + ", ".join(f"{o}={measured_value(o, trial)}" for o in study.objectives),
     ]
     chosen_under = study.slos + ([f"quality gate {study.quality_gate}"] if study.quality_gate else [])
     if chosen_under:

@@ -65,3 +65,29 @@ def test_random_weights_show_no_quality(url):
     assert study.floor_text == "" and study.noise_floor == {}
     for t in study.candidates:
         assert t.quality is None and quality_text(t.quality) == "-" and not t.outside_gate
+
+
+def test_chart_hovers_say_the_decision_too(url):
+    from tracetune.dashboard.charts import pareto_figure
+
+    def hovers(name: str) -> list[str]:
+        study = data.load_study(url, name)
+        figure = pareto_figure(study, *study.objectives[:2])
+        return [text for trace in figure.data for text in (trace.hovertext or [])]
+
+    random = hovers("random")
+    assert random and all("quality: not measurable (random weights)" in h for h in random if "trial" in h), random
+    broken = [h for h in hovers("slo_broken") if h.startswith("<b>reference</b>")]
+    assert broken and "breaks the SLO</b>: TTFT p99 17.8 s against 2 s, every load failed" in broken[0], broken
+
+
+def test_the_export_states_quality_loss_in_its_unit_and_never_on_random_weights(url):
+    measured = run_tune("export", "--storage", url, "--study", "undecided", "--trial", "1", "--format", "vllm-cmd",
+                        timeout=120).stdout
+    line = next(x for x in measured.splitlines() if x.startswith("# measured: "))
+    assert "quality_loss=" in line and line.rstrip().endswith("nats/token"), line
+    from tracetune.dashboard.export.notes import measured_value
+
+    random = data.load_study(url, "random")
+    assert [measured_value("quality_loss", t) for t in random.candidates] == \
+        ["not measurable (random weights)"] * len(random.candidates)
