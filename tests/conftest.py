@@ -58,6 +58,7 @@ def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
                 return
         except httpx.HTTPError:
             time.sleep(0.05)
+    raise AssertionError(f"{url} did not answer 200 within {timeout_s:g} s (did its server start?)")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Sustained load levels (`capacity.sustain`): the window and its looping, the held-to-the-end tests on
 records made to show each failure, and `tune capacity` on a held-out server whose streams slow as
-its batch grows (tests/replay/batch_server.py), whose steady-state capacity is known."""
+its batch grows (tests/capacity/batch_server.py), whose steady-state capacity is known."""
 
 from __future__ import annotations
 
