@@ -49,7 +49,7 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str, prompts: list[str]
 
 def run_tracetune(base_url: str, model: str, prompts: list[str], rate: float, tokens: int) -> dict:
     from tracetune.replay.metrics import summarize
-    from tracetune.replay.runner import prepare, replay
+    from tracetune.replay.send import prepare, replay
     from tracetune.replay.trace import Trace, TraceRecord
     from tracetune.replay.types import ReplayOptions
 

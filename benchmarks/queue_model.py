@@ -3,7 +3,7 @@ requests served at once, first come first served; a request's first token comes 
 gets a slot, then one token every `tpot_s`. With it a capacity over a one-hour trace is computed in
 seconds, so the whole trace's truth can be set beside what a level replaying parts of it predicts.
 
-`QueueModel.send` has the signature of `replay.runner.replay` and returns what a replay of the same
+`QueueModel.send` has the signature of `replay.send.replay` and returns what a replay of the same
 schedule against such a server would record (its `duration_s` is the wall time the replay would
 take), honouring `stop_when` as the real client does (checked as requests finish).
 """

@@ -26,11 +26,11 @@ from tracetune.capacity.step import (
     offered_rates,
 )
 from tracetune.errors import InputError
-from tracetune.replay.runner import MetricsSource, replay
+from tracetune.replay.send import MetricsSource, replay
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
 
 if TYPE_CHECKING:
-    from tracetune.replay.workers import ClientPool
+    from tracetune.replay.client_procs import ClientPool
 
 
 class LevelEngine(MetricsSource, Protocol):
@@ -79,7 +79,7 @@ class LevelRunner:
     client_procs: int | None = 1  # client processes per level; None: enough for the level's rate
     engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
     lifetime_s: float = 0.0  # a request's lifetime the windows are sized for (the SLO's bound, or measured)
-    send: Callable[..., ReplayResult] = replay  # replays one schedule (`replay.runner.replay`'s signature)
+    send: Callable[..., ReplayResult] = replay  # replays one schedule (`replay.send.replay`'s signature)
     _pool: ClientPool | None = dataclasses.field(default=None, init=False, repr=False)
     _warmed: bool = dataclasses.field(default=False, init=False, repr=False)
 
@@ -96,7 +96,7 @@ class LevelRunner:
     def _procs(self, requests: Sequence[PreparedRequest], repeat: bool) -> int:
         """Client processes for a level; a level the client could not keep up with is measured
         again with twice as many, where the machine has the cores."""
-        from tracetune.replay.workers import auto_client_procs, more_client_procs
+        from tracetune.replay.client_procs import auto_client_procs, more_client_procs
 
         procs = self.client_procs or auto_client_procs(requests, self.engine_cores)
         last = self.measured[-1][0] if self.measured else None
@@ -106,7 +106,7 @@ class LevelRunner:
 
     def _pool_of(self, procs: int) -> ClientPool | None:
         """A client pool of `procs` processes (kept from level to level), or None for one process."""
-        from tracetune.replay.workers import ClientPool
+        from tracetune.replay.client_procs import ClientPool
 
         if procs <= 1:
             return None

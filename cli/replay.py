@@ -92,7 +92,7 @@ def engine_cores(args: argparse.Namespace, engine_info: EngineInfo, config: Engi
     address, none for a remote endpoint."""
     import urllib.parse
 
-    from tracetune.replay.workers import engine_cores as started_engine_cores
+    from tracetune.replay.client_procs import engine_cores as started_engine_cores
 
     if args.endpoint:
         host = urllib.parse.urlsplit(args.endpoint).hostname or ""
@@ -103,7 +103,7 @@ def engine_cores(args: argparse.Namespace, engine_info: EngineInfo, config: Engi
 def client_procs(args: argparse.Namespace, requests: Sequence[PreparedRequest], engine_info: EngineInfo,
                  config: EngineConfig | None) -> int:
     """The --client-procs to use for `requests`: as given, or chosen for their peak rate."""
-    from tracetune.replay.workers import auto_client_procs
+    from tracetune.replay.client_procs import auto_client_procs
 
     if args.client_procs is not None:
         return args.client_procs
@@ -351,7 +351,7 @@ def prepared_requests(trace: Trace, options: ReplayOptions, tokenizer_dir: Path 
     """The trace's requests with their text (prompts synthesised for length-only requests, with the
     tokenizer in `tokenizer_dir`, which `flag` named: one that does not load is an `InputError`)."""
     from tracetune.errors import InputError
-    from tracetune.replay.runner import prepare
+    from tracetune.replay.send import prepare
 
     synthesizer = None
     if any(r.input_length is not None for r in trace.records):
@@ -450,7 +450,7 @@ def _replay(args: argparse.Namespace, console, run: ReplayRun) -> int:
     from tracetune.cli.run_files import RECORDS_FILE, RecordLog
     from tracetune.errors import InputError, TuneError
     from tracetune.replay.metrics import parse_slos, summarize
-    from tracetune.replay.runner import replay
+    from tracetune.replay.send import replay
     from tracetune.replay.types import ReplayOptions
 
     run.slos = slos = parse_slos(args.slo)

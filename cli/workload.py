@@ -56,7 +56,7 @@ def trace_report(trace: Trace, options: ReplayOptions, console: Console) -> dict
     """Print the trace's profile in one line; where --max-requests/--max-duration cut it, the cut's
     too, and a warning naming how it differs from the whole trace. Returns the whole trace's profile."""
     from tracetune.replay.profile import bounds_text, compare, profile, profile_records
-    from tracetune.replay.runner import kept
+    from tracetune.replay.send import kept
 
     whole = profile(trace)
     console.print(f"[dim]·[/] {whole.short()}", highlight=False)

@@ -85,6 +85,16 @@ def _hover(study: StudyView, t: TrialView) -> str:
             f"{quality}<br>config vs reference:<br>  {diff}")
 
 
+def _reference_hover(study: StudyView, axes: Sequence[str], ref: Sequence[float]) -> str:
+    hover = "<b>reference</b> (unquantized weights, auto KV cache, no speculation)<br>" + "<br>".join(
+        f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
+    if study.decision is not None and study.decision.reference_is_best:
+        hover += f"<br><b>best by {study.decision.by}</b>: no trial beats vLLM's defaults"
+    elif study.decision is not None and study.decision.reference_breach:
+        hover += f"<br><b>breaks the SLO</b>: {study.decision.reference_breach} (the reference, not a candidate)"
+    return hover
+
+
 def chart_category(t: TrialView) -> str:
     """How a trial is drawn: its category, except that a point whose quality breaks the gate is
     drawn as outside it (a front point of a study without a gate, or one only the gate kept off)."""
@@ -141,12 +151,7 @@ def pareto_figure(study: StudyView, x: str, y: str, z: str | None = None):
         r = {a: _scaled([v], a) for a, v in zip(axes, ref)}
         ref_marker = dict(color=REFERENCE_STYLE["color"], symbol=REFERENCE_STYLE["symbol"],
                           size=REFERENCE_STYLE["size"], line=dict(width=1, color="#14532d"))
-        hover = "<b>reference</b> (unquantized weights, auto KV cache, no speculation)<br>" + "<br>".join(
-            f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
-        if study.decision is not None and study.decision.reference_is_best:
-            hover += f"<br><b>best by {study.decision.by}</b>: no trial beats vLLM's defaults"
-        elif study.decision is not None and study.decision.reference_breach:
-            hover += f"<br><b>breaks the SLO</b>: {study.decision.reference_breach} (the reference, not a candidate)"
+        hover = _reference_hover(study, axes, ref)
         ref_common = dict(mode="markers+text", name=REFERENCE_STYLE["name"], text=["ref"],
                           textposition="bottom center", hovertext=[hover], hoverinfo="text")
         if z:

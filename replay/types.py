@@ -1,6 +1,6 @@
 """The replay's data: its options, a request ready to send, what one request did, a whole replay's
 result, and a request still in flight (what a `stop_when` sees while a replay runs). The runner,
-its client processes (`replay.workers`), the metrics and the capacity search all read them here."""
+its client processes (`replay.client_procs`), the metrics and the capacity search all read them here."""
 
 from __future__ import annotations
 

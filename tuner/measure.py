@@ -23,9 +23,9 @@ from tracetune.quality.probe import (
     probe_prompts,
     quality_key,
 )
-from tracetune.replay import workers
+from tracetune.replay import client_procs
 from tracetune.replay.metrics import Summary, summarize
-from tracetune.replay.runner import prepare, replay
+from tracetune.replay.send import prepare, replay
 from tracetune.replay.trace import Trace
 from tracetune.replay.types import ReplayResult
 from tracetune.tuner.reporter import NullReporter, Reporter
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from tracetune.capacity.step import Step
     from tracetune.engine_adapter.base import Endpoint
     from tracetune.engine_adapter.kind import EngineConfig
-    from tracetune.replay.runner import PromptSynthesizer
+    from tracetune.replay.send import PromptSynthesizer
     from tracetune.tuner.runner import Level
 
 
@@ -183,7 +183,7 @@ class EngineRunner:
         return quality, None if probe.reference is not None else reference
 
     def _engine_cores(self, config: EngineConfig) -> int:
-        return workers.engine_cores(self.platform.value, config.gpus())
+        return client_procs.engine_cores(self.platform.value, config.gpus())
 
     def _trace_rate_replay(self, server: Engine, label: str, engine_cores: int) -> tuple[ReplayResult, Summary]:
         """The trace at its own rate. A replay whose client could not keep the schedule (its
@@ -191,14 +191,14 @@ class EngineRunner:
         client processes while the machine has the cores; what is still overloaded then is
         reported as unmeasurable by `Tuner._judged`, never as the engine's failure."""
         n_warm = min(self.settings.replay.warmup_requests, len(self.requests))
-        procs = self.settings.client_procs or workers.auto_client_procs(self.requests[n_warm:], engine_cores)
+        procs = self.settings.client_procs or client_procs.auto_client_procs(self.requests[n_warm:], engine_cores)
         endpoint = _endpoint(server)
         while True:
             result = replay(endpoint.base_url, endpoint.model, self.requests, self.settings.replay,
                             engine=server, headers=self.headers or None, on_progress=self.on_replay_progress,
                             client_procs=procs)
             summary = summarize(result, self.settings.slos)
-            more = workers.more_client_procs(procs, engine_cores)
+            more = client_procs.more_client_procs(procs, engine_cores)
             if not summary.client_overloaded or more <= procs:
                 return result, summary
             self.reporter.on_client_overloaded(label=label, procs=more, lag_p99_s=summary.schedule_lag.get("p99", 0.0))

@@ -12,7 +12,7 @@ from tracetune.engine_adapter.openai_client import new_session, stream_completio
 from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
 from tracetune.replay.record import RecordingProxy
 from tracetune.replay.recorded import percentile
-from tracetune.replay.runner import prepare, replay
+from tracetune.replay.send import prepare, replay
 from tracetune.replay.trace import load_trace
 from tracetune.replay.types import ReplayOptions
 

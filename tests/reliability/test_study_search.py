@@ -52,7 +52,7 @@ def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(
     monkeypatch.setattr(study_module, "replay", scripted_replay)
     monkeypatch.setattr(study_module, "summarize", scripted_summary)
     monkeypatch.setattr(study_module, "settle", lambda *a, **k: None)
-    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 8)
+    monkeypatch.setattr("tracetune.replay.client_procs.cores", lambda: 8)
 
     class Server:
         endpoint = type("E", (), {"base_url": "http://x", "model": "m"})()
@@ -60,7 +60,7 @@ def test_an_overloaded_trace_rate_replay_is_sent_again_by_more_client_processes(
     result, summary = runner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
     assert sent_by == [1, 2, 4] and result == 4 and not summary.client_overloaded
     sent_by.clear()
-    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 4)  # only two cores free: 1, 2, then no more
+    monkeypatch.setattr("tracetune.replay.client_procs.cores", lambda: 4)  # only two cores free: 1, 2, then no more
     result, summary = runner._trace_rate_replay(Server(), "trial-0000", engine_cores=2)
     assert sent_by == [1, 2] and summary.client_overloaded
 

@@ -19,12 +19,12 @@ import pytest
 from tests.conftest import wait_for_http
 from tests.replay.sse_server import SSEServer
 from tracetune.engine_adapter.process import free_port
+from tracetune.replay.client_procs import ClientPool, auto_client_procs, peak_rate
 from tracetune.replay.metrics import summarize
 from tracetune.replay.replayer import Replayer
-from tracetune.replay.runner import prepare, replay
+from tracetune.replay.send import prepare, replay
 from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.types import ReplayOptions
-from tracetune.replay.workers import ClientPool, auto_client_procs, peak_rate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,7 +140,7 @@ def test_automatic_client_processes_follow_the_peak_rate_within_the_free_cores(m
     options = ReplayOptions(warmup_requests=0)
     slow, fast = prepare(even(10, 50), options), prepare(even(9000, 20000), options)
     assert peak_rate(slow) == pytest.approx(10, abs=1) and peak_rate(fast) == pytest.approx(9000, rel=0.01)
-    monkeypatch.setattr("tracetune.replay.workers.cores", lambda: 16)
+    monkeypatch.setattr("tracetune.replay.client_procs.cores", lambda: 16)
     assert auto_client_procs(slow, engine_cores=2) == 1
     assert auto_client_procs(fast, engine_cores=2) == 5  # 9,000 req/s at 2,000 a process
     assert auto_client_procs(fast, engine_cores=14) == 2  # only two cores left

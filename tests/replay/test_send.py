@@ -9,7 +9,7 @@ import pytest
 from tests.replay.sse_server import SSEServer
 from tracetune.errors import InputError
 from tracetune.replay.replayer import Replayer
-from tracetune.replay.runner import prepare
+from tracetune.replay.send import prepare
 from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.types import ReplayOptions
 

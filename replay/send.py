@@ -23,8 +23,8 @@ from tracetune.replay.trace import Trace, TraceRecord
 from tracetune.replay.types import PreparedRequest, ReplayOptions, ReplayResult, RequestRecord, StopWhen
 
 if TYPE_CHECKING:
+    from tracetune.replay.client_procs import ClientPool
     from tracetune.replay.synth import PromptSynthesizer
-    from tracetune.replay.workers import ClientPool
 
 OnProgress = Callable[[int, int, int], None]
 OnRecord = Callable[[RequestRecord], None]
@@ -86,11 +86,11 @@ def replay(base_url: str, model: str, requests: Sequence[PreparedRequest], optio
            on_record: OnRecord | None = None) -> ReplayResult:
     """Run a replay to completion, or until `stop_when` says its outcome is certain (uvloop when
     available). `engine`, if given, supplies `metrics()` snapshots taken after the warm-up and at
-    the end. An open-loop replay with `client_procs` > 1 (or a `replay.workers.ClientPool`) is sent
+    the end. An open-loop replay with `client_procs` > 1 (or a `replay.client_procs.ClientPool`) is sent
     by that many client processes; the warm-up is sent from this one. `on_record` is called with
     each measured request's record as it finishes (a caller keeps them on disk as they come)."""
     if pool is None and client_procs > 1 and options.mode == "open":
-        from tracetune.replay.workers import ClientPool
+        from tracetune.replay.client_procs import ClientPool
 
         with ClientPool(client_procs) as own:
             return replay(base_url, model, requests, options, engine=engine, headers=headers,
