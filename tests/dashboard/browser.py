@@ -34,3 +34,10 @@ def dashboard_page(url: str, study: str, **page_options: Any) -> Iterator[Any]:
                 browser.close()
     finally:
         stop(proc)
+
+
+def wait_idle(page: Any) -> None:
+    """The rerun finished: no status widget, and no element left over from the page before (stale)."""
+    page.wait_for_timeout(500)
+    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]') "
+                           "&& !document.querySelector('[data-stale=true]')", timeout=60_000)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.dashboard.browser import HAVE_CHROMIUM, dashboard_page
+from tests.dashboard.browser import HAVE_CHROMIUM, dashboard_page, wait_idle
 from tests.dashboard.synthetic import make_decision_studies
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not HAVE_CHROMIUM, reason="Debian chromium is not installed")]
@@ -21,18 +21,13 @@ def page(tmp_path_factory):
         yield opened
 
 
-def _idle(page) -> None:
-    page.wait_for_timeout(500)
-    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=60_000)
-
-
 def _cells(page) -> list[str]:
     page.locator('[data-testid="stDataFrame"] [role="gridcell"]').first.wait_for(state="attached", timeout=30_000)
     return page.locator('[data-testid="stDataFrame"] [role="gridcell"]').all_inner_texts()
 
 
 def test_the_pareto_page_says_no_gate_marks_the_costly_point_and_the_tie(page, artifacts):
-    _idle(page)
+    wait_idle(page)
     page.get_by_text(re.compile(r"^No quality gate: this study was run with")).first.wait_for(timeout=30_000)
     assert page.get_by_text(re.compile(r"front trial\(s\) 1 are outside it")).count()
     legend = page.eval_on_selector_all(".js-plotly-plot .legendtext", "els => els.map(e => e.textContent)")
@@ -53,7 +48,7 @@ def test_a_stale_trial_reads_interrupted_and_live_refresh_stays_off(page, artifa
     assert not live.is_checked()
     page.locator('[data-testid="stSidebar"]').get_by_text("Trial detail", exact=True).click()
     page.get_by_role("heading", name=re.compile(r"^Trial detail · study")).wait_for(timeout=60_000)
-    _idle(page)
+    wait_idle(page)
     page.get_by_role("combobox", name="Trial", exact=True).click()
     page.get_by_role("option", name=re.compile(r"^trial 4 ")).click()
     page.get_by_text(re.compile(r"stopped sending heartbeats 3\.0 days ago")).first.wait_for(timeout=30_000)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.dashboard.browser import HAVE_CHROMIUM, dashboard_page
+from tests.dashboard.browser import HAVE_CHROMIUM, dashboard_page, wait_idle
 from tests.dashboard.interval_studies import make_interval_studies
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not HAVE_CHROMIUM, reason="Debian chromium is not installed")]
@@ -21,13 +21,6 @@ def page(tmp_path_factory):
         yield opened
 
 
-def _idle(page) -> None:
-    """The rerun finished: no status widget, and no element left over from the page before (stale)."""
-    page.wait_for_timeout(500)
-    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]') "
-                           "&& !document.querySelector('[data-stale=true]')", timeout=60_000)
-
-
 def _open(page, study: str, view: str) -> None:
     sidebar = page.locator('[data-testid="stSidebar"]')
     box = sidebar.get_by_role("combobox", name="Study")
@@ -36,13 +29,13 @@ def _open(page, study: str, view: str) -> None:
         page.get_by_role("option", name=study, exact=True).click()
     sidebar.get_by_text(view, exact=True).click()
     page.get_by_role("heading", name=re.compile(rf"^{view} · study {study}$")).wait_for(timeout=60_000)
-    _idle(page)
+    wait_idle(page)
 
 
 def _trial(page, name: str) -> None:
     page.get_by_role("combobox", name="Trial", exact=True).click()
     page.get_by_role("option", name=re.compile(rf"^{re.escape(name)} ")).click()
-    _idle(page)
+    wait_idle(page)
 
 
 def _cells(page) -> list[str]:
