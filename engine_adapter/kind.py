@@ -199,6 +199,10 @@ class EngineKind:
         """The engine's name as the user reads it."""
         return self.label or self.name
 
+    def of(self, config: EngineConfig) -> EngineKind:
+        """The engine that runs `config` (itself; a choice of engines names the one chosen)."""
+        return self
+
     def load_config(self, data: Mapping[str, object]) -> EngineConfig:
         """Stored settings read back as this engine's settings model."""
         return cast("EngineConfig", self.config_model.model_validate(data))

@@ -45,6 +45,12 @@ def _vllm() -> EngineKind:
                       config_diff=config_diff, image="vllm/vllm-openai", image_version=GPU_VLLM_VERSION)
 
 
+def _llamacpp() -> EngineKind:
+    from tracetune.engine_adapter.llamacpp import kind
+
+    return kind()
+
+
 def _openai() -> EngineKind:
     from tracetune.engine_adapter.openai_endpoint import OpenAIEndpointConfig
 
@@ -59,11 +65,18 @@ def _make_openai(run_dir: Path | None = None, *, platform: Platform | None = Non
 
 
 # name -> the function that builds its EngineKind
-ENGINES: dict[str, Callable[[], EngineKind]] = {"vllm": _vllm, "openai": _openai}
+ENGINES: dict[str, Callable[[], EngineKind]] = {"vllm": _vllm, "llamacpp": _llamacpp, "openai": _openai}
+# Engines one study may choose between, trial by trial ("vllm+llamacpp": `engine_adapter.choice`).
+CHOICE_SEPARATOR = "+"
 
 
 def engine_kind(name: str = DEFAULT_ENGINE) -> EngineKind:
-    """The registered engine `name` (tracetune's default engine when none is named)."""
+    """The registered engine `name` (tracetune's default engine when none is named), or for
+    "a+b" the choice between engines a and b, made trial by trial (`engine_adapter.choice`)."""
+    if CHOICE_SEPARATOR in name:
+        from tracetune.engine_adapter.choice import choice_of
+
+        return choice_of([engine_kind(part) for part in name.split(CHOICE_SEPARATOR)])
     if name not in ENGINES:
         raise InputError(f"unknown engine {name!r}; tracetune knows: {', '.join(sorted(ENGINES))}")
     return ENGINES[name]()
