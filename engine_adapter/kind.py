@@ -42,6 +42,9 @@ class Knob:
 
     description: str
     values: tuple[Scalar, ...] | None = None
+    # The engines that understand it, in a choice of engines (`engine_adapter.choice`): a search space
+    # offers it only for them. Empty: every engine the space is for.
+    engines: tuple[str, ...] = ()
 
 
 # Search-space parameter name -> its knob.
@@ -189,6 +192,9 @@ class EngineKind:
     config_diff: ConfigDiff = plain_diff
     image: str | None = None  # the container image repository exports run, e.g. "vllm/vllm-openai"
     image_version: str | None = None  # the engine release an exported image runs when a study names none
+    # Why the engine cannot run on this machine (e.g. its server is not installed, with how to install
+    # it), or None when it can; unset: it always can.
+    available: Callable[[], str | None] | None = None
 
     @property
     def tunable(self) -> bool:
@@ -198,6 +204,15 @@ class EngineKind:
     def shown(self) -> str:
         """The engine's name as the user reads it."""
         return self.label or self.name
+
+    @property
+    def engines(self) -> tuple[EngineKind, ...]:
+        """The engines it runs: itself (a choice of engines, `engine_adapter.choice`: each it chooses from)."""
+        return (self,)
+
+    def missing(self) -> str | None:
+        """Why the engine cannot run on this machine (`available`), or None when it can."""
+        return None if self.available is None else self.available()
 
     def of(self, config: EngineConfig) -> EngineKind:
         """The engine that runs `config` (itself; a choice of engines names the one chosen)."""
