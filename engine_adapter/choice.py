@@ -116,7 +116,8 @@ def choice_of(kinds: Sequence[EngineKind]) -> EngineChoice:
 
 
 def _knobs(kinds: Sequence[EngineKind]) -> dict[str, Knob]:
-    """`engine` and every engine's knobs, each marked with the engines that understand it."""
+    """`engine` and every engine's knobs, each marked with the engines that understand it. A name two
+    engines share is one knob: both list the same values, or one leaves them to its settings model."""
     out: dict[str, Knob] = {ENGINE: Knob("the serving engine", tuple(k.name for k in kinds))}
     for kind in kinds:
         for name, knob in kind.knobs.items():
@@ -125,11 +126,12 @@ def _knobs(kinds: Sequence[EngineKind]) -> dict[str, Knob]:
             known = out.get(name)
             if known is None:
                 out[name] = dataclasses.replace(knob, engines=(kind.name,))
-            elif known.values != knob.values:
+            elif None not in (known.values, knob.values) and known.values != knob.values:
                 raise InputError(f"knob {name!r} means different things to {', '.join(known.engines)} "
                                  f"(values {known.values}) and {kind.shown} (values {knob.values}); one name, one knob")
-            else:
-                out[name] = dataclasses.replace(known, engines=(*known.engines, kind.name))
+            else:  # where one engine's settings model checks the values, the space does not
+                values = None if None in (known.values, knob.values) else known.values
+                out[name] = dataclasses.replace(known, values=values, engines=(*known.engines, kind.name))
     return out
 
 
@@ -319,25 +321,20 @@ class ChosenEngine:
                  platform: Platform | None = None, port: int | None = None) -> None:
         self._kind_of, self._run_dir, self._platform, self._port = kind_of, run_dir, platform, port
         self.running: Engine | None = None
+        self.name = "engine"  # the running engine's, once one is made
+        self.quality_probe = False
 
     def _for(self, config: EngineConfig) -> Engine:
         """The engine `config` runs on, made now (one already running is stopped first)."""
         self.stop()
         self.running = self._kind_of(config).make(self._run_dir, platform=self._platform, port=self._port)
+        self.name, self.quality_probe = self.running.name, self.running.quality_probe
         return self.running
 
     def _started(self) -> Engine:
         if self.running is None:
             raise EngineError("the engine is not started; call start() first")
         return self.running
-
-    @property
-    def name(self) -> str:
-        return "engine" if self.running is None else self.running.name
-
-    @property
-    def quality_probe(self) -> bool:
-        return self.running is not None and self.running.quality_probe
 
     @property
     def endpoint(self) -> Endpoint | None:

@@ -17,6 +17,13 @@ knobs of the engine the space is for: its `EngineKind` gives the knob table (`ki
 reference config checks the fixed settings (`kind.reference`); tracetune's default engine when none
 is given. Errors name the file, the line and the field.
 
+A space over a choice of engines (`--engine vllm+llamacpp`, `engine_adapter.choice`) has the knob
+`engine`; each engine's own knobs then exist only where it runs:
+
+    parameters:
+      engine:       {choices: [vllm, llamacpp]}
+      max_num_seqs: {choices: [8, 32], when: {engine: [vllm]}}
+
 `draft_models` lists the draft models searched with `speculative: draft_model` (directories, or
 drafts tracetune derives from the target: `derived:layers-N`); it becomes the parameter
 `draft_model`, right after `speculative`, existing only when speculative is draft_model.
@@ -27,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 from pydantic import (
     BaseModel,
@@ -40,6 +47,7 @@ from pydantic import (
     model_validator,
 )
 
+from tracetune.engine_adapter.choice import ENGINE  # the knob naming each trial's engine in a choice of engines
 from tracetune.errors import InputError, opened_input
 from tracetune.search_spaces.yaml_source import composed, duplicate_key, line_of, printable
 
@@ -175,6 +183,11 @@ class SearchSpace(BaseModel):
                 raise ValueError(f"parameter {name!r} is not a tunable knob; known: {sorted(self._knobs)}")
             if name in self.fixed:
                 raise ValueError(f"{name!r} is both fixed and searched")
+            allowed = self._knobs[name].values
+            if param.choices is not None and allowed is not None \
+                    and (off := [c for c in param.choices if c not in allowed]):
+                raise ValueError(f"{name}.choices: {off} {'is' if len(off) == 1 else 'are'} not among the knob's "
+                                 f"values {list(allowed)}")
             for other, values in (param.when or {}).items():
                 if other not in seen:
                     raise ValueError(f"{name}.when refers to {other!r}, which must be a parameter defined above it")
@@ -188,7 +201,33 @@ class SearchSpace(BaseModel):
         for name in self.fixed:
             if name not in self._knobs:
                 raise ValueError(f"fixed setting {name!r} is not an engine knob; known: {sorted(self._knobs)}")
+        self._check_engines()
         return self
+
+    def _check_engines(self) -> None:
+        """In a space over a choice of engines (a knob `engine`), each parameter exists only for the
+        engines that understand it (`Knob.engines`): `when: {engine: [...]}` says which."""
+        offered = self.engines()
+        for name, param in self.parameters.items():
+            knob = self._knobs[name]
+            exists_for = [e for e in (param.when or {}).get(ENGINE, offered) if e in offered]
+            if not knob.engines or not (strangers := [e for e in exists_for if e not in knob.engines]):
+                continue
+            raise ValueError(f"{name!r} is a knob of {' and '.join(knob.engines)} only, but exists for engine "
+                             f"{' and '.join(map(str, strangers))}: give it when: {{{ENGINE}: "
+                             f"[{', '.join(e for e in knob.engines if e in offered)}]}}")
+
+    def engines(self) -> list[Value]:
+        """The engines the space offers: its `engine` parameter's choices, else the fixed engine, else the
+        first of the choice it is for; [] for a space over one engine."""
+        if ENGINE not in self._knobs:
+            return []
+        if ENGINE in self.parameters:
+            return list(self.parameters[ENGINE].choices or [])
+        known = [v for v in self._knobs[ENGINE].values or [] if v is not None]
+        if ENGINE in self.fixed:  # an engine the choice does not know is named once validation ends
+            return [cast("Value", self.fixed[ENGINE])] if self.fixed[ENGINE] in known else []
+        return known[:1]
 
     @classmethod
     def for_knobs(cls, data: Mapping[str, object], knobs: Knobs | None = None) -> SearchSpace:
@@ -362,18 +401,20 @@ def _one_of(values: Sequence[object]) -> str:
 
 def _fixed_problem(space: SearchSpace, kind: EngineKind) -> tuple[str, str] | None:
     """(field, message) for the first fixed setting the engine refuses, or None: a value outside a
-    knob's own values, else what the engine's settings model says of its reference config."""
+    knob's own values, else what the engine's settings model says of its reference config (each
+    engine of a choice: of the fixed settings it understands)."""
     for name, value in space.fixed.items():
         allowed = kind.knobs[name].values
         if allowed is not None and value not in allowed:
             return name, f"must be {_one_of(allowed)}, got {value!r}"
-    if kind.reference is None:
-        return None
-    try:
-        kind.reference(fixed=space.fixed, model_dir=Path("model"))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        return ".".join(str(p) for p in err["loc"]), err["msg"]
+    for engine in kind.engines:
+        if engine.reference is None:
+            continue
+        try:
+            engine.reference(fixed={k: v for k, v in space.fixed.items() if k in engine.knobs}, model_dir=Path("model"))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            return ".".join(str(p) for p in err["loc"]), err["msg"]
     return None
 
 
