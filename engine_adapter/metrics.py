@@ -1,4 +1,5 @@
-"""Typed view of a vLLM server's Prometheus `/metrics`.
+"""Typed view of an engine server's Prometheus `/metrics` (vLLM's `vllm:*` and llama-server's
+`llamacpp:*` series).
 
 Counters are read with prometheus_client's own text parser and summed over every label set
 (one server can report several engines or model names). Differences between two snapshots give
@@ -15,23 +16,35 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tracetune.errors import EngineError
 
-# Sample names as vLLM exports them. Several names are listed where vLLM renamed a metric
-# between releases (the first one found wins); `_total` is part of the sample name of counters.
+# Sample names as vLLM and llama-server export them. Several names are listed where vLLM renamed a
+# metric between releases (the first one found wins); `_total` is part of the sample name of counters.
 _COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    "spec_decode_drafts": ("vllm:spec_decode_num_drafts_total",),
-    "spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
-    "spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
+    "spec_decode_drafts": ("vllm:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_drafts_total"),
+    "spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",
+                                 "llamacpp:spec_decode_num_draft_tokens_total"),
+    "spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",
+                                    "llamacpp:spec_decode_num_accepted_tokens_total"),
     "preemptions": ("vllm:num_preemptions_total",),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
-    "generation_tokens": ("vllm:generation_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total"),
     "requests_finished": ("vllm:request_success_total",),
 }
 _GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc"),
-    "requests_running": ("vllm:num_requests_running",),
-    "requests_waiting": ("vllm:num_requests_waiting",),
+    "requests_running": ("vllm:num_requests_running", "llamacpp:requests_processing"),
+    "requests_waiting": ("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
+}
+# Fields an engine exports in parts, summed, read when none of the field's own names is there.
+# llama-server counts the prompt tokens it computed apart from those its slots' caches served
+# (`prompt_tokens_total` excludes cached tokens), so every prompt token is the sum, and each is
+# looked up in the cache: the sum is also the cache's queries, the cached part its hits.
+_LLAMACPP_PROMPT = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")
+_SUMS: dict[str, tuple[str, ...]] = {
+    "prompt_tokens": _LLAMACPP_PROMPT,
+    "prefix_cache_queries": _LLAMACPP_PROMPT,
+    "prefix_cache_hits": ("llamacpp:prompt_tokens_cached_total",),
 }
 
 
@@ -107,7 +120,7 @@ class EngineMetrics:
 
 
 def parse_metrics(text: str) -> EngineMetrics:
-    """Parse Prometheus exposition text from a vLLM server into `EngineMetrics`."""
+    """Parse Prometheus exposition text from a vLLM or llama.cpp server into `EngineMetrics`."""
     sums: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -122,6 +135,9 @@ def parse_metrics(text: str) -> EngineMetrics:
             if name in sums:
                 values[field] = sums[name]
                 break
+    for field, parts in _SUMS.items():
+        if field not in values and any(name in sums for name in parts):
+            values[field] = sum(sums.get(name, 0.0) for name in parts)
     if "kv_cache_usage" in values and values["kv_cache_usage"] > 1.0:
         # Some releases export a percentage rather than a fraction.
         values["kv_cache_usage"] /= 100.0

@@ -1,0 +1,315 @@
+"""llama.cpp's server (`llama-server`) as an `Engine`: typed config -> argv -> managed process.
+
+A setting left at None is not passed, so llama-server's own default applies: the empty config is
+"llama.cpp's defaults" on F16 weights made from the model. Two things tracetune always sets, for
+measuring: `--metrics` (its counters), `--slots` with a `--slot-save-path` (so every slot's cache
+can be erased before a phase), and `--cache-ram 0` (llama-server otherwise keeps idle slots'
+prompts in a host-memory cache that no endpoint can empty, so a capacity search, which replays the
+same requests at every level, would hit prompts the previous level left). Its log is written at
+verbosity 4, where llama.cpp states what it applied (`verify.py` checks every knob against it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tracetune.engine_adapter.base import Endpoint, HTTPEngine, OnTick, StartPhases
+from tracetune.engine_adapter.llamacpp.binaries import llamacpp_dir, tool
+from tracetune.engine_adapter.llamacpp.gguf import FORMATS, gguf_checkpoint, gguf_path
+from tracetune.engine_adapter.platform import Platform
+from tracetune.engine_adapter.process import ServerProcess, free_port
+from tracetune.errors import EngineError, EngineStartError, InputError
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.config import EngineConfig
+
+WeightFormat = Literal["F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M"]
+CacheType = Literal["f16", "q8_0", "q4_0"]
+QUANTIZED_CACHE = ("q8_0", "q4_0")
+# A draft made from the target itself: "derived:<weight format>" (same tokenizer by construction).
+DERIVED_PREFIX = "derived:"
+API_KEY_ENV = "LLAMA_API_KEY"
+LOG_VERBOSITY = "4"  # llama.cpp states the context it built (KV types, flash attention, batch) from 4 up
+
+
+class LlamaCppConfig(BaseModel):
+    """Everything tracetune can set on a llama-server. None means "llama-server's default"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["llamacpp"] = "llamacpp"  # tells stored configs of different engines apart
+    model: Path = Field(description="Local model directory (Hugging Face layout) the GGUF weights are made from.")
+    weights: WeightFormat = Field("F16", description="GGUF weight format made from the model.")
+    gguf: Path | None = Field(None, description="An explicit GGUF file to serve (overrides weights).")
+    served_model_name: str | None = Field(None, min_length=1,
+                                          description="Name clients request; default: the model directory's name.")
+    parallel: int | None = Field(None, gt=0, description="Server slots: requests decoded together (--parallel).")
+    ctx_size: int | None = Field(None, gt=0, description="Context size of all slots together (--ctx-size).")
+    batch_size: int | None = Field(None, gt=0, description="Logical batch size (--batch-size).")
+    ubatch_size: int | None = Field(None, gt=0, description="Physical micro-batch size (--ubatch-size).")
+    cache_type_k: CacheType | None = Field(None, description="K cache type (--cache-type-k).")
+    cache_type_v: CacheType | None = Field(None, description="V cache type (--cache-type-v); quantized needs "
+                                                             "flash attention.")
+    flash_attn: Literal["on", "off", "auto"] | None = None
+    draft_model: str | None = Field(None, min_length=1,
+                                    description="Draft model for speculative decoding: a GGUF file, a Hugging Face "
+                                                "directory (converted to F16 GGUF), or derived:<FORMAT> (the model's "
+                                                "own GGUF in that format, e.g. derived:Q4_K_M).")
+    draft_max: int | None = Field(None, gt=0, le=64, description="Most tokens drafted per step (--spec-draft-n-max).")
+    draft_min: int | None = Field(None, ge=0, le=64, description="Fewest tokens drafted (--spec-draft-n-min).")
+    cache_reuse: int | None = Field(None, ge=0,
+                                    description="Smallest chunk reused from a slot's cache by KV shifting "
+                                                "(--cache-reuse).")
+    threads: int | None = Field(None, gt=0, description="Threads generating (--threads).")
+    threads_batch: int | None = Field(None, gt=0, description="Threads processing prompts (--threads-batch).")
+    extra_args: list[str] = Field(default_factory=list, description="Passed to llama-server verbatim, last.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LlamaCppConfig:
+        if self.cache_type_v in QUANTIZED_CACHE and self.flash_attn == "off":
+            raise ValueError(f"a quantized V cache (cache_type_v={self.cache_type_v}) needs flash attention; "
+                             f"flash_attn='off' refuses it")
+        if self.draft_model is None and (self.draft_max is not None or self.draft_min is not None):
+            raise ValueError("draft_max/draft_min only apply with a draft_model")
+        if self.draft_max is not None and self.draft_min is not None and self.draft_min > self.draft_max:
+            raise ValueError(f"`draft_min <= draft_max` must hold, but got ({self.draft_min}, {self.draft_max})")
+        if self.batch_size is not None and self.ubatch_size is not None and self.ubatch_size > self.batch_size:
+            raise ValueError(f"`ubatch_size <= batch_size` must hold, but got ({self.ubatch_size}, {self.batch_size})")
+        return self
+
+    def name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+    def gpus(self) -> int:
+        """One replica: llama-server on this machine's CPU (or one GPU)."""
+        return 1
+
+    def weights_file(self) -> Path:
+        """The GGUF it serves: the explicit one, or where the model's `weights` GGUF is cached."""
+        return Path(self.gguf) if self.gguf is not None else gguf_path(self.model, self.weights)
+
+
+def own(config: EngineConfig) -> LlamaCppConfig:
+    """`config` as llama.cpp's settings; a TypeError for another engine's (a caller bug, not user input)."""
+    if not isinstance(config, LlamaCppConfig):
+        raise TypeError(f"llama.cpp was handed {type(config).__name__}, another engine's settings")
+    return config
+
+
+def derived_format(draft: str) -> str | None:
+    """The weight format of a derived draft's name (derived:q4_k_m -> Q4_K_M), None for a path."""
+    if not draft.startswith(DERIVED_PREFIX):
+        return None
+    return draft.removeprefix(DERIVED_PREFIX).upper()
+
+
+def draft_file(config: LlamaCppConfig) -> Path | None:
+    """The GGUF file of the config's draft (a derived one where it is cached, made or not)."""
+    draft = config.draft_model
+    if draft is None:
+        return None
+    fmt = derived_format(draft)
+    if fmt is not None:
+        return gguf_path(config.model, fmt)
+    path = Path(draft)
+    return gguf_path(path, "F16") if path.is_dir() else path
+
+
+def relocated(config: EngineConfig, move: Callable[[str], str]) -> LlamaCppConfig:
+    """`config` serving its GGUF (and draft GGUF) from `move(path)`, under the name measured."""
+    config = own(config)
+    # llama-server reads the GGUF files only; the model directory they were made from stays as measured.
+    update: dict[str, object] = {"gguf": move(str(config.weights_file())), "served_model_name": config.name()}
+    draft = draft_file(config)
+    if draft is not None:
+        update["draft_model"] = move(str(draft))
+    return config.model_copy(update=update)
+
+
+def build_command(config: EngineConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
+                  python: str = "", slot_dir: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """llama-server's argv for `config` and the environment it needs (on top of the parent's).
+    `slot_dir`: where slot actions may write (tracetune's own runs: erasing slots needs it). The
+    program is the cached build's, or plain `llama-server` where none is built (an export)."""
+    config = own(config)
+    try:
+        server = str(tool("llama-server"))
+    except InputError:
+        server = "llama-server"
+    argv = [server, "--model", str(config.weights_file()), "--host", host, "--port", str(port),
+            "--alias", config.name(), "--metrics", "--slots", "--cache-ram", "0", "--log-verbosity", LOG_VERBOSITY]
+    if slot_dir is not None:
+        argv.extend(["--slot-save-path", str(slot_dir)])
+
+    def flag(name: str, value: object) -> None:
+        if value is not None:
+            argv.extend([name, str(value)])
+
+    flag("--parallel", config.parallel)
+    flag("--ctx-size", config.ctx_size)
+    flag("--batch-size", config.batch_size)
+    flag("--ubatch-size", config.ubatch_size)
+    flag("--cache-type-k", config.cache_type_k)
+    flag("--cache-type-v", config.cache_type_v)
+    flag("--flash-attn", config.flash_attn)
+    draft = draft_file(config)
+    if draft is not None:
+        # Without --spec-type llama-server loads the draft model and never drafts with it (measured).
+        argv.extend(["--spec-type", "draft-simple", "--model-draft", str(draft)])
+    flag("--spec-draft-n-max", config.draft_max)
+    flag("--spec-draft-n-min", config.draft_min)
+    flag("--cache-reuse", config.cache_reuse)
+    flag("--threads", config.threads)
+    flag("--threads-batch", config.threads_batch)
+    argv.extend(config.extra_args)
+    return argv, dict(config.env)
+
+
+def made_ready(config: LlamaCppConfig, progress: Callable[[str], None] = lambda m: None) -> None:
+    """Make the GGUF files `config` serves (weights and a derived or converted draft) when missing."""
+    if config.gguf is None:
+        gguf_checkpoint(config.model, config.weights, progress)
+    elif not Path(config.gguf).is_file():
+        raise EngineError(f"GGUF file {config.gguf} does not exist")
+    draft = config.draft_model
+    if draft is not None:
+        fmt = derived_format(draft)
+        if fmt is not None:
+            gguf_checkpoint(config.model, fmt, progress)
+        elif Path(draft).is_dir():
+            gguf_checkpoint(Path(draft), "F16", progress)
+        elif not Path(draft).is_file():
+            raise EngineError(f"draft model {draft} does not exist")
+
+
+class LlamaServer(HTTPEngine):
+    """A llama-server process managed by tracetune."""
+
+    name = "llamacpp"
+    quality_probe = False
+    managed = True
+
+    def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 platform: Platform | None = None) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self.port = port
+        self.platform = platform or Platform.CPU
+        self.process: ServerProcess | None = None
+        self.config: LlamaCppConfig | None = None
+        self._starts = itertools.count(1)
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.process.log_path if self.process else None
+
+    def log_tail(self) -> str:
+        return self.process.log_tail() if self.process else ""
+
+    def start_phases(self) -> StartPhases:
+        return {}
+
+    def exit_code(self) -> int | None:
+        return self.process.exit_code() if self.process else None
+
+    def start(self, config: EngineConfig) -> Endpoint:
+        config = own(config)
+        if self.process is not None and self.process.exit_code() is None:
+            raise EngineError("this LlamaServer is already running; stop() it before starting another config")
+        llamacpp_dir()  # InputError saying how to build it, before anything is made
+        made_ready(config)
+        port = self.port or free_port(self.host)
+        start = next(self._starts)
+        slot_dir = self.run_dir / f"llamacpp-slots-{start}-{port}"
+        slot_dir.mkdir(parents=True, exist_ok=True)
+        argv, extra_env = build_command(config, self.platform, host=self.host, port=port, slot_dir=slot_dir)
+        log_path = self.run_dir / f"engine-{start}-{port}.log"
+        with open(log_path, "w") as log:
+            log.write("$ " + " ".join(argv) + "\n")
+        self.config = config
+        self.process = ServerProcess(argv, env={**os.environ, **extra_env}, log_path=log_path,
+                                     health_url=f"http://{self.host}:{port}/health",
+                                     name=f"llama-server (port {port})")
+        self.process.start()
+        key = extra_env.get(API_KEY_ENV) or os.environ.get(API_KEY_ENV)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=config.name(), headers=headers)
+        return self.endpoint
+
+    def wait_healthy(self, timeout_s: float = 300.0, on_tick: OnTick | None = None) -> float:
+        from tracetune.engine_adapter.llamacpp.verify import unapplied
+
+        if self.process is None or self.config is None:
+            raise EngineError("llama-server was never started")
+        waited = self.process.wait_healthy(timeout_s, on_tick=on_tick)
+        problems = unapplied(self.config, self._json("/props"), self._json("/slots"),
+                             self.process.log_path.read_text(errors="replace"))
+        if problems:
+            tail = self.process.log_tail()
+            self.stop()
+            raise EngineError("llama-server started but did not apply its settings: " + "; ".join(problems),
+                              log_tail=tail)
+        return waited
+
+    def _json(self, path: str) -> object:
+        response = self.get(path)
+        if response.status_code != 200:
+            raise EngineError(f"GET {path} answered HTTP {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+    def launch(self, config: EngineConfig, timeout_s: float = 300.0, on_tick: OnTick | None = None,
+               attempts: int = 3) -> float:
+        """start() + wait_healthy(), retrying on a port someone else grabbed meanwhile."""
+        for attempt in range(attempts):
+            self.start(config)
+            try:
+                return self.wait_healthy(timeout_s, on_tick=on_tick)
+            except EngineStartError as exc:
+                if "bind" not in exc.log_tail.lower() or self.port or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def reset_prefix_cache(self) -> None:
+        """Erase every slot's cached prompt (POST /slots/{id}?action=erase)."""
+        ep = self._require_endpoint()
+        slots = self._json("/slots")
+        ids = [s["id"] for s in slots if isinstance(s, dict) and "id" in s] if isinstance(slots, list) else []
+        for slot in ids:
+            try:
+                response = httpx.post(f"{ep.base_url}/slots/{slot}", params={"action": "erase"},
+                                      headers=ep.headers, timeout=30)
+            except httpx.HTTPError as exc:
+                raise EngineError(f"POST /slots/{slot}?action=erase failed: {exc}") from exc
+            if response.status_code != 200:
+                raise EngineError(f"POST /slots/{slot}?action=erase answered HTTP {response.status_code}: "
+                                  f"{response.text[:300]}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def __enter__(self) -> LlamaServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def make_server(run_dir: Path | None = None, *, platform: Platform | None = None,
+                port: int | None = None) -> LlamaServer:
+    """A not yet started llama-server logging under `run_dir` (the registry's factory)."""
+    if run_dir is None:
+        raise EngineError("a llama-server needs a run directory for its logs")
+    return LlamaServer(run_dir, platform=platform, port=port)
+
+
+__all__ = ["FORMATS", "LlamaCppConfig", "LlamaServer", "build_command", "make_server", "relocated"]
