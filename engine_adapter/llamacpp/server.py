@@ -127,7 +127,7 @@ def relocated(config: EngineConfig, move: Callable[[str], str]) -> LlamaCppConfi
     """`config` serving its GGUF (and draft GGUF) from `move(path)`, under the name measured."""
     config = own(config)
     # llama-server reads the GGUF files only; the model directory they were made from stays as measured.
-    update: dict[str, object] = {"gguf": move(str(config.weights_file())), "served_model_name": config.name()}
+    update: dict[str, object] = {"gguf": Path(move(str(config.weights_file()))), "served_model_name": config.name()}
     draft = draft_file(config)
     if draft is not None:
         update["draft_model"] = move(str(draft))

@@ -15,6 +15,7 @@ from tests.engine_adapter.contract import check_serving, check_stopping
 from tracetune.engine_adapter.registry import ENGINES, engine_kind
 
 SCRIPTED_SERVER = str(Path(__file__).parent / "scripted_openai.py")
+SCRIPTED_LLAMACPP = str(Path(__file__).parent / "scripted_llamacpp.py")
 
 
 def _scripted_vllm(monkeypatch, tmp_path, kind):
@@ -24,6 +25,19 @@ def _scripted_vllm(monkeypatch, tmp_path, kind):
 
     monkeypatch.setattr("tracetune.engine_adapter.vllm.server.build_command", command)
     yield kind.config_model(model=tmp_path / "model")
+
+
+def _scripted_llamacpp(monkeypatch, tmp_path, kind):
+    """tracetune starts the scripted llama-server where it would start bin/llama-server, with a
+    GGUF file already there (nothing to make, no build needed)."""
+    def command(config, platform, *, host="127.0.0.1", port=8000, **_):
+        return [sys.executable, SCRIPTED_LLAMACPP, "--port", str(port), "--alias", config.name(), "--parallel", "2"], {}
+
+    monkeypatch.setattr("tracetune.engine_adapter.llamacpp.server.build_command", command)
+    monkeypatch.setattr("tracetune.engine_adapter.llamacpp.server.llamacpp_dir", lambda: tmp_path)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    yield kind.config_model(model=tmp_path / "model", gguf=gguf, parallel=2)
 
 
 def _scripted_openai(monkeypatch, tmp_path, kind):
@@ -42,7 +56,7 @@ def _scripted_openai(monkeypatch, tmp_path, kind):
 # How each registered engine meets the scripted server instead of its real one (a generator of the
 # config to launch with). An engine added to the registry without an entry here fails
 # `test_every_registered_engine_has_a_scripted_variant`.
-SCRIPTED = {"vllm": _scripted_vllm, "openai": _scripted_openai}
+SCRIPTED = {"vllm": _scripted_vllm, "llamacpp": _scripted_llamacpp, "openai": _scripted_openai}
 
 
 def test_every_registered_engine_has_a_scripted_variant():
@@ -61,7 +75,8 @@ def test_engine_contract_on_a_scripted_server(name, tmp_path, monkeypatch):
         assert 0 <= startup_s < 60
         check_serving(engine)
         if engine.managed:
-            assert "scripted OpenAI server on port" in engine.log_tail()
+            assert "scripted" in engine.log_tail() and f"on port {engine.endpoint.base_url.rsplit(':', 1)[1]}" \
+                in engine.log_tail()
         check_stopping(engine)
     finally:
         engine.stop()
@@ -71,5 +86,5 @@ def test_engine_contract_on_a_scripted_server(name, tmp_path, monkeypatch):
 def test_an_unknown_engine_is_named_with_the_known_ones():
     from tracetune.errors import InputError
 
-    with pytest.raises(InputError, match="unknown engine 'sglang'; tracetune knows: openai, vllm"):
+    with pytest.raises(InputError, match="unknown engine 'sglang'; tracetune knows: llamacpp, openai, vllm"):
         engine_kind("sglang")
