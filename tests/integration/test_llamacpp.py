@@ -1,0 +1,117 @@
+"""llama.cpp's engine against a real llama-server (the cached build of scripts/install_llamacpp.sh)
+on the bundled model: one server (F16, 2 slots, q8_0 K cache) shared by the contract checks, exact
+token counts, its knobs as applied, its prompt cache and its reset; a setting the server does not
+apply refused at start; and no server left when the process that started it is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from tests.engine_adapter.contract import check_serving, check_stopping
+from tests.integration.test_vllm_cpu import alive, descendants
+from tracetune.engine_adapter.llamacpp.server import LlamaCppConfig, LlamaServer
+from tracetune.engine_adapter.openai_client import new_session
+from tracetune.errors import EngineError
+
+pytestmark = pytest.mark.integration
+# ~150 tokens, sent twice: the second time its slot's cache serves all but the last.
+LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(12))
+
+
+@pytest.fixture(scope="module")
+def engine(default_model, tmp_path_factory):
+    server = LlamaServer(tmp_path_factory.mktemp("llamacpp"))
+    started = time.perf_counter()
+    server.launch(LlamaCppConfig(model=default_model, parallel=2, cache_type_k="q8_0"), timeout_s=120)
+    print(f"llama-server healthy and verified {time.perf_counter() - started:.1f} s after start")
+    yield server
+    server.stop()
+
+
+def send(engine, **request):
+    async def go():
+        async with new_session(timeout_s=120.0) as session:
+            return await engine.stream(session, **request)
+
+    return asyncio.run(go())
+
+
+def test_serves_the_engine_contract(engine):
+    check_serving(engine)
+
+
+def test_ignore_eos_gives_exact_token_counts(engine, default_model):
+    from tokenizers import Tokenizer
+
+    prompt = "Say nothing."
+    tokens = len(Tokenizer.from_file(str(default_model / "tokenizer.json")).encode(prompt).ids)  # SmolLM2: no BOS
+    for n in (1, 17):
+        out = send(engine, prompt=prompt, max_tokens=n, ignore_eos=True)
+        assert out.success, out.error
+        assert (out.output_tokens, out.prompt_tokens) == (n, tokens)  # from the server's usage
+
+
+def test_its_knobs_are_applied(engine):
+    props = httpx.get(engine.endpoint.base_url + "/props").json()
+    assert props["total_slots"] == 2 and props["model_ftype"] == "F16"
+    assert "K (q8_0)" in engine.log_path.read_text()
+
+
+def test_the_prompt_cache_hits_and_resets(engine):
+    engine.reset_prefix_cache()
+    before = engine.metrics()
+    send(engine, prompt=LONG_PROMPT, max_tokens=2)
+    send(engine, prompt=LONG_PROMPT, max_tokens=2)
+    warm = engine.metrics().delta(before)
+    assert warm.prefix_cache_queries > 2 * 140 and warm.prefix_cache_hits > 140
+    engine.reset_prefix_cache()
+    after_reset = engine.metrics()
+    send(engine, prompt=LONG_PROMPT, max_tokens=2)
+    assert engine.metrics().delta(after_reset).prefix_cache_hits == 0
+
+
+def test_a_setting_the_server_does_not_apply_is_refused(default_model, tmp_path):
+    # The later flag wins in llama-server: 3 slots where the config says 2.
+    server = LlamaServer(tmp_path)
+    config = LlamaCppConfig(model=default_model, parallel=2, extra_args=["--parallel", "3"])
+    with pytest.raises(EngineError, match="parallel=2: the server has 3 slots"):
+        server.launch(config, timeout_s=120)
+    assert server.exit_code() is not None
+
+
+def test_no_server_survives_a_killed_parent(default_model, tmp_path):
+    parent_code = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from tracetune.engine_adapter.llamacpp.server import LlamaCppConfig, LlamaServer
+        s = LlamaServer(Path({str(tmp_path)!r}))
+        s.launch(LlamaCppConfig(model=Path({str(default_model)!r})), timeout_s=120)
+        print(s.process.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        guard = int(parent.stdout.readline())
+        tree = descendants(guard) | {guard}
+        assert any("llama-server" in open(f"/proc/{p}/cmdline").read() for p in tree if alive(p))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in tree if alive(p)], "llama-server outlived the killed process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_stops(engine):
+    check_stopping(engine)
