@@ -154,6 +154,29 @@ class Preparer(Protocol):
     def __call__(self, config: EngineConfig, progress: Progress) -> EngineConfig: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """How an export runs the engine's server (`dashboard.export`): the program a shell runs and the
+    one inside its image (`EngineKind.image`), how the command builder's argv becomes that program's
+    arguments, what only a measurement needed, and what the container needs."""
+
+    program: tuple[str, ...]  # the server as a shell runs it, e.g. ("vllm", "serve")
+    entrypoint: tuple[str, ...]  # the server inside the image, e.g. ("/app/llama-server",)
+    launcher: int = 1  # argv items before the server's arguments (`python -m MODULE`: 3)
+    positional_model: str | None = None  # a flag whose value the program takes first, positionally
+    container: str = "server"  # the Kubernetes container's name
+    tag: str = "{version}"  # the image tag of a release
+    platform: str = "cuda"  # where the image runs the server: "cuda" (NVIDIA GPUs) or "cpu"
+    health: tuple[str, ...] = ()  # the compose health check's command ("{port}": the server's port)
+    shared_memory: bool = False  # workers share tensors through /dev/shm (ipc host, a memory-backed volume)
+    weight_files: bool = False  # the model paths it reads are files (GGUF), not directories
+    records_version: bool = False  # the study's recorded engine version (`vllm_version`) is this engine's
+    measurement_env: frozenset[str] = frozenset()  # environment only measuring needed
+    measurement_args: Mapping[str, int] = dataclasses.field(default_factory=dict)  # flag -> values it takes
+    # How the files a config serves are made again from the model (lines for people), when tracetune made them.
+    remake: Callable[[EngineConfig], list[str]] | None = None
+
+
 def plain_diff(config: Mapping[str, object], reference: Mapping[str, object]) -> dict[str, object]:
     """Settings where `config` differs from `reference` (a key missing from one counts as None)."""
     return {k: v for k, v in config.items() if reference.get(k) != v}
@@ -169,7 +192,7 @@ class EngineKind:
     What the command line reads of it: `flags` (its settings as flags), `prepare` (a config made
     ready: draft models), `check_drafts` and `make_checkpoint` (the main job's drafts and quantized
     checkpoints), `api_key_env` and `given_api_key` (the key its server requires). What the
-    dashboard and exports read: `config_diff`, `image` and `image_version`."""
+    dashboard and exports read: `config_diff`, `image`, `image_version` and `deployment`."""
 
     name: str
     config_model: type[BaseModel]
@@ -192,6 +215,7 @@ class EngineKind:
     config_diff: ConfigDiff = plain_diff
     image: str | None = None  # the container image repository exports run, e.g. "vllm/vllm-openai"
     image_version: str | None = None  # the engine release an exported image runs when a study names none
+    deployment: Deployment | None = None  # how exports run its server (None: `image` and `command` alone)
     # Why the engine cannot run on this machine (e.g. its server is not installed, with how to install
     # it), or None when it can; unset: it always can.
     available: Callable[[], str | None] | None = None

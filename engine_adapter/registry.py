@@ -26,6 +26,7 @@ DEFAULT_ENGINE = "vllm"
 
 def _vllm() -> EngineKind:
     from tracetune.engine_adapter.platform import GPU_VLLM_VERSION
+    from tracetune.engine_adapter.vllm.deploy import DEPLOYMENT
     from tracetune.engine_adapter.vllm.draft import check_drafts
     from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
     from tracetune.engine_adapter.vllm.server import VLLMConfig, build_command, make_server, relocated
@@ -42,7 +43,8 @@ def _vllm() -> EngineKind:
                       reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS, relocate=relocated,
                       label="vLLM", flags=FLAGS, prepare=prepared, check_drafts=check_drafts,
                       make_checkpoint=quantized_checkpoint, api_key_env="VLLM_API_KEY", given_api_key=given_api_key,
-                      config_diff=config_diff, image="vllm/vllm-openai", image_version=GPU_VLLM_VERSION)
+                      config_diff=config_diff, image="vllm/vllm-openai", image_version=GPU_VLLM_VERSION,
+                      deployment=DEPLOYMENT)
 
 
 def _llamacpp() -> EngineKind:
