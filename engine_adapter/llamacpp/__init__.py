@@ -1,6 +1,6 @@
 """llama.cpp's server (`llama-server`), the CPU engine beside vLLM: where its build is
 (`binaries.py`, made by scripts/install_llamacpp.sh), GGUF weights made from the model
-(`gguf.py`), its settings, command line and managed server (`server.py`), every setting checked as
+(`gguf.py`), its settings (`config.py`), command line and managed server (`server.py`), every setting checked as
 applied once it serves (`verify.py`), its flags and knobs described once (`settings.py`), and
 search-space values turned into settings with its defaults as reference (`translate.py`). Its
 counters' names are in `engine_adapter/metrics.py`. Other packages reach it through its

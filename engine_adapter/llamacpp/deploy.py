@@ -57,6 +57,7 @@ DEPLOYMENT = Deployment(
     entrypoint=("/app/llama-server",),  # the server image's ENTRYPOINT (.devops/cpu.Dockerfile, target server)
     launcher=1,  # build_command's argv starts with the server binary
     container="llama-server",
+    name_flag="--alias",
     tag="{version}",  # image_version is the whole tag, server-b<N>
     platform="cpu",
     health=("CMD", "curl", "-f", "http://localhost:{port}/health"),  # the image installs curl for its own check

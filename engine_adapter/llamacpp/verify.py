@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
+from tracetune.engine_adapter.llamacpp.config import LlamaCppConfig
 from tracetune.engine_adapter.llamacpp.gguf import FTYPE_NAMES
-from tracetune.engine_adapter.llamacpp.server import LlamaCppConfig
 
 _CONTEXT = {name: re.compile(rf"llama_context: {name}\s+= (\S+)") for name in ("n_ctx", "n_batch", "n_ubatch",
                                                                                  "flash_attn")}
