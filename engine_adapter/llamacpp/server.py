@@ -138,7 +138,7 @@ class LlamaServer(HTTPEngine):
     def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
                  platform: Platform | None = None) -> None:
         super().__init__()
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()  # the server runs in its log folder: relative paths would move
         self.host = host
         self.port = port
         self.platform = platform or Platform.CPU

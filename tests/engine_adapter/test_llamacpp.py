@@ -171,3 +171,10 @@ def test_a_draft_the_slots_do_not_use_is_named():
     idle = [{**s, "speculative": False} for s in slots]  # e.g. a draft model given without --spec-type
     assert any("does not draft with it" in p for p in unapplied(LlamaCppConfig(model=MODEL, **CAPTURED), props,
                                                                  idle, log))
+
+
+def test_a_relative_run_dir_is_made_absolute(tmp_path, monkeypatch):
+    from tracetune.engine_adapter.llamacpp.server import LlamaServer
+
+    monkeypatch.chdir(tmp_path)  # the server runs in its log folder, where "runs/x" would not exist
+    assert LlamaServer(Path("runs/x")).run_dir == tmp_path.resolve() / "runs" / "x"
