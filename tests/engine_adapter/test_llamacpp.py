@@ -178,3 +178,48 @@ def test_a_relative_run_dir_is_made_absolute(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # the server runs in its log folder, where "runs/x" would not exist
     assert LlamaServer(Path("runs/x")).run_dir == tmp_path.resolve() / "runs" / "x"
+
+
+def _gguf_with_tokens(path: Path, tokens: list[str]) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+def test_a_draft_reading_token_ids_otherwise_is_refused(tmp_path):
+    from tracetune.engine_adapter.llamacpp.translate import prepared, vocabulary_problem
+    from tracetune.errors import InputError
+
+    target = _gguf_with_tokens(tmp_path / "t.gguf", ["<s>", "a", "b"])
+    assert vocabulary_problem(target, _gguf_with_tokens(tmp_path / "same.gguf", ["<s>", "a", "b"])) is None
+    assert vocabulary_problem(target, _gguf_with_tokens(tmp_path / "short.gguf", ["<s>", "a"])) == \
+        "the model has 3 tokens, the draft 2"
+    other = _gguf_with_tokens(tmp_path / "other.gguf", ["<s>", "b", "a"])
+    assert vocabulary_problem(target, other) == "token id 1 is 'a' for the model and 'b' for the draft"
+    with pytest.raises(InputError, match="does not share the model's tokenizer: token id 1"):
+        prepared(LlamaCppConfig(model=MODEL, gguf=target, draft_model=str(other)), lambda m: None)
+
+
+class _Param:
+    def __init__(self, choices, when=None):
+        self.choices, self.when = choices, when
+
+
+class _Space:
+    fixed = {"flash_attn": "off"}
+    quantized_checkpoints: dict = {}
+    parameters = {"kv_cache_type": _Param(["f16", "q8_0"]), "speculative": _Param(["none", "draft_model"]),
+                  "draft_model": _Param(["derived:Q4_K_M"], {"speculative": ["draft_model"]})}
+
+
+def test_choices_that_never_run_are_named():
+    from tracetune.engine_adapter.llamacpp.translate import unrunnable_choices
+
+    never = unrunnable_choices(_Space(), platform=Platform.CPU, model_dir=MODEL)
+    assert list(never) == ["kv_cache_type"] and list(never["kv_cache_type"]) == ["q8_0"]
+    assert "needs flash attention" in never["kv_cache_type"]["q8_0"]
