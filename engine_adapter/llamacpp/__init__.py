@@ -24,12 +24,12 @@ def kind() -> EngineKind:
         API_KEY_ENV,
         LlamaCppConfig,
         build_command,
+        given_api_key,
         make_server,
         relocated,
     )
     from tracetune.engine_adapter.llamacpp.settings import FLAGS, KNOBS, config_diff
     from tracetune.engine_adapter.llamacpp.translate import (
-        given_api_key,
         prepared,
         reference_config,
         to_engine_config,

@@ -61,6 +61,18 @@ def draft_file(config: LlamaCppConfig) -> Path | None:
     return gguf_path(path, "F16") if path.is_dir() else path
 
 
+def given_api_key(config: EngineConfig) -> str | None:
+    """The key `config` hands llama-server itself (`--engine-arg=--api-key=...` or its environment)."""
+    config = own(config)
+    extra = list(config.extra_args)
+    for i, arg in enumerate(extra):
+        if arg == "--api-key" and i + 1 < len(extra):
+            return extra[i + 1]
+        if arg.startswith("--api-key="):
+            return arg.split("=", 1)[1]
+    return config.env.get(API_KEY_ENV)
+
+
 def relocated(config: EngineConfig, move: Callable[[str], str]) -> LlamaCppConfig:
     """`config` serving its GGUF (and draft GGUF) from `move(path)`, under the name measured."""
     config = own(config)
@@ -178,7 +190,7 @@ class LlamaServer(HTTPEngine):
                                      health_url=f"http://{self.host}:{port}/health",
                                      name=f"llama-server (port {port})")
         self.process.start()
-        key = extra_env.get(API_KEY_ENV) or os.environ.get(API_KEY_ENV)
+        key = given_api_key(config) or os.environ.get(API_KEY_ENV)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=config.name(), headers=headers)
         return self.endpoint
@@ -249,4 +261,4 @@ def make_server(run_dir: Path | None = None, *, platform: Platform | None = None
 
 
 __all__ = ["DERIVED_PREFIX", "FORMATS", "QUANTIZED_CACHE", "LlamaCppConfig", "LlamaServer", "build_command",
-           "make_server", "relocated"]
+           "given_api_key", "make_server", "relocated"]

@@ -155,15 +155,3 @@ def prepared(config: EngineConfig, progress: Progress) -> LlamaCppConfig:
                              f"A draft proposes token ids the model verifies; use derived:Q4_K_M (the model's own "
                              f"4-bit GGUF) or a draft of the same model family")
     return config
-
-
-def given_api_key(config: EngineConfig) -> str | None:
-    """The key `config` hands llama-server itself (`--engine-arg=--api-key=...` or its environment)."""
-    config = own(config)
-    extra = list(config.extra_args)
-    for i, arg in enumerate(extra):
-        if arg == "--api-key" and i + 1 < len(extra):
-            return extra[i + 1]
-        if arg.startswith("--api-key="):
-            return arg.split("=", 1)[1]
-    return config.env.get("LLAMA_API_KEY")

@@ -223,3 +223,12 @@ def test_choices_that_never_run_are_named():
     never = unrunnable_choices(_Space(), platform=Platform.CPU, model_dir=MODEL)
     assert list(never) == ["kv_cache_type"] and list(never["kv_cache_type"]) == ["q8_0"]
     assert "needs flash attention" in never["kv_cache_type"]["q8_0"]
+
+
+def test_the_api_key_a_config_hands_the_server():
+    from tracetune.engine_adapter.llamacpp.server import given_api_key
+
+    assert given_api_key(LlamaCppConfig(model=MODEL)) is None
+    assert given_api_key(LlamaCppConfig(model=MODEL, extra_args=["--api-key", "k1"])) == "k1"
+    assert given_api_key(LlamaCppConfig(model=MODEL, extra_args=["--api-key=k2"])) == "k2"
+    assert given_api_key(LlamaCppConfig(model=MODEL, env={"LLAMA_API_KEY": "k3"})) == "k3"
