@@ -45,7 +45,10 @@ class Engine(Protocol):
 
     name: str
     endpoint: Endpoint | None  # where it serves, once started
-    quality_probe: bool  # serves prompt log-probabilities (`prompt_logprobs`), which the quality probe needs
+    quality_probe: bool  # scores given tokens teacher-forced, which the quality probe needs
+    # How it scores them (`quality.scoring`): "prompt_logprobs" (one prefill per text, vLLM) or
+    # "forced_tokens" (one forced generated token per position, llama-server).
+    scoring: str
     managed: bool  # tracetune runs its process (stop() ends it); False: an endpoint it only measures
 
     def start(self, config: EngineConfig) -> Endpoint:
@@ -91,6 +94,7 @@ class HTTPEngine:
 
     name = "http"
     quality_probe = False
+    scoring = "prompt_logprobs"
     managed = False
     health_path = "/health"
 

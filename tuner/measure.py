@@ -170,14 +170,16 @@ class EngineRunner:
             self.reporter.on_quality_reused(label=label, trial=number)
             return dataclasses.replace(QualityResult.from_dict(stored), reused_from=number, lossless=lossless), None
         if not server.quality_probe:
-            raise TuneError(f"the {server.name} engine serves no prompt log-probabilities, which the quality probe "
+            raise TuneError(f"the {server.name} engine cannot score given tokens, which the quality probe "
                             f"needs; measure it with `tune replay` or `tune capacity`")
         self.reporter.on_quality(label=label)
         reference = probe.reference
         if reference is None:
             prompts = probe_prompts(self.trace, self.settings.probe_prompts)
-            reference = measure_reference(_endpoint(server), prompts, max_tokens=self.settings.probe_tokens)
-        quality = dataclasses.replace(measure_candidate(_endpoint(server), reference), key=key, lossless=lossless)
+            reference = measure_reference(_endpoint(server), prompts, max_tokens=self.settings.probe_tokens,
+                                          scoring=server.scoring)
+        measured = measure_candidate(_endpoint(server), reference, scoring=server.scoring)
+        quality = dataclasses.replace(measured, key=key, lossless=lossless)
         if quality.probe_noisy:
             self.reporter.on_probe_noisy(label=label, kld=quality.kld, beyond=quality.beyond_floor)
         return quality, None if probe.reference is not None else reference
