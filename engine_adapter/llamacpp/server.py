@@ -144,7 +144,8 @@ class LlamaServer(HTTPEngine):
     """A llama-server process managed by tracetune."""
 
     name = "llamacpp"
-    quality_probe = False
+    quality_probe = True  # by forced tokens: it returns no prompt log-probabilities (`quality.scoring`)
+    scoring = "forced_tokens"
     managed = True
 
     def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
