@@ -25,6 +25,7 @@ examples:
   tune capacity --trace t.jsonl --endpoint http://127.0.0.1:8000 --slo "ttft:p99<500ms" --attainment 0.99
   tune capacity --trace t.jsonl --slo "e2e:p90<10s" --max-num-seqs 64 --precision 0.1 --check-whole
   tune capacity --trace t.jsonl --slo "ttft:p95<1s,tpot:p95<50ms" --level-seconds 60 --precision 0.1
+  tune capacity --trace t.jsonl --slo "ttft:p99<2s" --engine llamacpp --weights Q8_0
 
 A request is good when it meets every threshold of --slo (errors are misses); a load level (the
 trace's arrival times divided by k) passes when at least --attainment of its requests are good,
@@ -169,6 +170,7 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
     from tracetune.cli.replay import engine_cores, prepare_run, prepared_requests, serving_target
     from tracetune.cli.run_files import RECORDS_FILE, RecordLog
     from tracetune.cli.workload import trace_report
+    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, engine_kind
     from tracetune.errors import InputError
     from tracetune.files import refuse_overwrite
     from tracetune.replay.metrics import parse_slos
@@ -199,7 +201,8 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
         def before_level() -> None:
             settle(engine, reset_prefix_cache=ours)
 
-        console.print(f"searching the capacity of {engine_info.get('endpoint') or 'vLLM'} at SLO {args.slo} "
+        shown = engine_info.get("endpoint") or engine_kind(engine_info.get("engine") or DEFAULT_ENGINE).shown
+        console.print(f"searching the capacity of {shown} at SLO {args.slo} "
                       f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)
         endpoint = engine.endpoint
         assert endpoint is not None, "serving_target yields a started engine"

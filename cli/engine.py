@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from tracetune.engine_adapter.kind import EngineConfig
+    from tracetune.engine_adapter.kind import EngineConfig, EngineKind
 
 console = Console()
 
@@ -36,22 +36,22 @@ def model_prepare(args: argparse.Namespace, console: Console = console) -> int:
     return 0
 
 
-def _config_from(args: argparse.Namespace) -> EngineConfig:
+def _config_from(args: argparse.Namespace, kind: EngineKind) -> EngineConfig:
     from tracetune.cli.engine_options import resolve_engine_config
 
     with console.status("preparing model…"):
-        return resolve_engine_config(args, _progress)
+        return resolve_engine_config(args, _progress, kind)
 
 
 def engine_command(args: argparse.Namespace, console: Console = console) -> int:
+    from tracetune.cli.engine_options import chosen_engine
     from tracetune.engine_adapter.platform import detect_platform
-    from tracetune.engine_adapter.registry import engine_kind
     from tracetune.errors import InputError
 
-    kind = engine_kind()
+    kind = chosen_engine(args)
     if kind.command is None:
         raise InputError(f"{kind.shown} runs no command of tracetune's")
-    config = _config_from(args)
+    config = _config_from(args, kind)
     platform = detect_platform()
     argv, env = kind.command(config, platform, port=args.port)
     console.print(f"# platform: {platform.value}", highlight=False)
@@ -78,26 +78,28 @@ def _ms(seconds: float | None) -> str:
 
 
 def engine_check(args: argparse.Namespace, console: Console = console) -> int:
+    from tracetune.cli.engine_options import chosen_engine
     from tracetune.engine_adapter.openai_client import new_session
     from tracetune.engine_adapter.platform import detect_platform
-    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, make_engine
     from tracetune.errors import EngineError
     from tracetune.files import refuse_overwrite, write_atomic
 
     if args.json:  # refused before minutes of engine start, not after
         refuse_overwrite(args.json, flag="--json")
-    config = _config_from(args)
+    kind = chosen_engine(args)
+    config = _config_from(args, kind)
     prompt = args.prompt or _default_check_prompt()
     platform = detect_platform()
-    server, settings = make_engine(DEFAULT_ENGINE, args.run_dir, platform=platform), config.model_dump()
+    server, settings = kind.make(args.run_dir, platform=platform), config.model_dump()
     console.print(f"platform: [bold]{platform.value}[/]   model: [bold]{settings['model']}[/]")
     results = []
     try:
         t0 = time.perf_counter()
-        with console.status("starting vLLM…") as status:
+        with console.status(f"starting {kind.shown}…") as status:
             def tick(elapsed: float) -> None:
-                mode = "eager" if settings.get("enforce_eager") else "compiled"
-                status.update(f"starting vLLM ({mode})… {elapsed:.0f}s · log: {server.log_path}")
+                mode = "" if "enforce_eager" not in settings else \
+                    " (eager)" if settings["enforce_eager"] else " (compiled)"
+                status.update(f"starting {kind.shown}{mode}… {elapsed:.0f}s · log: {server.log_path}")
             server.launch(config, args.start_timeout, on_tick=tick)
         console.print(f"engine log: {server.log_path}")
         startup_s = time.perf_counter() - t0

@@ -46,6 +46,7 @@ examples:
   tune engine check --eager --speculative ngram --num-speculative-tokens 4 --repeat 3
   tune engine check --model ~/models/my-llama --max-num-seqs 64 --prefix-caching
   tune engine command --kv-cache-dtype fp8 # print the vLLM command a config runs, start nothing
+  tune engine check --engine llamacpp --weights Q8_0   # llama.cpp's server instead
   tune trace profile examples/traffic.jsonl   # rates, bursts, lengths, prefix reuse, rate over time
   tune trace convert --from mooncake examples/public_traces/mooncake_conversation_60.jsonl m.jsonl --limit 60 --length-scale 0.1
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching --slo "ttft:p99<2s"
@@ -57,7 +58,7 @@ examples:
 
 def _build_parser() -> argparse.ArgumentParser:
     from tracetune.cli import tune
-    from tracetune.cli.engine_options import add_engine_options
+    from tracetune.cli.engine_options import add_engine_choice, add_engine_options
 
     parser = argparse.ArgumentParser(
         prog="tune",
@@ -87,11 +88,14 @@ def _build_parser() -> argparse.ArgumentParser:
     engine = sub.add_parser("engine", help="start an engine and check it serves")
     engine_sub = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
     check = engine_sub.add_parser(
-        "check", help="start vLLM with the given settings, stream one completion, report timings and counters",
+        "check", help="start an engine (vLLM unless --engine) with the given settings, stream one completion, "
+                      "report timings and counters",
         epilog="examples:\n  tune engine check --eager\n"
-               "  tune engine check --eager --prefix-caching --repeat 3 --prompt \"$(cat long.txt)\"",
+               "  tune engine check --eager --prefix-caching --repeat 3 --prompt \"$(cat long.txt)\"\n"
+               "  tune engine check --engine llamacpp --weights Q8_0 --parallel 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_engine_choice(check)
     add_engine_options(check)
     check.add_argument("--prompt", default=None,
                        help="user message sent through the chat template (default: ~300 tokens of real "
@@ -117,10 +121,12 @@ def _build_parser() -> argparse.ArgumentParser:
     add_dashboard_parsers(sub)
 
     command = engine_sub.add_parser(
-        "command", help="print the vLLM server command and environment a config runs (starts nothing)",
-        epilog="example:\n  tune engine command --max-num-seqs 32 --kv-cache-dtype fp8",
+        "command", help="print the server command and environment a config runs (starts nothing)",
+        epilog="examples:\n  tune engine command --max-num-seqs 32 --kv-cache-dtype fp8\n"
+               "  tune engine command --engine llamacpp --weights Q8_0 --parallel 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_engine_choice(command)
     add_engine_options(command)
     command.add_argument("--port", type=int, default=8000)
     parser.set_defaults(run=_lazy("tune", "run"))  # the main job; each command's parser names its own

@@ -27,6 +27,7 @@ examples:
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching
   tune replay --trace t.jsonl --endpoint http://127.0.0.1:8000 --rate-scale 2 --slo "ttft:p99<500ms,tpot:p50<50ms"
   tune replay --trace t.jsonl --engine vllm --mode closed --concurrency 16 --max-requests 200
+  tune replay --trace t.jsonl --engine llamacpp --weights Q8_0 --parallel 8
   tune replay --trace busy.jsonl --endpoint http://10.0.0.5:8000 --client-procs 8   # a rate past one core
 """
 
@@ -52,14 +53,12 @@ class EngineInfo(TypedDict, total=False):
 def add_target_options(parser: argparse.ArgumentParser) -> None:
     """What to measure: a running endpoint, or an engine tracetune starts (see `serving_target`)."""
     from tracetune.cli.checks import endpoint_url
-    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, ENGINES
+    from tracetune.cli.engine_options import add_engine_choice
 
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--endpoint", type=endpoint_url, metavar="URL",
                         help="an already running OpenAI-compatible server")
-    started = [name for name, kind in ENGINES.items() if kind().command is not None]  # not an endpoint's
-    target.add_argument("--engine", choices=started, default=None,
-                        help=f"start this engine (default: {DEFAULT_ENGINE})")
+    add_engine_choice(target)
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the endpoint's API key")
     parser.add_argument("--served-model", metavar="NAME",
                         help="model name to request from --endpoint (default: first listed)")
@@ -287,8 +286,8 @@ def print_summary(summary: Summary, console) -> None:
 @contextlib.contextmanager
 def serving_target(args: argparse.Namespace, config: EngineConfig | None, out_dir: Path,
                    console) -> Iterator[tuple[Engine, Path | None, EngineInfo]]:
-    """The engine to measure: `--endpoint URL` (already running) or a vLLM server started here
-    (and always stopped). Yields (engine, tokenizer directory or None, what to record about it)."""
+    """The engine to measure: `--endpoint URL` (already running) or the --engine server (vLLM unless
+    named) started here (and always stopped). Yields (engine, tokenizer directory or None, what to record about it)."""
     engine = None
     try:
         if args.endpoint:
@@ -301,20 +300,19 @@ def serving_target(args: argparse.Namespace, config: EngineConfig | None, out_di
             engine.wait_healthy(60)
             yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
         else:
+            from tracetune.cli.engine_options import chosen_engine
             from tracetune.engine_adapter.platform import detect_platform
-            from tracetune.engine_adapter.registry import DEFAULT_ENGINE, make_engine
 
             assert config is not None, "prepare_run reads the settings of an engine started here"
-            name = getattr(args, "engine", None) or DEFAULT_ENGINE
-            platform = detect_platform()
-            engine = make_engine(name, out_dir, platform=platform)
-            with console.status("starting vLLM…") as status:
+            kind, platform = chosen_engine(args), detect_platform()
+            engine = kind.make(out_dir, platform=platform)
+            with console.status(f"starting {kind.shown}…") as status:
                 t0 = time.perf_counter()
-                engine.launch(config, args.start_timeout,
-                              on_tick=lambda s: status.update(f"starting vLLM… {s:.0f}s (log: {engine.log_path})"))
-            console.print(f"vLLM healthy after {time.perf_counter() - t0:.1f}s (log: {engine.log_path})")
+                engine.launch(config, args.start_timeout, on_tick=lambda s: status.update(
+                    f"starting {kind.shown}… {s:.0f}s (log: {engine.log_path})"))
+            console.print(f"{kind.shown} healthy after {time.perf_counter() - t0:.1f}s (log: {engine.log_path})")
             yield engine, Path(str(config.model_dump()["model"])), {
-                "engine": name, "config": json.loads(config.model_dump_json()), "platform": platform.value}
+                "engine": kind.name, "config": json.loads(config.model_dump_json()), "platform": platform.value}
     finally:
         if engine is not None:
             engine.stop()

@@ -33,6 +33,9 @@ the main job:
   tune --trace traffic.jsonl --space my_space.yaml --slo "ttft:p99<500ms,tpot:p50<50ms" --max-quality-loss 0.05
   tune --trace traffic.jsonl --study nightly --storage postgresql://tuner@db/tracetune --trials 40
   tune --trace traffic.jsonl --study nightly          # run again: resumes the study, does not start over
+  # each trial on vLLM or llama.cpp (search_spaces/cpu.yaml; the default on a CPU with llama.cpp built)
+  tune --trace traffic.jsonl --engine vllm+llamacpp --trials 10 --slo "ttft:p99<2s,tpot:p99<100ms"
+  tune --trace traffic.jsonl --engine llamacpp --parallel 8   # llama.cpp alone, 8 slots in every trial
   # draft models searched too: a small model of the family, and the model's own 8-bit checkpoint
   tune --trace t.jsonl --model /models/SmolLM2-1.7B --draft-model /models/SmolLM2-135M --draft-model derived:w8a8
   # one worker per GPU of this host, one study (0+1: a worker on two GPUs, for --tensor-parallel-size 2)
@@ -92,10 +95,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help=f"how trials are proposed after the first ones (default {DEFAULT_SAMPLER}: it measured best in "
                         f"benchmarks/search_efficiency.py)")
     p.add_argument("--seed", type=int, default=0)
-    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, ENGINES
+    from tracetune.cli.engine_options import engine_name
 
-    p.add_argument("--engine", dest="engine_type", choices=list(ENGINES), default=DEFAULT_ENGINE,
-                   help="vllm (tracetune starts each config) or openai (a running endpoint: cannot be tuned)")
+    p.add_argument("--engine", dest="engine_type", type=engine_name, default=None, metavar="NAME",
+                   help="vllm or llamacpp (tracetune starts each config), vllm+llamacpp (each trial on either, "
+                        "the search space's `engine` choosing), or openai (a running endpoint: cannot be tuned). "
+                        "Default: vllm+llamacpp over search_spaces/cpu.yaml on a CPU with llama.cpp installed "
+                        "(no --space given), else vllm")
     _add_trial_options(p)
     add_engine_options(p)
 
@@ -164,7 +170,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     from tracetune.engine_adapter.registry import engine_kind
     from tracetune.errors import InputError
 
-    if not engine_kind(args.engine_type).tunable:
+    if args.engine_type is not None and not engine_kind(args.engine_type).tunable:
         raise InputError(f"--engine {args.engine_type} is an endpoint tracetune cannot reconfigure, so there is "
                          f"nothing to search; measure it with `tune replay --trace FILE --endpoint URL`")
     # Numeric flags are checked as they are read (their argparse types, cli/options.py).
@@ -182,9 +188,11 @@ def _api_key(args: argparse.Namespace, base_config: EngineConfig, engine: Engine
         key = os.environ.get(args.api_key_env)
         if not key:
             raise InputError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-        if engine.api_key_env is None:
+        names = [kind.api_key_env for kind in engine.engines if kind.api_key_env]
+        if len(names) < len(engine.engines):
             raise InputError(f"--api-key-env: {engine.shown} servers take no API key")
-        os.environ[engine.api_key_env] = key
+        for name in names:  # each engine's server reads its own variable
+            os.environ[name] = key
         return key
     return None if engine.given_api_key is None else engine.given_api_key(base_config)
 
@@ -258,15 +266,14 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     """Every input read and checked before anything is started or written."""
     import os
 
-    from tracetune.cli.engine_options import drafts_given, engine_config_from_args, passed_through, without_drafts
+    from tracetune.cli.engine_options import drafts_given, passed_through
     from tracetune.cli.job import check_resume, check_storage, check_warm_start, stored_study_attrs
     from tracetune.engine_adapter.models import resolve_model, sha256_file
     from tracetune.engine_adapter.platform import detect_platform
-    from tracetune.engine_adapter.registry import engine_kind
     from tracetune.quality.gate import DEFAULT_GATE, parse_gate
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.trace import load_trace
-    from tracetune.search_spaces.space import DEFAULT_SPACE, load_space
+    from tracetune.search_spaces.space import default_space, load_space
     from tracetune.tuner.objectives import parse_objectives
     from tracetune.tuner.secrets import display_url, secret_values
 
@@ -278,8 +285,10 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     from tracetune.cli.workload import trace_report
 
     trace_profile = trace_report(trace, _replay_options(args), console)
-    engine = engine_kind(args.engine_type)
-    space = load_space(args.space or DEFAULT_SPACE, engine)
+    platform = detect_platform()
+    engine = _main_engine(args, platform, console)
+    args.engine_type = engine.name  # as resolved: the results read it
+    space = load_space(args.space or default_space(engine), engine)
     study_name = args.study or _default_study_name(args.trace)
     run_dir = args.run_dir or Path("runs") / study_name
     storage = _storage_url(args.storage, run_dir)
@@ -287,11 +296,8 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     if args.warm_start:  # the earlier study, read-only, as early
         check_warm_start(_warm_start_url(args, storage), args.warm_start, run_dir,
                          flag="--warm-start-storage" if args.warm_start_storage else "--storage")
-    platform = detect_platform()
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
-    # --draft-model (repeatable) joins the space's draft models; the base takes no draft of its own
-    base_config = engine_config_from_args(without_drafts(args, engine), model_dir, engine)
-    base = {k: v for k, v in base_config.model_dump(exclude_defaults=True).items() if k not in ("model", "speculative")}
+    base_config, base = _base(args, model_dir, engine)
     space = _with_drafts(space, drafts_given(args, engine), model_dir, engine)
     if "dummy" in (base.get("load_format"), space.fixed.get("load_format")):
         _no_gate_on_random_weights(args, console)
@@ -312,6 +318,44 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     request.space = _runnable_space(request, console)
     check_resume(request, stored_study_attrs(storage, study_name, tables), console)
     return request
+
+
+# What the main job tunes on a CPU where each of its engines is installed.
+CPU_CHOICE = "vllm+llamacpp"
+
+
+def _main_engine(args: argparse.Namespace, platform: Platform, console: Console) -> EngineKind:
+    """The engine the main job tunes: --engine; else, on a CPU without --space, vLLM or llama.cpp trial by
+    trial where llama.cpp is installed (vLLM alone otherwise, saying how to add it); else vLLM."""
+    from tracetune.engine_adapter.platform import Platform
+    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, engine_kind
+
+    if args.engine_type is not None:
+        return engine_kind(args.engine_type)
+    if platform is not Platform.CPU or args.space is not None:
+        return engine_kind(DEFAULT_ENGINE)
+    choice = engine_kind(CPU_CHOICE)
+    lacking = [f"{kind.shown}: {why}" for kind in choice.engines if (why := kind.missing())]
+    if not lacking:
+        return choice
+    console.print(f"[dim]·[/] engine: {engine_kind(DEFAULT_ENGINE).shown} alone; the study would compare "
+                  f"{choice.shown} on this CPU, but {'; '.join(lacking)}", highlight=False)
+    return engine_kind(DEFAULT_ENGINE)
+
+
+def _base(args: argparse.Namespace, model_dir: Path, engine: EngineKind) -> tuple[EngineConfig, dict[str, object]]:
+    """The engine settings the flags give every trial: each engine's read from its own flags (a choice of
+    engines: the first engine's value where two share a setting), and the first engine's config."""
+    from tracetune.cli.engine_options import engine_config_from_args, without_drafts
+
+    # --draft-model (repeatable) joins the space's draft models; the base takes no draft of its own
+    configs = [engine_config_from_args(without_drafts(args, engine), model_dir, kind, chosen=engine)
+               for kind in engine.engines]
+    base: dict[str, object] = {}
+    for config in reversed(configs):
+        base.update({k: v for k, v in config.model_dump(exclude_defaults=True).items()
+                     if k not in ("model", "speculative", "engine")})
+    return configs[0], base
 
 
 def _storage_url(given: str | None, run_dir: Path) -> str:

@@ -49,10 +49,12 @@ from pydantic import (
 
 from tracetune.engine_adapter.choice import ENGINE  # the knob naming each trial's engine in a choice of engines
 from tracetune.errors import InputError, opened_input
+from tracetune.search_spaces.engines import CPU_SPACE, DEFAULT_SPACE, default_space, one_engines_part  # noqa: F401 (re-exported)
 from tracetune.search_spaces.yaml_source import composed, duplicate_key, line_of, printable
 
 if TYPE_CHECKING:
     import optuna
+    import yaml
 
     from tracetune.engine_adapter.kind import EngineKind, Knobs
 
@@ -453,17 +455,11 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
     if duplicate:
         raise SpaceError(printable(f"{path}:{duplicate}"))
     try:
-        space = SearchSpace.for_knobs(data, kind.knobs)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        if not loc and isinstance(data.get("parameters"), dict):
-            # A cross-parameter rule failed: point at the first parameter its message names.
-            named = [n for n in data["parameters"] if f"{n}." in err["msg"] or repr(n) in err["msg"]]
-            loc = ("parameters", named[0]) if named else loc
-        line = line_of(root, loc) or 1
-        field = ".".join(str(p) for p in loc) or "(space)"
-        raise SpaceError(printable(f"{path}:{line}: field '{field}': {err['msg']}")) from None
+        space = SearchSpace.for_knobs(one_engines_part(data, kind), kind.knobs)
+    except ValueError as exc:  # pydantic's ValidationError, or a space over engines without this one
+        if isinstance(exc, ValidationError):
+            raise _located(exc, path, root, data) from None
+        raise SpaceError(f"{path}:{line_of(root, ('parameters', ENGINE)) or 1}: {exc}") from None
     # Fixed settings are checked now, not when the first trial builds its engine config.
     problem = _fixed_problem(space, kind)
     if problem:
@@ -473,7 +469,18 @@ def load_space(path: str | Path, kind: EngineKind | None = None) -> SearchSpace:
     return space
 
 
-DEFAULT_SPACE = Path(__file__).resolve().parent / "default.yaml"
+def _located(exc: ValidationError, path: Path, root: yaml.Node | None, data: dict[str, object]) -> SpaceError:
+    """A validation error as the file's line and field."""
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    params = data.get("parameters")
+    if not loc and isinstance(params, dict):
+        # A cross-parameter rule failed: point at the first parameter its message names.
+        named = [n for n in params if f"{n}." in err["msg"] or repr(n) in err["msg"]]
+        loc = ("parameters", named[0]) if named else loc
+    line = line_of(root, loc) or 1
+    field = ".".join(str(p) for p in loc) or "(space)"
+    return SpaceError(printable(f"{path}:{line}: field '{field}': {err['msg']}"))
 
 
 def _with_draft_parameter(params: Mapping[str, dict[str, object]],
