@@ -165,6 +165,7 @@ class Deployment:
     launcher: int = 1  # argv items before the server's arguments (`python -m MODULE`: 3)
     positional_model: str | None = None  # a flag whose value the program takes first, positionally
     container: str = "server"  # the Kubernetes container's name
+    name_flag: str = ""  # the flag naming the model clients request (e.g. "--served-model-name")
     tag: str = "{version}"  # the image tag of a release
     platform: str = "cuda"  # where the image runs the server: "cuda" (NVIDIA GPUs) or "cpu"
     health: tuple[str, ...] = ()  # the compose health check's command ("{port}": the server's port)

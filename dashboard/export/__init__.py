@@ -6,11 +6,14 @@ Formats: `vllm-cmd` (one shell command, `shell`), `compose` (a docker compose se
 format runs (the engine's command line, image and release) is `serve`; the comments are `notes`;
 the deployment's shape is `options`; safe text (comments, `$`, YAML) is `text`.
 
-The study's engine supplies the flags (`EngineKind.command`, for CUDA; what only a CPU measurement
-needed is left out, saying so), the image and its default release (`EngineKind.image`,
-`image_version`); an engine without them is refused. Deployment formats run that image as
-`vllm serve MODEL ARGS...` on GPUs, the model mounted read-only under `/models/<directory name>`;
-comments say how to place a model made on the measuring machine (docs/export.md).
+The engine that ran the trial (the study's, or in a study choosing between engines the one the
+trial ran on, `EngineKind.of`) supplies the flags (`EngineKind.command`, for the platform its image
+runs on; what only a CPU measurement needed is left out for a GPU image, saying so), the image and
+its default release (`EngineKind.image`, `image_version`) and how a deployment runs its server
+(`EngineKind.deployment`); an engine without them is refused. Deployment formats run that image:
+vLLM as `vllm serve MODEL ARGS...` on GPUs, llama.cpp as `/app/llama-server ARGS...` on the CPU, the
+model (a directory, or a GGUF file) mounted read-only under `/models/<name>`; comments say how to
+place a model made on the measuring machine and how to make a GGUF file again (docs/export.md).
 
 Safety: commands are lists (exec form) or `shlex`-quoted; YAML and JSON are written by their libraries
 (any model path round-trips exactly); `$` is doubled where compose or Kubernetes would expand it;
@@ -51,12 +54,14 @@ def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions 
     if fmt not in _EXPORTERS:
         raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if trial.config is None:
-        raise InputError(f"{label(trial)} has no stored config ({trial.status}); nothing to export")
+        raise InputError(f"{label(trial, study)} has no stored config ({trial.status}); nothing to export")
     options = options or ExportOptions()
-    exported_engine(study, options)  # refuses an engine tracetune cannot deploy, before anything else
-    options = dataclasses.replace(options, image=image_of(study, options))
+    # the engine that ran the trial; refuses one tracetune cannot deploy, before anything else
+    engine = exported_engine(study, options, trial.config)
+    options = dataclasses.replace(options, image=image_of(study, options, trial.config),
+                                  gpus=options.gpus if engine.deployment.platform == "cuda" else 0)
     if is_dummy(trial) and not options.allow_dummy_weights:
-        raise InputError(f"{label(trial)} was measured with random weights (load_format dummy): deployed as it is, "
-                         f"the server would answer with noise. Its speed holds for real weights of the same shape: "
-                         f"deploy those; --allow-dummy-weights exports it anyway (a test deployment)")
+        raise InputError(f"{label(trial, study)} was measured with random weights (load_format dummy): deployed as "
+                         f"it is, the server would answer with noise. Its speed holds for real weights of the same "
+                         f"shape: deploy those; --allow-dummy-weights exports it anyway (a test deployment)")
     return _EXPORTERS[fmt](study, trial, options)

@@ -1,5 +1,6 @@
-"""The `compose` format: one docker compose service running the image on the GPUs, the model
-directories bind-mounted read-only, `$` doubled where compose would expand it."""
+"""The `compose` format: one docker compose service running the engine's image (on the GPUs for a
+GPU image), the model directories or files bind-mounted read-only, `$` doubled where compose would
+expand it."""
 
 from __future__ import annotations
 
@@ -13,20 +14,20 @@ from tracetune.dashboard.export.text import dollars, yaml_text
 def to_compose(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     """A compose file with one service for `trial`."""
     spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform,
-                      engine=exported_engine(study, options))
+                      engine=exported_engine(study, options, trial.config))
     name = deployment_name(study, trial, options)
+    deployment = spec.deployment
+    assert deployment is not None
     service: dict[str, object] = {
         "image": options.image,
-        "entrypoint": ["vllm", "serve"],
+        "entrypoint": list(deployment.entrypoint),
         "command": [dollars(a) for a in spec.args],
         "environment": {k: dollars(v) for k, v in spec.env.items()},
         "ports": [f"{options.port}:{options.port}"],
         "volumes": [{"type": "bind", "source": dollars(h), "target": t, "read_only": True}
                     for h, t in spec.mounts.items()],
-        "ipc": "host",  # vLLM's workers share tensors through /dev/shm
-        # python3 is in every vLLM image (curl need not be)
-        "healthcheck": {"test": ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen("
-                                 f"'http://localhost:{options.port}/health', timeout=5)"],
+        **({"ipc": "host"} if deployment.shared_memory else {}),  # workers share tensors through /dev/shm
+        "healthcheck": {"test": [part.replace("{port}", str(options.port)) for part in deployment.health],
                         "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "900s"},
         "restart": "unless-stopped",
     }

@@ -22,7 +22,7 @@ def image_parts(image: str) -> tuple[str, str]:
 def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[Manifest, ServeSpec]:
     """The chart's values, and the server they run."""
     spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform,
-                      engine=exported_engine(study, options))
+                      engine=exported_engine(study, options, trial.config))
     repository, tag = image_parts(options.image or "")
     server = container(spec, options)
     values = {
@@ -33,7 +33,7 @@ def helm_values(study: StudyView, trial: TrialView, options: ExportOptions) -> t
         "containerPort": options.port,
         "service": {"type": "ClusterIP", "port": options.port},
         **{k: server[k] for k in ("resources", "startupProbe", "readinessProbe", "livenessProbe")},
-        "volumes": volumes(options),
+        "volumes": volumes(options, spec),
         "volumeMounts": server["volumeMounts"],
         **placement(options),
         "podAnnotations": {"tracetune.io/study": study.name, "tracetune.io/trial": trial_id(trial),

@@ -1,5 +1,5 @@
 """The `k8s` format: a Deployment and its Service, the models read from a PersistentVolumeClaim,
-probes on /health, GPU placement as NVIDIA's GPU operator labels and taints nodes. The container,
+probes on /health, GPU placement (for a GPU image) as NVIDIA's GPU operator labels and taints nodes. The container,
 volumes and placement are shared with the Helm values (`helm`)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ Manifest = dict[str, object]
 def probes(port_name: str) -> Manifest:
     """Startup, readiness and liveness probes on /health."""
     get = {"path": "/health", "port": port_name}
-    # vLLM loads weights and (unless eager) compiles before /health answers: allow 15 minutes.
+    # vLLM loads weights and (unless eager) compiles before /health answers: allow 15 minutes (llama.cpp's
+    # server answers within seconds of loading its GGUF; the same allowance costs it nothing).
     return {"startupProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 90},
             "readinessProbe": {"httpGet": get, "periodSeconds": 10, "failureThreshold": 3},
             "livenessProbe": {"httpGet": get, "periodSeconds": 30, "failureThreshold": 3, "timeoutSeconds": 10}}
@@ -25,26 +26,29 @@ def probes(port_name: str) -> Manifest:
 
 def container(spec: ServeSpec, options: ExportOptions) -> Manifest:
     """The server's container: image, command, resources, probes, mounts."""
+    deployment = spec.deployment
+    assert deployment is not None
     gpu = {"nvidia.com/gpu": options.gpus} if options.gpus else {}
-    resources = {"requests": {**options.requests(), **gpu}, **({"limits": gpu} if gpu else {})}
+    resources = {"requests": {**options.requests(deployment.shared_memory), **gpu}, **({"limits": gpu} if gpu else {})}
+    shm = [{"name": "dshm", "mountPath": "/dev/shm"}] if deployment.shared_memory else []
     return {
-        "name": "vllm",
+        "name": deployment.container,
         "image": options.image,
-        "command": ["vllm", "serve"],
+        "command": list(deployment.entrypoint),
         "args": [dollars(a) for a in spec.args],
         "env": [{"name": k, "value": dollars(v)} for k, v in spec.env.items()],
         "ports": [{"name": "http", "containerPort": options.port, "protocol": "TCP"}],
         "resources": resources,
         **probes("http"),
-        "volumeMounts": [{"name": "models", "mountPath": CONTAINER_MODELS_DIR, "readOnly": True},
-                         {"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "models", "mountPath": CONTAINER_MODELS_DIR, "readOnly": True}, *shm],
     }
 
 
-def volumes(options: ExportOptions) -> list[Manifest]:
-    """The models' claim (read-only) and a memory-backed /dev/shm."""
-    return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{options.shm_gib}Gi"}}]
+def volumes(options: ExportOptions, spec: ServeSpec) -> list[Manifest]:
+    """The models' claim (read-only) and, for an engine whose workers share tensors, a memory-backed /dev/shm."""
+    shared = spec.deployment is not None and spec.deployment.shared_memory
+    shm = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{options.shm_gib}Gi"}}] if shared else []
+    return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}}, *shm]
 
 
 # Where a GPU pod may run: the taint and label NVIDIA's GPU operator sets (adjust to your cluster's).
@@ -60,7 +64,7 @@ def placement(options: ExportOptions) -> Manifest:
 def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) -> tuple[list[Manifest], ServeSpec]:
     """The Deployment and the Service, and the server they run."""
     spec = serve_spec(trial.config or {}, options, container=True, measured_on=study.platform,
-                      engine=exported_engine(study, options))
+                      engine=exported_engine(study, options, trial.config))
     name = deployment_name(study, trial, options)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tracetune"}
     meta: Manifest = {"name": name, "labels": labels,
@@ -68,7 +72,7 @@ def k8s_manifests(study: StudyView, trial: TrialView, options: ExportOptions) ->
                                       "tracetune.io/measured-platform": study.platform}}
     if options.namespace:
         meta["namespace"] = options.namespace
-    pod = {"containers": [container(spec, options)], "volumes": volumes(options), **placement(options)}
+    pod = {"containers": [container(spec, options)], "volumes": volumes(options, spec), **placement(options)}
     deployment: Manifest = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
         "spec": {"replicas": options.replicas, "selector": {"matchLabels": {"app.kubernetes.io/name": name}},

@@ -12,7 +12,7 @@ from tracetune.dashboard import capacity
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.options import ExportOptions
 from tracetune.dashboard.export.pick import PickRule
-from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, ServeSpec, gpu_vllm_version
+from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, Exported, ServeSpec, reference_name, release
 from tracetune.dashboard.export.text import comment_safe
 from tracetune.dashboard.metrics import display_value
 from tracetune.quality.gate import UNDECIDED, QualityGate
@@ -30,9 +30,10 @@ def measured_value(objective: str, trial: TrialView) -> str:
 
 def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions, spec: ServeSpec) -> list[str]:
     """The `#` comment lines every text format starts with."""
+    assert spec.engine is not None and spec.deployment is not None
     lines = [
-        f"tracetune export ({fmt}): study {study.name!r}, {label(trial)}",
-        *platform_lines(study, options),
+        f"tracetune export ({fmt}): study {study.name!r}, {label(trial, study)}",
+        *platform_lines(study, options, spec.engine),
         "measured: " + ", ".join(f"{o}={measured_value(o, trial)}" for o in study.objectives),
     ]
     chosen_under = study.slos + ([f"quality gate {study.quality_gate}"] if study.quality_gate else [])
@@ -47,7 +48,7 @@ def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions,
     if trial.category == "infeasible" and not trial.is_reference:  # the reference's own warning: `choice_notes`
         lines.append("WARNING: this trial violates the study's SLOs or quality gate")
     if trial.beaten_by_reference:
-        lines.append("WARNING: vLLM's defaults (the reference) are at least as good on every objective: "
+        lines.append(f"WARNING: {reference_name(study)} (the reference) are at least as good on every objective: "
                      "prefer the defaults")
     lines += capacity.header_lines(capacity.capacity_of(trial.summary))
     costs = study.costs(trial.summary)
@@ -60,7 +61,10 @@ def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions,
                      f"{costs['gpus_total']:g} GPUs")
     if fmt != "vllm-cmd":
         lines.append(f"image: {options.image}; port {options.port}; GPUs: {options.gpus}")
-        if fmt in ("k8s", "helm-values"):
+        if fmt in ("k8s", "helm-values") and not spec.deployment.shared_memory:
+            req = options.requests(shared_memory=False)
+            lines.append(f"requests: {req['cpu']} CPU, {req['memory']} memory (--cpu, --memory)")
+        elif fmt in ("k8s", "helm-values"):
             req = options.requests()
             lines.append(f"requests: {req['cpu']} CPU, {req['memory']} memory (--cpu, --memory), /dev/shm "
                          f"{options.shm_gib}Gi (--shm-gib); nodeSelector and tolerations are the GPU operator's "
@@ -74,9 +78,9 @@ def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions,
     return ["# " + comment_safe(line) for line in lines]
 
 
-def label(trial: TrialView) -> str:
+def label(trial: TrialView, study: StudyView) -> str:
     """The trial as the comments name it."""
-    return "the reference (vLLM's defaults)" if trial.is_reference else f"trial {trial.number}"
+    return f"the reference ({reference_name(study)})" if trial.is_reference else f"trial {trial.number}"
 
 
 def trial_id(trial: TrialView) -> str:
@@ -89,36 +93,56 @@ def is_dummy(trial: TrialView) -> bool:
     return (trial.config or {}).get("load_format") == "dummy"
 
 
-def platform_lines(study: StudyView, options: ExportOptions) -> list[str]:
+def platform_lines(study: StudyView, options: ExportOptions, engine: Exported) -> list[str]:
     """Where the study measured, and the release whose flags the export writes."""
-    version = gpu_vllm_version(study, options)
-    measured = f"vLLM {study.vllm_version}" if study.vllm_version else "a vLLM version the study did not record"
-    if study.platform == "cuda":
-        target = (f"flags for vLLM {version}" if options.vllm_version or study.vllm_version else
-                  f"flags for vLLM {version}, the GPU release tracetune runs (--vllm-version names another)")
-        return [f"measured on NVIDIA GPU with {measured}; {target}"]
+    version, name, target = release(study, options, engine), engine.shown, engine.deployment.platform
+    if not engine.deployment.records_version:
+        return _unrecorded_platform_lines(study, options, engine, version)
+    measured = f"{name} {study.vllm_version}" if study.vllm_version else f"a {name} version the study did not record"
+    if study.platform == target:
+        given = options.vllm_version or study.vllm_version
+        source = "" if given else ", the GPU release tracetune runs (--vllm-version names another)"
+        return [f"measured on NVIDIA GPU with {measured}; flags for {name} {version}{source}"]
     return [f"measured on platform {study.platform} with {measured}: these are the same "
-            f"settings as flags of vLLM {version} for NVIDIA GPUs, where their speed was not measured; "
+            f"settings as flags of {name} {version} for NVIDIA GPUs, where their speed was not measured; "
             f"run a study on the GPU before relying on its numbers"]
+
+
+def _unrecorded_platform_lines(study: StudyView, options: ExportOptions, engine: Exported, version: str) -> list[str]:
+    """`platform_lines` for an engine whose release the study does not record (llama.cpp's server)."""
+    name, target = engine.shown, engine.deployment.platform
+    source = "--vllm-version" if options.vllm_version else "the release tracetune builds; --vllm-version names another"
+    if study.platform == target:
+        return [f"measured on platform {study.platform} with {name}; the same settings for {name} {version} "
+                f"({source}) on the {target}, as measured: its numbers hold on a machine like the measuring one"]
+    return [f"measured on platform {study.platform} with {name}: these are the same settings for {name} {version} "
+            f"({source}) on the {target}, where their speed was not measured; measure there before relying on them"]
 
 
 # Where tracetune keeps what it makes (engine_adapter.models, vllm.quantize, vllm.draft).
 _MADE = {"quantized": "a quantized checkpoint tracetune made", "drafts": "a draft model tracetune derived",
+         "gguf": "GGUF weights tracetune made",
          "models": "the model as tracetune prepared it"}
 
 
 def made_here(path: str) -> str | None:
-    """What a model directory is when tracetune made it (under its home, e.g.
-    ~/.cache/tracetune/quantized/NAME-W8A8-HASH, or named so under another home), else None."""
+    """What a model directory or file is when tracetune made it (under its home, e.g.
+    ~/.cache/tracetune/quantized/NAME-W8A8-HASH or gguf/NAME-Q8_0-HASH.gguf, or named so under another
+    home), else None."""
     from tracetune.engine_adapter.models import tracetune_home
 
     p = PurePosixPath(path.rstrip("/"))
-    mine = p.parent.parent == PurePosixPath(str(tracetune_home())) or re.search(r"-[0-9a-f]{12}$", p.name)
+    named = re.search(r"-[0-9a-f]{12}(\.[A-Za-z0-9]+)?$", p.name)  # NAME-HASH, or a file NAME-HASH.gguf
+    mine = p.parent.parent == PurePosixPath(str(tracetune_home())) or named
     return _MADE.get(p.parent.name) if mine else None
 
 
 def placing_lines(spec: ServeSpec, fmt: str, options: ExportOptions) -> list[str]:
-    """How to put each model directory where the deployment reads it, and the name clients use."""
+    """How to put each model directory (or weights file) where the deployment reads it, how a file
+    tracetune made is made again, and the name clients use."""
+    assert spec.deployment is not None
+    files = spec.deployment.weight_files
+    where, host_name = ("GPU host", "GPU_HOST") if spec.deployment.platform == "cuda" else ("serving host", "HOST")
     lines = []
     for host in spec.models:
         what, name = made_here(host), PurePosixPath(host.rstrip("/")).name
@@ -127,12 +151,13 @@ def placing_lines(spec: ServeSpec, fmt: str, options: ExportOptions) -> list[str
                     f"that mounts the claim read-write): kubectl cp {shlex.quote(host)} POD:{CONTAINER_MODELS_DIR}/"
                     f"{shlex.quote(name)}")
         else:
-            there = shlex.quote(host + "/")
-            copy = (f"{'mounted at ' + spec.mounts[host] + '; ' if host in spec.mounts else ''}on the GPU host at "
-                    f"the same path: rsync -a {there} GPU_HOST:{there}")
-        lines.append(f"model directory {host}" + (f" ({what}, on the measuring machine only)" if what else "")
-                     + ": " + copy)
-    lines.append(f"clients request the model as {spec.served_name!r} (--served-model-name, the name measured)")
+            there = shlex.quote(host if files else host + "/")
+            copy = (f"{'mounted at ' + spec.mounts[host] + '; ' if host in spec.mounts else ''}on the {where} at "
+                    f"the same path: rsync -a {there} {host_name}:{there}")
+        lines.append(f"model {'file' if files else 'directory'} {host}"
+                     + (f" ({what}, on the measuring machine only)" if what else "") + ": " + copy)
+    lines += spec.remade
+    lines.append(f"clients request the model as {spec.served_name!r} ({spec.deployment.name_flag}, the name measured)")
     return lines
 
 
@@ -142,19 +167,20 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
     set), and, for a rule (`--best`/`--pick`), the better trade the gate turned down."""
     from tracetune.quality.gate import cost_text
 
+    defaults = reference_name(study)
     if trial.is_reference:
-        lines = ["vLLM's defaults: the reference every quality is measured against (no quality cost)"]
+        lines = [f"{defaults}: the reference every quality is measured against (no quality cost)"]
         if study.decision is not None and not study.decision.reference_feasible:
             breach = study.decision.reference_breach
-            lines.append("WARNING: vLLM's defaults break the study's SLO" + (f" ({breach})" if breach else "")
+            lines.append(f"WARNING: {defaults} break the study's SLO" + (f" ({breach})" if breach else "")
                          + ": this is the reference, not a recommendation; it will not serve this traffic within "
                            "the SLO")
         return lines + _turned_down(study, trial, rule)
     if (trial.config or {}).get("load_format") == "dummy":
-        return ["quality cost vs vLLM's defaults: not measurable (random weights give speed, never quality): "
+        return [f"quality cost vs {defaults}: not measurable (random weights give speed, never quality): "
                 "measure it with the real weights before relying on it"]
     measured = bool(trial.quality and trial.quality.get("ppl_change"))
-    lines = ["quality cost vs vLLM's defaults: " + (cost_text(trial.quality) if measured else "not measured")]
+    lines = [f"quality cost vs {defaults}: " + (cost_text(trial.quality) if measured else "not measured")]
     gate = study.quality_gate
     if gate is None:  # the page judges by the default gate then (`StudyView.shown_gate`): so does the export
         judged = f"; it is {_gate_word(study.shown_gate, trial, 'the default gate')}" if measured else ""

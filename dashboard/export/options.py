@@ -18,11 +18,11 @@ class ExportOptions:
     """Deployment defaults, each overridable from `tune export` flags and the dashboard."""
 
     image: str | None = None          # default: image_of() (export() sets it)
-    vllm_version: str | None = None   # the GPU vLLM release the deployment runs (sets the image tag)
+    vllm_version: str | None = None   # the engine release the deployment runs (sets the image tag)
     allow_dummy_weights: bool = False  # export a config measured with random weights (load_format dummy)
     port: int = DEFAULT_PORT
     host: str | None = None           # listen address: 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd
-    gpus: int = 1
+    gpus: int = 1                     # per replica, for an engine whose image runs on GPUs (else none)
     name: str | None = None           # Kubernetes/compose name; default tracetune-STUDY-tN
     namespace: str | None = None
     models_pvc: str = "models"        # k8s/helm: PersistentVolumeClaim holding the model directories
@@ -49,11 +49,13 @@ class ExportOptions:
             if quantity is not None and not _QUANTITY.match(quantity):
                 raise InputError(f"{flag} {quantity!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi")
 
-    def requests(self) -> dict[str, str]:
-        """CPU and memory one replica requests: the flags, else 4 cores and 16Gi per GPU plus the
-        memory-backed /dev/shm (it counts against the pod's memory)."""
+    def requests(self, shared_memory: bool = True) -> dict[str, str]:
+        """CPU and memory one replica requests: the flags, else 4 cores and 16Gi per GPU (or for a
+        server without GPUs) plus the memory-backed /dev/shm where the engine has one (it counts
+        against the pod's memory)."""
         gpus = max(self.gpus, 1)
-        return {"cpu": self.cpu or str(4 * gpus), "memory": self.memory or f"{16 * gpus + self.shm_gib}Gi"}
+        shm = self.shm_gib if shared_memory else 0
+        return {"cpu": self.cpu or str(4 * gpus), "memory": self.memory or f"{16 * gpus + shm}Gi"}
 
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")

@@ -1,5 +1,5 @@
-"""The `vllm-cmd` format: one shell command (environment assignments, then `vllm serve`), each
-value `shlex`-quoted, a flag per line."""
+"""The `vllm-cmd` format: one shell command (environment assignments, then the engine's server program:
+`vllm serve`, `llama-server`), each value `shlex`-quoted, a flag per line."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from tracetune.dashboard.export.serve import exported_engine, serve_spec
 
 
 def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
-    """One shell command (environment assignments, then `vllm serve`), a flag per line."""
+    """One shell command (environment assignments, then the server's program), a flag per line."""
     spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform,
-                      engine=exported_engine(study, options))
-    lines = [" ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()),
-             shlex.join(["vllm", "serve", spec.args[0]])]
-    for arg in spec.args[1:]:
+                      engine=exported_engine(study, options, trial.config))
+    assert spec.deployment is not None
+    lines = [" ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()), shlex.join(spec.deployment.program)]
+    for arg in spec.args:
         if arg.startswith("--"):
             lines.append(shlex.quote(arg))
         else:

@@ -12,6 +12,7 @@ DEPLOYMENT = Deployment(
     launcher=3,  # build_command's argv starts `python -m MODULE`
     positional_model="--model",  # `vllm serve` takes the model positionally
     container="vllm",
+    name_flag="--served-model-name",
     tag="v{version}",
     platform="cuda",
     # python3 is in every vLLM image (curl need not be)

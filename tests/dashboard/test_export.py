@@ -294,7 +294,7 @@ def test_an_engine_without_an_image_or_a_command_is_refused(study, monkeypatch):
     with pytest.raises(InputError, match=r"the Other engine names no release to deploy: give one with --vllm-version"):
         export(other, other.trial(1), "k8s", ExportOptions(image="mine:1"))
     text = export(other, other.trial(1), "k8s", ExportOptions(image="mine:1", vllm_version="2.0"))
-    assert "image: mine:1;" in text and "flags of vLLM 2.0" in text
+    assert "image: mine:1;" in text and "flags of Other 2.0" in text
     endpoint = dc.replace(study, engine="openai")
     for fmt in FORMATS:
         with pytest.raises(InputError, match=r"measured the OpenAI-compatible endpoint engine, which tracetune does "
