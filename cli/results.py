@@ -30,14 +30,15 @@ def fmt_objective(name: str, value: float) -> str:
     return f"{value:.2f}"
 
 
-def _row(label: int | str, values: dict[str, float], result: dict, ref_config: dict, args) -> dict:
-    """One candidate of the final table: the reference or a trial, with what it was measured."""
+def _row(label: int | str, values: dict[str, float], result: dict, ref_config: dict, args, engine=None) -> dict:
+    """One candidate of the final table: the reference or a trial, with what it was measured (`engine`,
+    the study's `EngineKind`: how its configs read against the reference; default: --engine's)."""
     from tracetune.engine_adapter.registry import engine_kind
     from tracetune.tuner.front import economics
 
     config = result.get("config") or {}
     summary = result.get("summary") or {}
-    engine = engine_kind(args.engine_type)
+    engine = engine or engine_kind(args.engine_type)
     diff = {} if label == "reference" else engine.config_diff(config, ref_config) if config else {}
     if "model" in diff and "weight_bits" in (result.get("values") or {}):
         # a quantized checkpoint's path says less than the search-space value that made it
@@ -77,10 +78,18 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
     for c in decision.front:
         result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
             if c.label == REFERENCE else results.get(c.label, {})
-        rows.append(_row(c.label, dict(zip(objectives, c.values)), result, ref_config, args))
+        rows.append(_row(c.label, dict(zip(objectives, c.values)), result, ref_config, args, tuner.engine))
+    engine_defaults = _engine_defaults(study, tuner.engine)
+    for r in rows:
+        if r["trial"] in engine_defaults:
+            r["shown"] = f"{r['trial']} ({engine_defaults[r['trial']]})"
     console.print(_front_table(rows, objectives, name, len(study.trials), args))
     for line in config_lines(rows):
         console.print(line, highlight=False, markup=False)
+    for number, label in engine_defaults.items():
+        if number not in {r["trial"] for r in rows}:
+            console.print(f"  {label} (trial {number}): not on the front{_objectives_text(study, number, objectives)}",
+                          highlight=False)
     _print_quality_floor(reference, results, console)
     console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
     if decision.dominated_by_reference:
@@ -101,6 +110,24 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
         which += ", which break the SLO themselves"
     console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / 'best.json'} and "
                   f"{run_dir / 'pareto.json'}", highlight=False)
+
+
+def _engine_defaults(study, engine) -> dict[int, str]:
+    """The trials measuring another engine's own defaults (a study choosing between engines), as the
+    results label them: trial number -> "llama.cpp defaults"."""
+    from tracetune.tuner.trial_record import TrialRecord
+
+    shown = {kind.name: kind.shown for kind in engine.engines}
+    return {t.number: f"{shown.get(name, name)} defaults" for t in study.trials
+            if (name := TrialRecord.of(t).defaults_of) is not None}
+
+
+def _objectives_text(study, number: int, objectives: list[str]) -> str:
+    """': ttft_p99 300 ms, ...' for a trial with objective values ("" for one without, e.g. failed)."""
+    values = study.trials[number].values
+    if not values:
+        return f" ({study.trials[number].user_attrs.get('status', 'not measured')})"
+    return ": " + ", ".join(f"{o} {fmt_objective(o, v)}" for o, v in zip(objectives, values))
 
 
 def _beyond_gate(study, results: dict[int, dict], gate) -> list:
@@ -193,7 +220,7 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
             cells.append(units_text(r["quality"]) if r["trial"] != "reference" else "-")
         if has_spec:
             cells.append(spec_text(r["summary"].get("engine")))
-        table.add_row("ref" if r["trial"] == "reference" else str(r["trial"]), *cells)
+        table.add_row("ref" if r["trial"] == "reference" else r.get("shown") or str(r["trial"]), *cells)
     return table
 
 
@@ -206,7 +233,7 @@ def config_lines(rows: list[dict]) -> list[str]:
             out.append("  ref: vLLM's defaults")
             continue
         diff = ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
-        out.append(f"  {r['trial']}: {diff}")
+        out.append(f"  {r.get('shown') or r['trial']}: {diff}")
     return ["configurations (what differs from vLLM's defaults):", *out]
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tracetune.engine_adapter.choice import ENGINE
 from tracetune.engine_adapter.platform import Platform, installed_vllm_version
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
@@ -19,7 +20,7 @@ from tracetune.tuner.objectives import OBJECTIVES, make_sampler, startup_trials
 from tracetune.tuner.presets import presets
 from tracetune.tuner.reporter import Reporter
 from tracetune.tuner.settings import StudySettings, check_rules, study_rules
-from tracetune.tuner.trial_record import ParamValue, StudyAttr
+from tracetune.tuner.trial_record import Attr, ParamValue, StudyAttr
 
 if TYPE_CHECKING:
     import optuna
@@ -78,14 +79,27 @@ def _keep_rules(study: optuna.Study, settings: StudySettings, rules: Mapping[str
 
 def queue_first_trials(study: optuna.Study, settings: StudySettings, *, space: SearchSpace,
                        records: Sequence[TraceRecord], platform: Platform, model_dir: Path,
-                       reporter: Reporter) -> None:
-    """The configurations tried first: the user's --try values, then (a new study only) an earlier
-    study's (--warm-start) and informed presets, within the trials the study has room for."""
+                       reporter: Reporter, reference_engine: str | None = None) -> None:
+    """The configurations tried first: (a new study choosing between engines) each other engine's own
+    defaults, the user's --try values, then (a new study only) an earlier study's (--warm-start) and
+    informed presets, within the trials the study has room for."""
+    _enqueue_engine_defaults(study, space, reference_engine)
     # Ones the study already has are skipped, so a resumed or second worker does not add them again.
     for params in settings.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
     _enqueue(study, settings.trials, _warm_start(settings, space, platform, model_dir), reporter.on_warm_start)
     _enqueue(study, settings.trials, presets(space, records) if settings.presets else [], reporter.on_presets)
+
+
+def _enqueue_engine_defaults(study: optuna.Study, space: SearchSpace, reference_engine: str | None) -> None:
+    """In a new study whose space offers several engines: a first trial per engine other than the reference
+    engine (the first), measuring that engine's own defaults as any trial is measured (the quality
+    reference stays the reference engine's defaults). Marked with the engine (`Attr.DEFAULTS_OF`)."""
+    if counted(study) or ENGINE not in space.parameters or reference_engine is None:
+        return
+    for name in space.engines():
+        if name != reference_engine:
+            study.enqueue_trial({ENGINE: name}, user_attrs={Attr.DEFAULTS_OF.value: name}, skip_if_exists=True)
 
 
 def _enqueue(study: optuna.Study, trials: int, chosen: list[dict[str, ParamValue]],

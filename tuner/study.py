@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracetune.capacity.step import Verdict
+from tracetune.engine_adapter.choice import ENGINE, defaults_of
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.registry import EngineKind, engine_kind
 from tracetune.errors import EngineError, Rejected, TuneError
 from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import Summary
 from tracetune.replay.trace import Trace
-from tracetune.search_spaces.space import SearchSpace
+from tracetune.search_spaces.space import SearchSpace, Value
 from tracetune.tuner.coordination import Coordinator, config_key, counted, running, skipped
 from tracetune.tuner.front import Candidate, Plateau, not_meaningful
 from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason
@@ -112,13 +113,11 @@ class Tuner:
     def objective(self, trial: optuna.trial.Trial) -> list[float]:
         """One trial: its outcome computed (`_measure`, `_reused`, or infeasible before any engine
         starts), then recorded in one place (`TrialEnd.record`)."""
-        attempt, translate = Attempt(trial.number, self.space.sample(trial)), self.engine.translate
-        assert translate is not None, "a tuned engine is tunable (cli.tune checks)"
+        defaults = TrialRecord.of(trial).defaults_of  # another engine's own defaults (`queue_first_trials`)
+        attempt = Attempt(trial.number, self._sample(trial, defaults))
         TrialRecord(values=attempt.values, worker=self.worker).write(trial)
         try:
-            config = translate(dict(attempt.values), fixed=self.space.fixed, platform=self.platform,
-                               model_dir=self.model_dir, quantized_checkpoints=self.space.quantized_checkpoints,
-                               make_checkpoint=self.make_checkpoint, base=self.base)
+            config = self._config(attempt.values, defaults)
         except Rejected as exc:
             return self._end(trial, attempt, Infeasible(Status.REJECTED, f"rejected before start: {exc}"))
         except TuneError as exc:  # e.g. the quantized checkpoint could not be made
@@ -131,6 +130,26 @@ class Tuner:
             return self._end(trial, attempt, self._reused(holder["trial_number"]))
         with self.coord.measuring(key, trial.number):  # done once the outcome's row is stored
             return self._end(trial, attempt, self._measure(trial, config, attempt))
+
+    def _sample(self, trial: optuna.trial.Trial, defaults: str | None) -> dict[str, Value | None]:
+        """The trial's values: sampled from the space, or (an engine's own defaults) the engine alone, as
+        queued (the space's own choices: Optuna keeps one distribution per parameter)."""
+        if defaults is None or ENGINE not in self.space.parameters:
+            return self.space.sample(trial)
+        return {ENGINE: trial.suggest_categorical(ENGINE, self.space.parameters[ENGINE].choices or [defaults])}
+
+    def _config(self, values: Mapping[str, object], defaults: str | None) -> EngineConfig:
+        """The engine settings of a trial's values, or the own defaults of the engine `defaults` names."""
+        if defaults is not None:
+            engine = next((k for k in self.engine.engines if k.name == defaults), None)
+            if engine is None:
+                raise Rejected([f"this study runs {self.engine.shown}, not {defaults}"])
+            return defaults_of(engine, fixed=self.space.fixed, model_dir=self.model_dir, base=self.base)
+        translate = self.engine.translate
+        assert translate is not None, "a tuned engine is tunable (cli.tune checks)"
+        return translate(dict(values), fixed=self.space.fixed, platform=self.platform, model_dir=self.model_dir,
+                         quantized_checkpoints=self.space.quantized_checkpoints,
+                         make_checkpoint=self.make_checkpoint, base=self.base)
 
     def _end(self, trial: optuna.trial.Trial, attempt: Attempt, outcome: Outcome) -> list[float]:
         return self.ending.record(trial, attempt, outcome, self.reference_values)
@@ -195,7 +214,8 @@ class Tuner:
         study, storage = open_study(settings, space=self.space, engine=self.engine.name, model_dir=self.model_dir,
                                     platform=self.platform)
         queue_first_trials(study, settings, space=self.space, records=self.trace.records, platform=self.platform,
-                           model_dir=self.model_dir, reporter=self.reporter)
+                           model_dir=self.model_dir, reporter=self.reporter,
+                           reference_engine=self.engine.engines[0].name)
         self.coord.recover(study, storage)
         self.reporter.on_study(name=settings.study_name, done=counted(study),
                                remaining=max(settings.trials - counted(study), 0))

@@ -37,6 +37,7 @@ class Attr(enum.StrEnum):
     LOG_TAIL = "log_tail"                          # the engine's last log lines, when it failed
     DUPLICATE_OF = "duplicate_of"                  # the trial that measured the same configuration
     NOT_MEANINGFUL = "not_meaningful"              # measured, but never on the front (`tuner.front.not_meaningful`)
+    DEFAULTS_OF = "defaults_of"                    # the engine whose own defaults it measures ("llamacpp")
     STATUS = "status"                              # how it ended (`tuner.storage.Status`); written last
 
 
@@ -89,6 +90,9 @@ class TrialRecord:
     log_tail: str | None = None
     duplicate_of: int | None = None
     not_meaningful: str | None = None
+    # In a study choosing between engines: the engine whose own defaults the trial measures (set when it is
+    # queued; shown as "llama.cpp defaults" beside the reference, vLLM's defaults).
+    defaults_of: str | None = None
     status: Status | str | None = None  # None: no ending recorded (running, or interrupted); a str: unknown here
 
     @classmethod
@@ -105,6 +109,7 @@ class TrialRecord:
                    log_tail=_text(attrs.get(Attr.LOG_TAIL)),
                    duplicate_of=int(original) if isinstance(original, int | float | str) else None,
                    not_meaningful=_text(attrs.get(Attr.NOT_MEANINGFUL)),
+                   defaults_of=_text(attrs.get(Attr.DEFAULTS_OF)),
                    status=_status(attrs.get(Attr.STATUS)))
 
     @classmethod
