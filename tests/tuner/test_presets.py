@@ -51,3 +51,12 @@ def test_ngram_speculation_only_when_recorded_outputs_copy_their_prompts():
                                                 "speculative": "ngram"}]
     assert not ngram(presets(space(), FREE))
     assert not ngram(presets(space(), [rec("a b c d e", None)]))  # no evidence
+
+
+def test_a_space_over_both_engines_presets_vllm_8_bit_and_llamacpp_q8_0():
+    from tracetune.engine_adapter.registry import engine_kind
+    from tracetune.search_spaces.space import CPU_SPACE, load_space
+
+    vllm_8bit, llama_q8 = presets(load_space(CPU_SPACE, engine_kind("vllm+llamacpp")), FREE)
+    assert vllm_8bit == {"engine": "vllm", "weight_bits": 8, "max_num_seqs": 32, "enable_prefix_caching": True}
+    assert llama_q8 == {"engine": "llamacpp", "weight_format": "Q8_0", "parallel_slots": 16}
