@@ -112,11 +112,13 @@ def _unrecorded_platform_lines(study: StudyView, options: ExportOptions, engine:
     """`platform_lines` for an engine whose release the study does not record (llama.cpp's server)."""
     name, target = engine.shown, engine.deployment.platform
     source = "--vllm-version" if options.vllm_version else "the release tracetune builds; --vllm-version names another"
+    shown = {"cpu": "CPU", "cuda": "NVIDIA GPU"}.get(target, target)
     if study.platform == target:
         return [f"measured on platform {study.platform} with {name}; the same settings for {name} {version} "
-                f"({source}) on the {target}, as measured: its numbers hold on a machine like the measuring one"]
+                f"({source}) on the {shown}, as measured: its numbers hold on a machine like the measuring one (the "
+                f"image's build picks its CPU kernels at run time; tracetune measured a build for the measuring CPU)"]
     return [f"measured on platform {study.platform} with {name}: these are the same settings for {name} {version} "
-            f"({source}) on the {target}, where their speed was not measured; measure there before relying on them"]
+            f"({source}) on the {shown}, where their speed was not measured; measure there before relying on them"]
 
 
 # Where tracetune keeps what it makes (engine_adapter.models, vllm.quantize, vllm.draft).
