@@ -47,8 +47,9 @@ def container(spec: ServeSpec, options: ExportOptions) -> Manifest:
 def volumes(options: ExportOptions, spec: ServeSpec) -> list[Manifest]:
     """The models' claim (read-only) and, for an engine whose workers share tensors, a memory-backed /dev/shm."""
     shared = spec.deployment is not None and spec.deployment.shared_memory
-    shm = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{options.shm_gib}Gi"}}] if shared else []
-    return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}}, *shm]
+    shm: list[Manifest] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{options.shm_gib}Gi"}}]
+    return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}},
+            *(shm if shared else [])]
 
 
 # Where a GPU pod may run: the taint and label NVIDIA's GPU operator sets (adjust to your cluster's).
