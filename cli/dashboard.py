@@ -51,7 +51,10 @@ mount of the measured directory; k8s/helm: the PersistentVolumeClaim `models`), 
 comments give the command that copies each model there and the served name. k8s/helm request CPU
 and memory (--cpu, --memory), size /dev/shm (--shm-gib) and carry GPU nodeSelector/tolerations.
 A study measured on the CPU loses what only the CPU needed (--enforce-eager, its KV-cache size,
-VLLM_CPU_* settings), said in a comment. The study's database is only read. See docs/export.md.
+VLLM_CPU_* settings), said in a comment. A llama.cpp trial (of a llama.cpp study, or of a study
+choosing between engines) runs llama-server in the ghcr.io/ggml-org/llama.cpp:server-b<N> image on
+the CPU, its GGUF files mounted at /models/<file name>; comments say how to copy each file and how
+to make a file tracetune made again. The study's database is only read. See docs/export.md.
 Credential-like settings (API keys, tokens) are never exported. A config measured with random
 weights (load_format dummy) is refused unless --allow-dummy-weights says it is meant.
 """
@@ -70,7 +73,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                       help="hide the sidebar's storage box, so visitors see only this study (always hidden "
                            "when --host is not a loopback address)")
 
-    exp = sub.add_parser("export", help="write a trial's config as a vLLM command, compose service, "
+    exp = sub.add_parser("export", help="write a trial's config as a server command, compose service, "
                                         "Kubernetes manifests, Helm values or JSON",
                          epilog=EXPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     exp.add_argument("--storage", metavar="URL", help="study database (default: the newest runs/*/study.db)")
@@ -85,17 +88,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
     exp.add_argument("-o", "--output", type=Path, metavar="PATH", help="write here instead of stdout")
     exp.add_argument("--image", metavar="IMAGE",
-                     help="container image (default vllm/vllm-openai:v<GPU vLLM release, see --vllm-version>)")
+                     help="container image (default: the engine's, vllm/vllm-openai:v<GPU vLLM release, see "
+                          "--vllm-version> or ghcr.io/ggml-org/llama.cpp:server-b<N>)")
     exp.add_argument("--vllm-version", metavar="X.Y.Z",
                      help="the GPU vLLM release the deployment runs (default: the one a GPU study measured with; "
-                          "for a study measured on CPU, the GPU release tracetune runs)")
+                          "for a study measured on CPU, the GPU release tracetune runs); for a llama.cpp trial, "
+                          "the server image's tag (default server-b<N>, the release tracetune builds)")
     exp.add_argument("--allow-dummy-weights", action="store_true",
                      help="export a config measured with random weights (load_format dummy) anyway: its server "
                           "answers with noise (refused without this flag)")
     exp.add_argument("--port", type=int, default=8000, metavar="N", help="server port (default 8000)")
     exp.add_argument("--host", metavar="ADDR",
                      help="server listen address (default 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd)")
-    exp.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs per replica (default 1)")
+    exp.add_argument("--gpus", type=int, default=1, metavar="N",
+                     help="GPUs per replica (default 1; none for llama.cpp's CPU server image)")
     exp.add_argument("--replicas", type=int, default=1, metavar="N", help="k8s/helm replicas (default 1)")
     exp.add_argument("--name", metavar="NAME", help="deployment/service name (default tracetune-STUDY-tN)")
     exp.add_argument("--namespace", metavar="NS", help="k8s namespace (default: none, kubectl's current)")
