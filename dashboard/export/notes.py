@@ -11,8 +11,8 @@ from pathlib import PurePosixPath
 from tracetune.dashboard import capacity
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.options import ExportOptions
-from tracetune.dashboard.export.pick import PickRule
-from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, Exported, ServeSpec, reference_name, release
+from tracetune.dashboard.export.pick import PickRule, reference_name
+from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, Exported, ServeSpec, release
 from tracetune.dashboard.export.text import comment_safe
 from tracetune.dashboard.metrics import display_value
 from tracetune.quality.gate import UNDECIDED, QualityGate

@@ -67,8 +67,9 @@ def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
     ok = [t for t in ok if not math.isnan(t.metric(rule.metric))]
     if not ok:
         shown = sorted({c.metric for c in rule.where} | {rule.metric})
-        values = "; ".join(f"{_name(t)}: " + ", ".join(f"{m}={t.metric(m):.4g}" for m in shown) for t in pool)
-        nor = ", nor do vLLM's defaults" if pool[0].is_reference else ""
+        values = "; ".join(f"{_name(t, study)}: " + ", ".join(f"{m}={t.metric(m):.4g}" for m in shown)
+                           for t in pool)
+        nor = f", nor do {reference_name(study)}" if pool[0].is_reference else ""
         raise InputError(f"--pick {rule}: no trial on the front meets it{nor} ({values})")
     sign = 1 if rule.goal == "max" else -1
     return max(ok, key=lambda t: (sign * t.metric(rule.metric), -t.number))
@@ -80,8 +81,16 @@ def _reference_competes(study: StudyView) -> bool:
     return ref is not None and ref.measured and (study.decision is None or study.decision.reference_feasible)
 
 
-def _name(trial: TrialView) -> str:
-    return "vLLM's defaults" if trial.is_reference else f"trial {trial.number}"
+def _name(trial: TrialView, study: StudyView) -> str:
+    return reference_name(study) if trial.is_reference else f"trial {trial.number}"
+
+
+def reference_name(study: StudyView) -> str:
+    """Whose defaults the study's reference is: its first engine's (vLLM's, in a choice with vLLM first)."""
+    from tracetune.engine_adapter.registry import engine_kind
+
+    kind = engine_kind(study.engine) if study.engine else engine_kind()
+    return f"{kind.engines[0].shown}'s defaults"
 
 
 def best_trial(study: StudyView) -> TrialView:
@@ -90,8 +99,8 @@ def best_trial(study: StudyView) -> TrialView:
     decision = study.decision
     if decision is not None and decision.reference_is_best:
         verdict = decision.verdict()
-        raise ReferenceIsBest(f"vLLM's defaults are best in study {study.name!r} (by {decision.by}), so there is no "
-                              f"trial to export: {verdict} (`--reference` exports the defaults; to export a "
+        raise ReferenceIsBest(f"{reference_name(study)} are best in study {study.name!r} (by {decision.by}), so there "
+                              f"is no trial to export: {verdict} (`--reference` exports the defaults; to export a "
                               f"trial anyway, name it with --trial N.)")
     if decision is not None and decision.best is not None and isinstance(decision.best.label, int):
         return study.trial(decision.best.label)

@@ -47,11 +47,6 @@ def study_kind(study: StudyView) -> EngineKind:
     return engine_kind(study.engine) if study.engine else engine_kind()
 
 
-def reference_name(study: StudyView) -> str:
-    """Whose defaults the study's reference is: its first engine's (vLLM's, in a choice with vLLM first)."""
-    return f"{study_kind(study).engines[0].shown}'s defaults"
-
-
 def exported_engine(study: StudyView, options: ExportOptions, config: Mapping[str, object] | None = None) -> Exported:
     """The engine that ran a trial stored as `config` (none: the study's first engine), refused with
     an InputError (exit 2) when tracetune cannot deploy it: no command line of its own (an endpoint it

@@ -369,3 +369,12 @@ def test_no_credential_and_no_measurement_flag_in_any_format(llama_study, fmt):
     for gone in ("--slots", "--log-verbosity", "--slot-save-path"):
         assert gone not in body, gone
     assert "/dev/shm" not in text and "nvidia" not in body
+
+
+def test_pick_names_the_llama_cpp_defaults_it_weighed(llama_study):
+    from tracetune.dashboard.export.pick import parse_pick, pick_trial
+    from tracetune.errors import InputError
+
+    with pytest.raises(InputError, match=r"no trial on the front meets it, nor do llama.cpp's defaults "
+                                         r"\(llama.cpp's defaults: output_tps=50, ttft_p99=0.5; trial 0: "):
+        pick_trial(llama_study, parse_pick("max:output_tps where ttft_p99<0.1"))
