@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import queue
 from collections.abc import Callable, Sequence
 from typing import TypedDict, TypeVar
 
@@ -49,7 +50,7 @@ from tracetune.quality.identity import (  # noqa: F401 (their home before identi
     lossless_by_construction,
     quality_key,
 )
-from tracetune.quality.scoring import PROMPT_LOGPROBS, TOP_K, Scorer, complete, scorer
+from tracetune.quality.scoring import PROMPT_LOGPROBS, TOP_K, Scored, Scorer, complete, scorer
 from tracetune.replay.metrics import Estimate, StoredEstimate, bootstrap_ci
 from tracetune.replay.trace import Trace
 from tracetune.stored import Stored, mapping, number, text, whole
@@ -306,9 +307,26 @@ def _each(items: Sequence[_Item], work: Callable[[httpx.Client, _Item], _Out], t
         return list(pool.map(one, items))
 
 
-def _parallel(endpoint: Endpoint, score: Scorer, timeout_s: float) -> int:
-    with httpx.Client(timeout=timeout_s) as client:
-        return score.parallel(client, endpoint)
+def _score_all(endpoint: Endpoint, score: Scorer, items: Sequence[ProbeItem], timeout_s: float,
+               workers: int | None = None) -> list[Scored]:
+    """Every item's scores, `workers` texts at once (default: `Scorer.parallel`), each text on one
+    server slot of its own from start to end (a slot shared between two texts would lose each one's
+    cached prefix; engines without slots ignore it). In the items' order."""
+    if workers is None:
+        with httpx.Client(timeout=timeout_s) as client:
+            workers = score.parallel(client, endpoint)
+    free: queue.Queue[int] = queue.Queue()
+    for slot in range(workers):
+        free.put(slot)
+
+    def one(client: httpx.Client, item: ProbeItem) -> Scored:
+        slot = free.get()
+        try:
+            return score.score(client, endpoint, item.ids, item.start, slot=slot)
+        finally:
+            free.put(slot)
+
+    return _each(items, one, timeout_s, workers)
 
 
 def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | None]], *, max_tokens: int = 512,
@@ -339,20 +357,15 @@ def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | Non
     if not texts:
         raise EngineError("the reference returned no tokens for any probe prompt")
 
-    def scored(client: httpx.Client, item: ProbeItem) -> ProbeItem:
-        chosen, tops = score.score(client, endpoint, item.ids, item.start)
-        return dataclasses.replace(item, reference_logprobs=chosen, reference_top=tops)
-
-    reference = Reference(items=_each(texts, scored, timeout_s, _parallel(endpoint, score, timeout_s)))
+    reference = Reference(items=[dataclasses.replace(item, reference_logprobs=chosen, reference_top=tops)
+                                 for item, (chosen, tops) in zip(texts, _score_all(endpoint, score, texts, timeout_s))])
     reference.floor = measure_floor(endpoint, reference, timeout_s=timeout_s, scoring=scoring)
     return reference
 
 
-def _scored_rows(client: httpx.Client, endpoint: Endpoint, item: ProbeItem,
-                 score: Scorer | None = None) -> list[dict[str, float]]:
-    """One probe text scored on the server at `endpoint`: its per-chunk units against the reference."""
-    score = score or scorer(PROMPT_LOGPROBS)
-    return item_stats(item, *score.score(client, endpoint, item.ids, item.start))
+def _rows(items: Sequence[ProbeItem], scored: Sequence[Scored]) -> dict[str, list[float]]:
+    """Per-chunk units of scored probe texts against the reference, in the items' order."""
+    return _columns([row for item, one in zip(items, scored) for row in item_stats(item, *one)])
 
 
 def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0,
@@ -362,15 +375,9 @@ def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float 
     order (forced tokens: more texts than slots would evict each other's cached prefixes). Per-chunk
     units of that difference."""
     score = scorer(scoring)
-
-    def one(client: httpx.Client, item: ProbeItem) -> list[dict[str, float]]:
-        return _scored_rows(client, endpoint, item, score)
-
     if score.name == PROMPT_LOGPROBS:
-        per_item = _each(reference.items, one, timeout_s)
-    else:
-        per_item = _each(reference.items[::-1], one, timeout_s, _parallel(endpoint, score, timeout_s))[::-1]
-    return _columns([row for rows in per_item for row in rows])
+        return _rows(reference.items, _score_all(endpoint, score, reference.items, timeout_s, 64))
+    return _rows(reference.items, _score_all(endpoint, score, reference.items[::-1], timeout_s)[::-1])
 
 
 def _agreement(a: Sequence[int], b: Sequence[int]) -> float:
@@ -413,17 +420,13 @@ def measure_candidate(endpoint: Endpoint, reference: Reference, *, timeout_s: fl
     agreements: list[float] = []
     exact: list[float] = []
 
-    def one(client: httpx.Client, item: ProbeItem) -> list[dict[str, float]]:
-        return _scored_rows(client, endpoint, item, score)
-
-    per_item = _each(reference.items, one, timeout_s, _parallel(endpoint, score, timeout_s))
+    units = _rows(reference.items, _score_all(endpoint, score, reference.items, timeout_s))
     old = [i for i in reference.items if i.scored_from is None]
     if old:
         with httpx.Client(timeout=timeout_s) as client:
             agreements, exact = _greedy_agreement(client, endpoint, old)
     correct = _answers_correct(endpoint, reference, timeout_s)
-    result = summarize_quality(reference, _columns([r for rows in per_item for r in rows]), agreements, exact,
-                               correct, seed=seed)
+    result = summarize_quality(reference, units, agreements, exact, correct, seed=seed)
     return dataclasses.replace(result, scorer=score.name)
 
 

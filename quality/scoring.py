@@ -79,9 +79,9 @@ class PromptLogprobs:
         return out
 
     def score(self, client: httpx.Client, endpoint: Endpoint, ids: list[int], start: int,
-              top_k: int = TOP_K) -> Scored:
+              top_k: int = TOP_K, slot: int | None = None) -> Scored:
         """Log-probabilities of `ids[start:]` teacher-forced (one prefill), and at each of those
-        positions the engine's top-`top_k` (token id as a string -> logprob)."""
+        positions the engine's top-`top_k` (token id as a string -> logprob). vLLM has no slots."""
         choice = complete(client, endpoint, {"prompt": ids, "max_tokens": 1, "prompt_logprobs": top_k})
         entries = choice.get("prompt_logprobs")
         if not entries or len(entries) != len(ids):
@@ -121,19 +121,24 @@ class ForcedTokens:
         return out
 
     def score(self, client: httpx.Client, endpoint: Endpoint, ids: list[int], start: int,
-              top_k: int = TOP_K) -> Scored:
-        """Log-probabilities of `ids[start:]`, one forced position per request (the module's docstring)."""
+              top_k: int = TOP_K, slot: int | None = None) -> Scored:
+        """Log-probabilities of `ids[start:]`, one forced position per request (the module's
+        docstring), every request on server slot `slot` where one is given (its cache then holds
+        this text's prefix: the server would otherwise give an idle slot, mid-text, to another text)."""
         chosen, tops = [], []
         for position in range(max(start, 1), len(ids)):
-            entry = self._position(client, endpoint, ids[:position], ids[position], top_k)
+            entry = self._position(client, endpoint, ids[:position], ids[position], top_k, slot)
             chosen.append(float(entry["logprob"]))
             tops.append({str(t["id"]): float(t["logprob"]) for t in entry.get("top_logprobs") or []})
         return chosen, tops
 
     @staticmethod
-    def _position(client: httpx.Client, endpoint: Endpoint, prefix: list[int], token: int, top_k: int) -> JsonDict:
-        body = {"prompt": prefix, "n_predict": 1, "n_probs": top_k, "post_sampling_probs": False,
-                "temperature": 0.0, "logit_bias": [[token, _FORCE_BIAS]], "cache_prompt": True}
+    def _position(client: httpx.Client, endpoint: Endpoint, prefix: list[int], token: int, top_k: int,
+                  slot: int | None) -> JsonDict:
+        body: JsonDict = {"prompt": prefix, "n_predict": 1, "n_probs": top_k, "post_sampling_probs": False,
+                          "temperature": 0.0, "logit_bias": [[token, _FORCE_BIAS]], "cache_prompt": True}
+        if slot is not None:
+            body["id_slot"] = slot
         probs = post(client, endpoint, "/completion", body).get("completion_probabilities") or []
         if not probs or probs[0].get("id") != token:
             got = probs[0].get("id") if probs else None

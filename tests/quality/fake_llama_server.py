@@ -27,6 +27,7 @@ class FakeLlamaServer:
     def __init__(self, shift: float = 0.0, slots: int = 2, forced_wrong: bool = False) -> None:
         self.shift, self.slots, self.forced_wrong = shift, slots, forced_wrong
         self.requests = 0
+        self.slots_used: set[object] = set()  # id_slot of every forced request
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -40,6 +41,7 @@ class FakeLlamaServer:
         prompt = list(body["prompt"])
         if body.get("return_tokens"):  # sampling a continuation: a fixed walk through the vocabulary
             return {"tokens": [(prompt[-1] + 3 * i + 1) % VOCAB for i in range(int(body["n_predict"]))]}
+        self.slots_used.add(body.get("id_slot"))
         lp = logprobs(prompt[-1], self.shift)
         forced = int(body["logit_bias"][0][0])
         token = (forced + 1) % VOCAB if self.forced_wrong else forced

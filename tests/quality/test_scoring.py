@@ -42,6 +42,7 @@ def test_each_position_is_scored_as_its_forced_token_with_the_full_top_k(referen
         lp = logprobs(ids[position - 1])
         assert chosen == pytest.approx(lp[ids[position]])
         assert len(top) == 20 and max(top.values()) == pytest.approx(max(lp))
+    assert reference_server.slots_used and reference_server.slots_used <= {0, 1}  # pinned to the 2 slots
     # the floor: the same server again, in another order, measures no difference
     assert reference.floor is not None and max(map(abs, reference.floor["nll"])) < 1e-9
 
