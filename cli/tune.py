@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -285,10 +286,6 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     from tracetune.cli.workload import trace_report
 
     trace_profile = trace_report(trace, _replay_options(args), console)
-    platform = detect_platform()
-    engine = _main_engine(args, platform, console)
-    args.engine_type = engine.name  # as resolved: the results read it
-    space = load_space(args.space or default_space(engine), engine)
     study_name = args.study or _default_study_name(args.trace)
     run_dir = args.run_dir or Path("runs") / study_name
     storage = _storage_url(args.storage, run_dir)
@@ -296,6 +293,10 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     if args.warm_start:  # the earlier study, read-only, as early
         check_warm_start(_warm_start_url(args, storage), args.warm_start, run_dir,
                          flag="--warm-start-storage" if args.warm_start_storage else "--storage")
+    platform, stored = detect_platform(), stored_study_attrs(storage, study_name, tables)
+    engine = _main_engine(args, platform, console, stored)
+    args.engine_type = engine.name  # as resolved: the results read it
+    space = load_space(args.space or default_space(engine), engine)
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
     base_config, base = _base(args, model_dir, engine)
     space = _with_drafts(space, drafts_given(args, engine), model_dir, engine)
@@ -316,7 +317,7 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
                           run_dir=run_dir, base=base, storage_shown=display_url(storage), engine=engine)
     request.space = _runnable_space(request, console)
-    check_resume(request, stored_study_attrs(storage, study_name, tables), console)
+    check_resume(request, stored, console)
     return request
 
 
@@ -324,14 +325,20 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
 CPU_CHOICE = "vllm+llamacpp"
 
 
-def _main_engine(args: argparse.Namespace, platform: Platform, console: Console) -> EngineKind:
-    """The engine the main job tunes: --engine; else, on a CPU without --space, vLLM or llama.cpp trial by
-    trial where llama.cpp is installed (vLLM alone otherwise, saying how to add it); else vLLM."""
+def _main_engine(args: argparse.Namespace, platform: Platform, console: Console,
+                 stored: Mapping[str, object] | None = None) -> EngineKind:
+    """The engine the main job tunes: --engine; else the engine of the study resumed (its `stored` user
+    attributes); else, on a CPU without --space, vLLM or llama.cpp trial by trial where llama.cpp is
+    installed (vLLM alone otherwise, saying how to add it); else vLLM."""
     from tracetune.engine_adapter.platform import Platform
     from tracetune.engine_adapter.registry import DEFAULT_ENGINE, engine_kind
+    from tracetune.tuner.trial_record import StudyAttr
 
     if args.engine_type is not None:
         return engine_kind(args.engine_type)
+    rules = (stored or {}).get(StudyAttr.RULES.value)
+    if isinstance(rules, Mapping) and isinstance(rules.get("engine"), str):
+        return engine_kind(rules["engine"])  # a study resumes on the engines it was measured with
     if platform is not Platform.CPU or args.space is not None:
         return engine_kind(DEFAULT_ENGINE)
     choice = engine_kind(CPU_CHOICE)

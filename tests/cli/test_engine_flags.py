@@ -93,11 +93,12 @@ def test_the_main_job_takes_a_choice_of_engines_by_name(capsys):
     assert info.value.code == 2 and "unknown engine 'sglang'" in capsys.readouterr().err
 
 
-def _main_engine(argv: list[str], platform: Platform) -> tuple[str, str]:
+def _main_engine(argv: list[str], platform: Platform, stored: dict | None = None) -> tuple[str, str]:
     from tracetune.cli.tune import _main_engine
 
     out = io.StringIO()
-    kind = _main_engine(_build_parser().parse_args(["--trace", "t.jsonl", *argv]), platform, Console(file=out))
+    kind = _main_engine(_build_parser().parse_args(["--trace", "t.jsonl", *argv]), platform, Console(file=out),
+                        stored)
     return kind.name, out.getvalue()
 
 
@@ -108,6 +109,8 @@ def test_on_a_cpu_with_llamacpp_the_main_job_chooses_between_both_engines(monkey
     assert _main_engine([], Platform.CUDA)[0] == "vllm"  # the GPU engine
     assert _main_engine(["--space", "s.yaml"], Platform.CPU)[0] == "vllm"  # a space of the user's: as before
     assert _main_engine(["--engine", "llamacpp"], Platform.CPU)[0] == "llamacpp"
+    # a study made before (vLLM alone) resumes on its engine
+    assert _main_engine([], Platform.CPU, {"rules": {"engine": "vllm", "slo": ""}}) == ("vllm", "")
     lacking = "llama-server is not built: run bash scripts/install_llamacpp.sh"
     monkeypatch.setitem(ENGINES, "llamacpp", lambda: dataclasses.replace(real(), available=lambda: lacking))
     name, said = _main_engine([], Platform.CPU)
