@@ -47,6 +47,7 @@ class FakeEngine:
 
     def __init__(self, name: str, made: list[FakeEngine]) -> None:
         self.name, self.endpoint, self.quality_probe, self.managed = name, None, name == "a", True
+        self.scoring = "prompt_logprobs"
         self.calls: list[str] = []
         made.append(self)
 

@@ -76,13 +76,13 @@ def test_quality_is_measured_once_per_quality_key_and_reused(tmp_path, monkeypat
     runner = engine_runner(tmp_path)
 
     def server(endpoint):  # an engine that serves prompt log-probabilities
-        return type("S", (), {"endpoint": endpoint, "quality_probe": True})()
+        return type("S", (), {"endpoint": endpoint, "quality_probe": True, "scoring": "prompt_logprobs"})()
 
     def quality(endpoint, config, label):  # the runner's probe, with what the study knows now
         return runner._quality(server(endpoint) if endpoint else None, config, label, tuner.ref.probe())[0]
 
     measured = []
-    monkeypatch.setattr(study_module, "measure_candidate", lambda endpoint, ref: measured.append(endpoint)
+    monkeypatch.setattr(study_module, "measure_candidate", lambda endpoint, ref, **_: measured.append(endpoint)
                         or fake_quality(0.3))
     first = VLLMConfig(model=tmp_path / "model", max_num_seqs=4)
     tuner.store.save_trial("s", 0, "measured", config=json.loads(first.model_dump_json()),
