@@ -52,7 +52,8 @@ def exported_engine(study: StudyView, options: ExportOptions, config: Mapping[st
     an InputError (exit 2) when tracetune cannot deploy it: no command line of its own (an endpoint it
     only measures), no deployment, or no image to run."""
     ran = study_kind(study)
-    kind = ran.engines[0] if config is None else ran.of(ran.load_config(config))
+    # a choice of engines: the one the trial ran on (its stored settings name it)
+    kind = ran.of(ran.load_config(config)) if config is not None and len(ran.engines) > 1 else ran.engines[0]
     if kind.command is None or kind.relocate is None or kind.deployment is None:
         raise InputError(f"study {study.name!r} measured the {kind.shown} engine, which tracetune does not start "
                          f"itself: there is no server command to export")
