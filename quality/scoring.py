@@ -35,6 +35,8 @@ PROMPT_LOGPROBS = "prompt_logprobs"
 FORCED_TOKENS = "forced_tokens"
 # logit_bias that makes a token the only one greedy decoding can pick (llama-server adds it to the logit).
 _FORCE_BIAS = 1.0e4
+# n_probs asking for every token's probability (llama-server caps it at the vocabulary's size).
+_WHOLE_VOCABULARY = 1 << 20
 
 Scored = tuple[list[float], list[dict[str, float]]]
 
@@ -140,12 +142,27 @@ class ForcedTokens:
         if slot is not None:
             body["id_slot"] = slot
         probs = post(client, endpoint, "/completion", body).get("completion_probabilities") or []
-        if not probs or probs[0].get("id") != token:
-            got = probs[0].get("id") if probs else None
+        if not probs:
+            # A token that ends in an incomplete UTF-8 character (a byte token) is held back with its
+            # probabilities: read the position from the greedy token's full distribution instead.
+            return ForcedTokens._unforced(client, endpoint, body, token, top_k)
+        if probs[0].get("id") != token:
             raise EngineError(f"llama-server did not return the forced token {token} at position {len(prefix)} "
-                              f"(got {got}): it cannot score this text")
+                              f"(got {probs[0].get('id')}): it cannot score this text")
         entry: JsonDict = probs[0]
         return entry
+
+    @staticmethod
+    def _unforced(client: httpx.Client, endpoint: Endpoint, body: JsonDict, token: int, top_k: int) -> JsonDict:
+        """The position's top-k and `token`'s log-probability from the whole distribution there."""
+        body = {k: v for k, v in body.items() if k != "logit_bias"}
+        probs = post(client, endpoint, "/completion", {**body, "n_probs": _WHOLE_VOCABULARY}).get(
+            "completion_probabilities") or []
+        every = {t["id"]: t["logprob"] for t in probs[0].get("top_logprobs") or []} if probs else {}
+        if token not in every:
+            raise EngineError(f"llama-server returned no probabilities at position {len(body['prompt'])} "
+                              f"(token {token}): it cannot score this text")
+        return {"id": token, "logprob": every[token], "top_logprobs": probs[0]["top_logprobs"][:top_k]}
 
     def parallel(self, client: httpx.Client, endpoint: Endpoint) -> int:
         """Texts scored at once: one per server slot (each keeps its text's prefix cached)."""

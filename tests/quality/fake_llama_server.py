@@ -22,10 +22,12 @@ def logprobs(previous: int, shift: float = 0.0) -> list[float]:
 
 class FakeLlamaServer:
     """Serves on 127.0.0.1 (`url`) until `close()`; `forced_wrong` answers a forced request with
-    another token (a server that cannot score); `requests` counts /completion requests."""
+    another token (a server that cannot score); tokens in `held_back` end in an incomplete UTF-8
+character, whose probabilities llama-server never returns; `requests` counts /completion requests."""
 
-    def __init__(self, shift: float = 0.0, slots: int = 2, forced_wrong: bool = False) -> None:
-        self.shift, self.slots, self.forced_wrong = shift, slots, forced_wrong
+    def __init__(self, shift: float = 0.0, slots: int = 2, forced_wrong: bool = False,
+                 held_back: frozenset[int] = frozenset()) -> None:
+        self.shift, self.slots, self.forced_wrong, self.held_back = shift, slots, forced_wrong, held_back
         self.requests = 0
         self.slots_used: set[object] = set()  # id_slot of every forced request
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -43,9 +45,12 @@ class FakeLlamaServer:
             return {"tokens": [(prompt[-1] + 3 * i + 1) % VOCAB for i in range(int(body["n_predict"]))]}
         self.slots_used.add(body.get("id_slot"))
         lp = logprobs(prompt[-1], self.shift)
-        forced = int(body["logit_bias"][0][0])
+        ranked = sorted(range(VOCAB), key=lambda t: -lp[t])
+        forced = int(body["logit_bias"][0][0]) if body.get("logit_bias") else ranked[0]
         token = (forced + 1) % VOCAB if self.forced_wrong else forced
-        top = sorted(range(VOCAB), key=lambda t: -lp[t])[: int(body["n_probs"])]
+        if token in self.held_back:
+            return {"completion_probabilities": []}
+        top = ranked[: int(body["n_probs"])]
         return {"completion_probabilities": [{"id": token, "logprob": lp[token],
                                               "top_logprobs": [{"id": t, "logprob": lp[t]} for t in top]}]}
 

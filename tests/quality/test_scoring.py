@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import pytest
 
 from tests.quality.fake_llama_server import FakeLlamaServer, logprobs
@@ -75,9 +76,21 @@ def test_a_server_that_does_not_return_the_forced_token_cannot_score():
         server.close()
 
 
-def test_texts_are_scored_one_per_slot():
-    import httpx
+def test_a_byte_token_the_server_holds_back_is_read_from_the_whole_distribution(reference_server):
+    reference = measure_reference(_endpoint(reference_server), PROMPTS, max_tokens=5, scoring=FORCED_TOKENS)
+    item = reference.items[0]
+    # a token the text holds where the model's own top token is another (that one is sent instead)
+    held = next(t for prev, t in zip(item.ids, item.ids[1:]) if max(range(40), key=logprobs(prev).__getitem__) != t)
+    server = FakeLlamaServer(held_back=frozenset({held}))
+    try:
+        chosen, tops = scorer(FORCED_TOKENS).score(httpx.Client(), _endpoint(server), item.ids, item.start)
+    finally:
+        server.close()
+    assert chosen == pytest.approx(item.reference_logprobs)  # the held-back positions included
+    assert tops == item.reference_top
 
+
+def test_texts_are_scored_one_per_slot():
     server = FakeLlamaServer(slots=3)
     try:
         with httpx.Client() as client:
