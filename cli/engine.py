@@ -96,11 +96,9 @@ def engine_check(args: argparse.Namespace, console: Console = console) -> int:
     try:
         t0 = time.perf_counter()
         with console.status(f"starting {kind.shown}…") as status:
-            def tick(elapsed: float) -> None:
-                mode = "" if "enforce_eager" not in settings else \
-                    " (eager)" if settings["enforce_eager"] else " (compiled)"
-                status.update(f"starting {kind.shown}{mode}… {elapsed:.0f}s · log: {server.log_path}")
-            server.launch(config, args.start_timeout, on_tick=tick)
+            mode = "" if "enforce_eager" not in settings else " (eager)" if settings["enforce_eager"] else " (compiled)"
+            server.launch(config, args.start_timeout, on_tick=lambda elapsed: status.update(
+                f"starting {kind.shown}{mode}… {elapsed:.0f}s · log: {server.log_path}"))
         console.print(f"engine log: {server.log_path}")
         startup_s = time.perf_counter() - t0
         console.print(f"healthy after [bold]{startup_s:.1f}s[/]")

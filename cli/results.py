@@ -123,11 +123,15 @@ def _engine_defaults(study, engine) -> dict[int, str]:
 
 
 def _objectives_text(study, number: int, objectives: list[str]) -> str:
-    """': ttft_p99 300 ms, ...' for a trial with objective values ("" for one without, e.g. failed)."""
-    values = study.trials[number].values
-    if not values:
-        return f" ({study.trials[number].user_attrs.get('status', 'not measured')})"
-    return ": " + ", ".join(f"{o} {fmt_objective(o, v)}" for o, v in zip(objectives, values))
+    """': ttft_p99 300 ms, ...' for a measured trial; ' (its status)' for one that was not (an
+    infeasible trial's values are the sampler's penalties, not measurements)."""
+    from tracetune.tuner.trial_record import TrialRecord
+
+    trial = study.trials[number]
+    record = TrialRecord.of(trial)
+    if not trial.values or not record.measured:
+        return f" ({record.status or 'not measured'}: see below)"
+    return ": " + ", ".join(f"{o} {fmt_objective(o, v)}" for o, v in zip(objectives, trial.values))
 
 
 def _beyond_gate(study, results: dict[int, dict], gate) -> list:

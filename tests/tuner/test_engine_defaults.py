@@ -5,8 +5,10 @@ are real."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.engine_adapter.test_choice import BConfig, _kind
-from tests.reliability.scripted import TRACE, Events, ScriptedRunner
+from tests.reliability.scripted import TRACE, Events, ScriptedRunner, crash
 from tracetune.engine_adapter.choice import choice_of
 from tracetune.engine_adapter.kind import Knob
 from tracetune.engine_adapter.platform import Platform
@@ -27,7 +29,7 @@ parameters:
 """
 
 
-def _tuner(tmp_path, trials: int, configs: list) -> Tuner:
+def _tuner(tmp_path, trials: int, configs: list, b_crashes: bool = False) -> Tuner:
     choice = choice_of([engine_kind("vllm"), _kind("b", BConfig, {"threads": Knob("threads"),
                                                                   "speculative": Knob("spec")}, [])])
     (tmp_path / "trace.jsonl").write_text(TRACE)
@@ -38,6 +40,8 @@ def _tuner(tmp_path, trials: int, configs: list) -> Tuner:
 
     def script(config):
         configs.append(config)
+        if b_crashes and isinstance(config, BConfig):
+            crash()
         return (0.3, 80.0, 0.01) if isinstance(config, BConfig) else (0.4, 60.0, 0.0)
 
     return Tuner(settings, trace=load_trace(tmp_path / "trace.jsonl"), space=load_space(tmp_path / "space.yaml",
@@ -69,7 +73,8 @@ def test_a_resumed_study_does_not_queue_the_defaults_again(tmp_path):
     assert [TrialRecord.of(t).defaults_of for t in study.trials].count("b") == 1
 
 
-def test_the_results_label_the_other_engines_defaults(tmp_path):
+@pytest.mark.parametrize("b_crashes", [False, True])
+def test_the_results_label_the_other_engines_defaults(tmp_path, b_crashes):
     import argparse
     import io
 
@@ -77,11 +82,13 @@ def test_the_results_label_the_other_engines_defaults(tmp_path):
 
     from tracetune.cli.results import report_results
 
-    tuner = _tuner(tmp_path, 3, [])
+    tuner = _tuner(tmp_path, 3, [], b_crashes)
     study = tuner.run()
     out = io.StringIO()
     args = argparse.Namespace(gpu_hour_cost=None, target_rate=None, engine_type="vllm+b")
     report_results(tuner, study, args, Console(file=out, width=120), tmp_path)
     text = out.getvalue()
-    # faster than vLLM's defaults and every vLLM trial (scripted), at a quality cost: on the front
-    assert "0 (B defaults)" in text and "  0 (B defaults): engine=b, threads=2" in text
+    if b_crashes:  # no penalty values shown as if measured
+        assert "B defaults (trial 0): not on the front (engine_failed: see below)" in text
+    else:  # faster than vLLM's defaults and every vLLM trial (scripted), at a quality cost: on the front
+        assert "0 (B defaults)" in text and "  0 (B defaults): engine=b, threads=2" in text
