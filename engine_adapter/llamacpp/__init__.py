@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def kind() -> EngineKind:
     """llama.cpp's `EngineKind`."""
     from tracetune.engine_adapter.kind import EngineKind
-    from tracetune.engine_adapter.llamacpp.binaries import SERVER_IMAGE_TAG
+    from tracetune.engine_adapter.llamacpp.binaries import SERVER_IMAGE_TAG, unavailable
     from tracetune.engine_adapter.llamacpp.deploy import DEPLOYMENT
     from tracetune.engine_adapter.llamacpp.gguf import gguf_checkpoint
     from tracetune.engine_adapter.llamacpp.server import (
@@ -41,4 +41,4 @@ def kind() -> EngineKind:
                       label="llama.cpp", flags=FLAGS, prepare=prepared, make_checkpoint=gguf_checkpoint,
                       api_key_env=API_KEY_ENV, given_api_key=given_api_key, config_diff=config_diff,
                       image="ghcr.io/ggml-org/llama.cpp", image_version=SERVER_IMAGE_TAG,
-                      deployment=DEPLOYMENT)
+                      deployment=DEPLOYMENT, available=unavailable)

@@ -92,3 +92,12 @@ def tool(name: str) -> Path:
 def build_label() -> str:
     """Which build runs (its cache folder's name), for cache keys and logs."""
     return llamacpp_dir().name
+
+
+def unavailable() -> str | None:
+    """Why llama.cpp cannot run on this machine (its build is missing, with how to make it), or None."""
+    try:
+        llamacpp_dir()
+    except InputError as exc:
+        return str(exc)
+    return None

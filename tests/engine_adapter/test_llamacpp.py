@@ -232,3 +232,24 @@ def test_the_api_key_a_config_hands_the_server():
     assert given_api_key(LlamaCppConfig(model=MODEL, extra_args=["--api-key", "k1"])) == "k1"
     assert given_api_key(LlamaCppConfig(model=MODEL, extra_args=["--api-key=k2"])) == "k2"
     assert given_api_key(LlamaCppConfig(model=MODEL, env={"LLAMA_API_KEY": "k3"})) == "k3"
+
+
+def test_a_machine_without_the_build_says_why_and_how_to_make_it(tmp_path, monkeypatch):
+    from tracetune.engine_adapter.llamacpp import binaries
+    from tracetune.engine_adapter.registry import engine_kind
+
+    monkeypatch.setenv("TRACETUNE_LLAMACPP_DIR", str(tmp_path))
+    binaries.llamacpp_dir.cache_clear()
+    try:
+        reason = engine_kind("llamacpp").missing()
+    finally:
+        binaries.llamacpp_dir.cache_clear()
+    assert reason is not None and "install_llamacpp.sh" in reason
+    (tmp_path / "bin").mkdir()
+    for name in binaries.TOOLS:
+        (tmp_path / "bin" / name).write_text("")
+    (tmp_path / "SOURCE").write_text("test")
+    try:
+        assert engine_kind("llamacpp").missing() is None
+    finally:
+        binaries.llamacpp_dir.cache_clear()
