@@ -37,6 +37,11 @@ def config_diff(config: JsonDict, reference: JsonDict, engine: str | None = None
 
 
 def diff_text(diff: Mapping[str, object]) -> str:
+    """What a configuration changes, as one line; another engine's own defaults say so."""
+    if set(diff) == {"engine"}:
+        from tracetune.engine_adapter.registry import engine_kind
+
+        return f"{engine_kind(str(diff['engine'])).shown}'s own defaults (engine={diff['engine']})"
     return ", ".join(f"{k}={v}" for k, v in diff.items()) or "(same as reference)"
 
 
