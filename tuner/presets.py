@@ -51,8 +51,9 @@ def copy_rate(records: Sequence[TraceRecord]) -> float | None:
 
 # vLLM's defaults as search-space values: True/False/None taken as they are, "max" the largest choice
 # (in a space choosing between engines, the engine is vLLM).
-DEFAULT_LIKE = {"engine": "vllm", "max_num_seqs": "max", "max_num_batched_tokens": "max", "enable_chunked_prefill": True,
-                "enable_prefix_caching": True, "speculative": "none", "kv_cache_dtype": "auto", "weight_bits": 16}
+DEFAULT_LIKE = {"engine": "vllm", "max_num_seqs": "max", "max_num_batched_tokens": "max",
+                "enable_chunked_prefill": True, "enable_prefix_caching": True, "speculative": "none",
+                "kv_cache_dtype": "auto", "weight_bits": 16}
 
 
 def near_defaults(space: SearchSpace, changes: dict[str, ParamValue]) -> dict[str, ParamValue]:
