@@ -158,11 +158,26 @@ class ForcedTokens:
         body = {k: v for k, v in body.items() if k != "logit_bias"}
         probs = post(client, endpoint, "/completion", {**body, "n_probs": _WHOLE_VOCABULARY}).get(
             "completion_probabilities") or []
+        if not probs:
+            # The greedy token there is a byte token too (the text is mid-character): force a plain
+            # token instead; the probabilities are the distribution before sampling either way.
+            plain = ForcedTokens._plain_token(client, endpoint)
+            probs = post(client, endpoint, "/completion", {**body, "n_probs": _WHOLE_VOCABULARY,
+                                                           "logit_bias": [[plain, _FORCE_BIAS]]}).get(
+                "completion_probabilities") or []
         every = {t["id"]: t["logprob"] for t in probs[0].get("top_logprobs") or []} if probs else {}
         if token not in every:
             raise EngineError(f"llama-server returned no probabilities at position {len(body['prompt'])} "
                               f"(token {token}): it cannot score this text")
         return {"id": token, "logprob": every[token], "top_logprobs": probs[0]["top_logprobs"][:top_k]}
+
+    @staticmethod
+    def _plain_token(client: httpx.Client, endpoint: Endpoint) -> int:
+        """A token that is a whole character ("a"), whose probabilities the server always returns."""
+        tokens = post(client, endpoint, "/tokenize", {"content": "a"}).get("tokens") or []
+        if not tokens:
+            raise EngineError("llama-server's /tokenize returned no token for 'a'")
+        return int(tokens[0])
 
     def parallel(self, client: httpx.Client, endpoint: Endpoint) -> int:
         """Texts scored at once: one per server slot (each keeps its text's prefix cached)."""

@@ -90,6 +90,21 @@ def test_a_byte_token_the_server_holds_back_is_read_from_the_whole_distribution(
     assert tops == item.reference_top
 
 
+def test_a_byte_token_where_the_greedy_token_is_one_too_is_read_past_a_plain_token(reference_server):
+    reference = measure_reference(_endpoint(reference_server), PROMPTS, max_tokens=5, scoring=FORCED_TOKENS)
+    item = reference.items[0]
+    plain = ord("a") % 40  # the fake's /tokenize of "a"
+    greedy = {t: max(range(40), key=logprobs(prev).__getitem__) for prev, t in zip(item.ids, item.ids[1:])}
+    held = next(t for t, g in greedy.items() if g != t and plain not in (t, g))
+    server = FakeLlamaServer(held_back=frozenset({held, greedy[held]}))  # mid-character: both held back
+    try:
+        chosen, tops = scorer(FORCED_TOKENS).score(httpx.Client(), _endpoint(server), item.ids, item.start)
+    finally:
+        server.close()
+    assert chosen == pytest.approx(item.reference_logprobs)
+    assert tops == item.reference_top
+
+
 def test_texts_are_scored_one_per_slot():
     server = FakeLlamaServer(slots=3)
     try:
