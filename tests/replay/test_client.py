@@ -67,10 +67,18 @@ def test_a_rate_no_client_can_keep_is_a_client_overloaded_verdict_not_engine_err
 
 
 def test_a_rate_the_client_keeps_is_not_overloaded(zero_server):
+    """50 req/s is a rate any client keeps. This suite's other processes share the cores, and of 25
+    requests the lag p99 is the largest: one stall of the machine (10 ms) flags a replay. Three
+    tries, and the verdict must clear in one; a verdict stuck at overloaded fails all three."""
     options = ReplayOptions(warmup_requests=0, request_timeout_s=30)
-    result = replay(zero_server, "zero", prepare(even(50, 25), options), options)
-    summary = summarize(result)
-    assert summary.succeeded == 25 and not summary.client_overloaded and summary.client_errors == 0
+    summaries = []
+    for _ in range(3):
+        summary = summarize(replay(zero_server, "zero", prepare(even(50, 25), options), options))
+        assert summary.succeeded == 25 and summary.client_errors == 0
+        summaries.append(summary)
+        if not summary.client_overloaded:
+            break
+    assert not summaries[-1].client_overloaded, [s.schedule_lag for s in summaries]
 
 
 def test_client_failures_are_counted_apart_from_engine_failures(monkeypatch):
