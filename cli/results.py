@@ -243,12 +243,14 @@ def config_lines(rows: list[dict]) -> list[str]:
 
 def spec_text(stored: Stored | None) -> str:
     """A trial's speculative decoding from its stored engine counters (`EngineMetrics`), compactly: the
-    share of draft tokens accepted and the tokens each verification step yields ("38% x2.1"); "-"
-    without speculation."""
+    share of draft tokens accepted and the tokens each verification step yields ("38% x2.1"); the
+    share alone where the number of drafts is unknown (llama-server reports draft tokens, not
+    drafts: "38%"); "-" without speculation."""
     engine = EngineMetrics.from_dict(stored)
-    if not engine.spec_decode_drafts or not engine.spec_decode_draft_tokens:
+    if not engine.spec_decode_draft_tokens:
         return "-"
-    return f"{engine.spec_decode_acceptance_rate:.0%} x{engine.spec_decode_mean_accepted_length:.1f}"
+    share, length = f"{engine.spec_decode_acceptance_rate:.0%}", engine.spec_decode_mean_accepted_length
+    return share if math.isnan(length) else f"{share} x{length:.1f}"
 
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:

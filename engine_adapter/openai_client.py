@@ -5,21 +5,21 @@ engine check, the replay harness and the quality probes alike. It runs on `http_
 HTTP/1.1 client made for this, because at high request rates a general HTTP library's own overhead
 shows up as latency (measured: benchmarks/harness_ceiling.py). Per event only what the metrics
 need is read: whether it carries output text, and, on the few events that carry them, the finish
-reason and the token usage; the JSON is parsed in full only for those, or when the caller wants the
-text. Timing uses a monotonic clock (`time.perf_counter()` unless a scripted clock is given); a
-failed request is returned as data (`success=False, error=...`, and `client_error=True` when this
-machine, not the server, failed it), never raised, so a replay of thousands of requests survives a
-few bad ones.
+reason, the token usage and llama-server's `timings` (its speculative decoding's draft and accepted
+tokens); the JSON is parsed in full only for those, or when the caller wants the text. Timing uses
+a monotonic clock (`time.perf_counter()` unless a scripted clock is given); a failed request is
+returned as data (`success=False, error=...`, and `client_error=True` when this machine, not the
+server, failed it), never raised, so a replay of thousands of requests survives a few bad ones.
 
 A request succeeds only on an answer that is what it claims to be: HTTP 200, an event stream
 (text/event-stream; a JSON body only where the request asked for no stream) whose events are JSON
 objects of a completion's shape, ended by a finish reason or `[DONE]`, with valid token counts in
-its `usage`, and, when `ignore_eos` forced `max_tokens` tokens, that many tokens or a finish
-reason saying why not. Anything else is that request's failure, its reason starting with one of
-STREAM_FAULTS ("not an OpenAI stream: text/html ...", "truncated stream: 3 of 8 tokens ...").
-The events the fast path reads without parsing are those shaped as an engine's common event (a
-JSON object `{...}` whose text is a string or null, no usage, no finish reason); every other
-event is parsed and checked in full.
+its `usage` (and in llama-server's `timings`), and, when `ignore_eos` forced `max_tokens` tokens,
+that many tokens or a finish reason saying why not. Anything else is that request's failure, its
+reason starting with one of STREAM_FAULTS ("not an OpenAI stream: text/html ...", "truncated
+stream: 3 of 8 tokens ..."). The events the fast path reads without parsing are those shaped as an
+engine's common event (a JSON object `{...}` whose text is a string or null, no usage, no timings,
+no finish reason); every other event is parsed and checked in full.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ ChatMessage = Mapping[str, object]
 MAX_TOKEN_COUNT = 10_000_000
 # How the reason of a request failed by an answer that is not a well-formed OpenAI stream begins.
 STREAM_FAULTS = ("not an OpenAI stream", "malformed SSE event", "SSE line too long", "SSE event too long",
-                 "bad usage", "truncated stream", "ProtocolError")
+                 "bad usage", "bad timings", "truncated stream", "ProtocolError")
 
 
 def stream_fault(error: str) -> bool:
@@ -56,16 +56,17 @@ def stream_fault(error: str) -> bool:
     return error.startswith(STREAM_FAULTS)
 
 
-def token_count(usage: Mapping[str, object], key: str) -> int | None:
-    """`usage[key]` as a token count (None when absent); `BadStream` when it is not a whole number
-    from 0 to MAX_TOKEN_COUNT (a string, a fraction, a negative, an overflow such as 1e400)."""
+def token_count(usage: Mapping[str, object], key: str, what: str = "usage") -> int | None:
+    """`usage[key]` as a token count (None when absent); `BadStream` ("bad {what}: ...") when it is
+    not a whole number from 0 to MAX_TOKEN_COUNT (a string, a fraction, a negative, an overflow such
+    as 1e400). `what` names the object read: "usage", or "timings" for llama-server's counters."""
     value = usage.get(key)
     if value is None:
         return None
     if type(value) is not int:  # noqa: E721 (bool is an int subclass and no token count)
-        raise BadStream(f"bad usage: {key} {json.dumps(value)[:40]} is not a whole number of tokens")
+        raise BadStream(f"bad {what}: {key} {json.dumps(value)[:40]} is not a whole number of tokens")
     if not 0 <= value <= MAX_TOKEN_COUNT:
-        raise BadStream(f"bad usage: {key} {value} is outside 0..{MAX_TOKEN_COUNT:,}")
+        raise BadStream(f"bad {what}: {key} {value} is outside 0..{MAX_TOKEN_COUNT:,}")
     return value
 
 
@@ -95,7 +96,10 @@ class StreamedCompletion:
 
     `chunk_times_s` holds the arrival time of every SSE event that carried output text, relative to
     `send_time_s` (a clock reading). One event may carry several tokens (speculative decoding):
-    token counts come from the server's `usage`, never from counting events.
+    token counts come from the server's `usage`, never from counting events. `draft_tokens` and
+    `accepted_tokens` are the speculative decoding's draft tokens proposed and accepted for this
+    request, as llama-server reports them (`timings.draft_n`, `timings.draft_n_accepted`); None
+    where the server did not report them (vLLM never does; llama-server only when it drafted).
     """
 
     success: bool = False
@@ -108,6 +112,8 @@ class StreamedCompletion:
     output_tokens: int | None = None
     finish_reason: str | None = None
     client_error: bool = False  # failed by this machine (file descriptors, ports), not by the server
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -164,10 +170,10 @@ _QUOTE, _SPACE = ord('"'), ord(" ")
 class EventReader:
     """Reads one streamed completion's SSE payloads into a `StreamedCompletion`.
 
-    The common event (a piece of text, no finish reason, no usage) is read without parsing its
-    JSON: the first bytes of its text say whether it carries output. Events with a finish reason or
-    usage, any event in an unexpected shape, and every event when the text is wanted are parsed in
-    full. Called with the events of one network read at a time.
+    The common event (a piece of text, no finish reason, no usage, no timings) is read without
+    parsing its JSON: the first bytes of its text say whether it carries output. Events with a
+    finish reason, usage or timings, any event in an unexpected shape, and every event when the
+    text is wanted are parsed in full. Called with the events of one network read at a time.
     """
 
     def __init__(self, out: StreamedCompletion, *, chat: bool, t0: float, clock: Callable[[], float],
@@ -197,9 +203,11 @@ class EventReader:
 
     @staticmethod
     def _plain_text(payload: bytes, key: bytes) -> bool | None:
-        """For an event with no usage and no finish reason whose text is a string or null: whether
-        it carries output. None for any other event (it is parsed in full)."""
-        if b'"usage":{' in payload or b'"usage": {' in payload:
+        """For an event with no usage, no timings and no finish reason whose text is a string or null:
+        whether it carries output. None for any other event (it is parsed in full). llama-server puts
+        its `timings` on the last event, or with `timings_per_token` on every one (a text quoting
+        the key cannot match: its quotes are escaped)."""
+        if b'"usage":{' in payload or b'"usage": {' in payload or b'"timings":' in payload:
             return None
         fin = payload.find(b'"finish_reason":')
         if fin >= 0 and not (payload.startswith(b"null", fin + 16) or payload.startswith(b" null", fin + 16)):
@@ -240,6 +248,8 @@ class EventReader:
         if usage:
             self.out.prompt_tokens = token_count(usage, "prompt_tokens")
             self.out.output_tokens = token_count(usage, "completion_tokens")
+        if event.get("timings") is not None:
+            self._timings(event["timings"], what, payload)
         for choice in choices:
             part = (choice.get(message) or {}) if self.chat else choice
             piece = part.get("content" if self.chat else "text") if isinstance(part, dict) else part
@@ -253,6 +263,21 @@ class EventReader:
                     self.on_text(piece)
             if reason:
                 self.out.finish_reason = reason
+
+    def _timings(self, timings: object, what: str, payload: bytes) -> None:
+        """Read llama-server's speculative counters from an event's `timings`: `draft_n` draft tokens
+        proposed, `draft_n_accepted` of them accepted (it writes both only once it has drafted).
+        They are the request's running totals (llama.cpp's slot counts them from the request's
+        start, `server_slot::get_timings`), so the last event that carries them holds the whole
+        request's; a key absent leaves what an earlier event said."""
+        if not isinstance(timings, dict):
+            raise BadStream(f"{what}: 'timings' is not an object: {shown(payload)}")
+        drafted = token_count(timings, "draft_n", "timings")
+        accepted = token_count(timings, "draft_n_accepted", "timings")
+        if drafted is not None:
+            self.out.draft_tokens = drafted
+        if accepted is not None:
+            self.out.accepted_tokens = accepted
 
     def read_body(self, body: bytes, now: float) -> None:
         """A completion answered in one JSON body (the request asked for no stream)."""

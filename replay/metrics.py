@@ -17,6 +17,9 @@ Definitions (per request, successful requests only unless said otherwise):
 - Client overloaded: the replay measured its client, not the engine, when the schedule lag's
   p99 passes `lag_bound_s` or any request failed on the client's side. Such a replay is a
   verdict, not a datum: the tuner and the capacity search never charge it to the engine.
+- Engine counters: the engine's /metrics over the replay; where they count no speculative draft
+  tokens but its answers reported some (llama-server's `timings`), the answers' sums
+  (`with_reported_drafts`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.engine_adapter.openai_client import stream_fault
 from tracetune.errors import InputError
 from tracetune.replay.types import ReplayResult, RequestRecord
@@ -313,6 +317,24 @@ def endpoint_warning(summary: Summary) -> str | None:
             f"root URL of an OpenAI-compatible server (e.g. http://HOST:8000)")
 
 
+def with_reported_drafts(engine: EngineMetrics, records: Sequence[RequestRecord]) -> EngineMetrics:
+    """The engine's counters, with the speculative draft and accepted tokens that its answers
+    reported (`RequestRecord.draft_tokens`, `accepted_tokens`) where its counters hold no draft
+    token: llama-server's /metrics has no speculative counters, its responses do. Where the
+    counters hold some they are kept, never added to (the same tokens twice). How many drafts there
+    were is not reported, so `spec_decode_drafts` stays as counted and the mean accepted length
+    NaN, where the acceptance rate is known."""
+    if engine.spec_decode_draft_tokens > 0:
+        return engine
+    reported = [r for r in records if r.draft_tokens is not None]
+    drafted = sum(r.draft_tokens or 0 for r in reported)
+    if not drafted:
+        return engine
+    accepted = sum(r.accepted_tokens or 0 for r in reported)
+    return dataclasses.replace(engine, spec_decode_draft_tokens=float(drafted),
+                               spec_decode_accepted_tokens=float(accepted))
+
+
 def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) -> Summary:
     records = result.records
     n = len(records)
@@ -350,5 +372,5 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
             value = float(_stat(np.asarray(values), s.stat)) if values else math.nan
             summary.slo_met[str(s)] = bool(value < s.threshold_s)
     if result.engine_delta is not None:
-        summary.engine = result.engine_delta.as_dict()
+        summary.engine = with_reported_drafts(result.engine_delta, records).as_dict()
     return summary

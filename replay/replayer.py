@@ -88,6 +88,7 @@ class Replayer:
             e2e_s=out.e2e_s, itl_s=out.itl_s, prompt_tokens=out.prompt_tokens, output_tokens=out.output_tokens,
             requested_tokens=request.max_tokens, finish_reason=out.finish_reason,
             text=out.text if self.options.keep_text else None, client_error=out.client_error,
+            draft_tokens=out.draft_tokens, accepted_tokens=out.accepted_tokens,
         )
         self.finished.append(record)
         if self.on_record is not None:

@@ -74,6 +74,10 @@ class RequestRecord:
     finish_reason: str | None
     text: str | None = None
     client_error: bool = False  # failed by the client's machine (file descriptors, ports), not the engine
+    # Speculative decoding's draft tokens proposed and accepted for this request, where the server
+    # reported them in its answer (llama-server's `timings`; `StreamedCompletion`); None otherwise.
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -90,8 +94,9 @@ class RequestRecord:
             if data[key] is not None:
                 data[key] = round(data[key], 6)
         data["itl_s"] = [round(gap, 6) for gap in data["itl_s"]]
-        if data["text"] is None:
-            del data["text"]
+        for key in ("text", "draft_tokens", "accepted_tokens"):  # absent unless kept or reported
+            if data[key] is None:
+                del data[key]
         return json.dumps(data)
 
     @classmethod

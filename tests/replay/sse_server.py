@@ -1,7 +1,8 @@
 """An in-process OpenAI-style streaming server for unit tests of the replay machinery.
 
 It answers every request at once with `tokens` single-token SSE events (optionally `gap_s`
-apart) and records arrival times and the peak number of concurrent requests.
+apart) and records arrival times and the peak number of concurrent requests. With `timings`, its
+last event (the usage) carries them, as llama-server's does (`"timings": {..., "draft_n": ...}`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from aiohttp import web
 
 
 class SSEServer:
-    def __init__(self, tokens: int = 3, gap_s: float = 0.0):
+    def __init__(self, tokens: int = 3, gap_s: float = 0.0, timings: dict | None = None):
         self.tokens = tokens
         self.gap_s = gap_s
+        self.timings = timings
         self.arrivals: list[float] = []
         self.bodies: list[dict] = []
         self.in_flight = 0
@@ -40,8 +42,10 @@ class SSEServer:
                 await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
                 if self.gap_s:
                     await asyncio.sleep(self.gap_s)
-            usage = {"prompt_tokens": 7, "completion_tokens": n}
-            await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+            last = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n}}
+            if self.timings is not None:
+                last["timings"] = self.timings
+            await response.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
             await response.write_eof()
             return response
         finally:
