@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tracetune.capacity.step import CapacityResult, Step
     from tracetune.engine_adapter.kind import EngineConfig
     from tracetune.quality.probe import QualityResult
+    from tracetune.replay.acceptance import Acceptance
     from tracetune.replay.metrics import Estimate, Summary
     from tracetune.tuner.reporter import Params
     from tracetune.tuner.trial_record import ParamValue
@@ -109,6 +110,15 @@ class ConsoleReporter(NullReporter):
     def on_quality(self, *, label: str) -> None:
         if self.task is not None:
             self.progress.update(self.task, info="quality probe")
+
+    def on_acceptance(self, *, label: str, done: int, total: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, info=f"acceptance probe {done}/{total}")
+
+    def on_acceptance_done(self, *, label: str, acceptance: Acceptance) -> None:
+        self.print(f"  {label}: {acceptance.words()}")
+        for caveat in acceptance.caveats():
+            self.print(f"  {label}: caveat: {caveat}")
 
     def on_quality_reused(self, *, label: str, trial: int) -> None:
         self.print(f"  {label}: quality as measured for trial {trial} (same weights, precisions, kernels and "

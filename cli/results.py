@@ -11,6 +11,7 @@ from pathlib import Path
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.files import write_atomic
 from tracetune.quality.gate import QualityGate
+from tracetune.replay.acceptance import Acceptance, stored_caveats
 from tracetune.replay.metrics import Summary
 from tracetune.stored import Stored, mapping
 from tracetune.tuner.objectives import OBJECTIVES
@@ -73,7 +74,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
                       reference_feasible=reference_feasible(_summary_of(reference), tuner.settings.slos),
                       beyond_gate=_beyond_gate(study, results, tuner.settings.max_quality_loss),
                       reference_breach=_breach(reference, tuner.settings.slos),
-                      quality_words=_quality_words(results, tuner.settings.max_quality_loss))
+                      quality_words=_quality_words(results, tuner.settings.max_quality_loss),
+                      speculation_words=_speculation_words(results))
     rows = []
     for c in decision.front:
         result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
@@ -91,6 +93,10 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
             console.print(f"  {label} (trial {number}): not on the front{_objectives_text(study, number, objectives)}",
                           highlight=False)
     _print_quality_floor(reference, results, console)
+    for r in rows:
+        if caveats := stored_caveats(r["summary"]):
+            console.print(f"  {r.get('shown') or r['trial']}: acceptance caveat: {caveats}", highlight=False,
+                          markup=False)
     console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
     if decision.dominated_by_reference:
         console.print(f"  vLLM's defaults beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
@@ -203,7 +209,9 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
     has_spec = any(spec_text(r["summary"].get("engine")) != "-" for r in rows)
     if has_spec:
         table.add_column("draft accepted", justify="right")
-        table.caption = "draft accepted: share of draft tokens the model accepted, x tokens per decoding step"
+        table.caption = ("draft accepted: share of draft tokens the model accepted in the replay (forced to "
+                         "the recorded lengths), x tokens per decoding step; nat: with natural stops on the "
+                         "trace's prompts; !: a caveat below")
     for r in rows:
         cells = []
         for objective in objectives:
@@ -223,7 +231,7 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
         if has_units:
             cells.append(units_text(r["quality"]) if r["trial"] != "reference" else "-")
         if has_spec:
-            cells.append(spec_text(r["summary"].get("engine")))
+            cells.append(spec_text(r["summary"].get("engine")) + natural_text(r["summary"]))
         table.add_row("ref" if r["trial"] == "reference" else r.get("shown") or str(r["trial"]), *cells)
     return table
 
@@ -251,6 +259,21 @@ def spec_text(stored: Stored | None) -> str:
         return "-"
     share, length = f"{engine.spec_decode_acceptance_rate:.0%}", engine.spec_decode_mean_accepted_length
     return share if math.isnan(length) else f"{share} x{length:.1f}"
+
+
+def natural_text(summary: Stored | None) -> str:
+    """The acceptance probe's natural-stop figure for the table (", nat 41%", "!" when the trial's
+    acceptance carries a caveat: `replay.acceptance`); "" without a probe."""
+    acceptance = Acceptance.from_dict(mapping(summary).get("acceptance"))
+    if acceptance is None:
+        return ""
+    rate = acceptance.natural.rate
+    return f", nat {'-' if math.isnan(rate) else f'{rate:.0%}'}" + ("!" if acceptance.caveats() else "")
+
+
+def _speculation_words(results: dict[int, JsonDict]) -> dict[int | str, str]:
+    """Why each trial's draft acceptance may not hold on real traffic, for the verdict."""
+    return {n: words for n, r in results.items() if (words := stored_caveats(r.get("summary")))}
 
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:

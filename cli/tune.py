@@ -121,6 +121,10 @@ def _add_trial_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-tokens", type=positive_int, default=tokens, metavar="N",
                    help=f"tokens per probe continuation (default {tokens}; the probe scores ~60k tokens: +-0.3 "
                         "points of perplexity on the bundled model)")
+    accepted = default_of(StudySettings, "acceptance_prompts")
+    p.add_argument("--acceptance-prompts", type=nonnegative_int, default=accepted, metavar="N",
+                   help="a speculative trial's draft acceptance measured again on N trace prompts, with natural "
+                        f"stops and forced to the recorded length, one at a time (default {accepted}; 0: not)")
     p.add_argument("--time-scale", type=positive_float, default=default_of(ReplayOptions, "time_scale"), metavar="F",
                    help="multiply inter-arrival times by F")
     p.add_argument("--max-requests", type=positive_int, metavar="N", help="measure at most N requests per trial")
@@ -404,7 +408,8 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
                          capacity=capacity_options, economics=economics, probe_prompts=args.probe_prompts,
                          patience=args.patience, presets=args.presets, prune=args.prune,
                          warm_start=(_warm_start_url(args, storage), args.warm_start) if args.warm_start else None,
-                         probe_tokens=args.probe_tokens, start_timeout_s=args.start_timeout, timeout_s=args.timeout,
+                         probe_tokens=args.probe_tokens, acceptance_prompts=args.acceptance_prompts,
+                         start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
                          api_key=api_key, client_procs=args.client_procs, trace_sha256=trace_sha256)
 

@@ -40,6 +40,10 @@ class OpenAIEndpointConfig(BaseModel):
         """An endpoint's accelerators are not tracetune's to know: counted as one."""
         return 1
 
+    def speculation(self) -> str:
+        """Whether a running endpoint speculates is not tracetune's to know: "none"."""
+        return "none"
+
 
 class OpenAIEndpoint(HTTPEngine):
     name = "openai"

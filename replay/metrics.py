@@ -230,6 +230,7 @@ class Summary:
     engine: dict[str, float] | None = None
     error_examples: list[str] = dataclasses.field(default_factory=list)
     capacity: Stored | None = None  # capacity.step.CapacityResult.as_dict(), when searched
+    acceptance: Stored | None = None  # replay.acceptance.Acceptance.as_dict(), for a speculative trial
     client_errors: int = 0  # failed by this machine (file descriptors, ports), not by the engine
     client_overloaded: bool = False
     lag_bound_s: float = LAG_BOUND_S
@@ -256,6 +257,8 @@ class Summary:
             out["slo_attainment"] = self.slo_attainment
         if self.capacity is not None:
             out["capacity"] = self.capacity
+        if self.acceptance is not None:
+            out["acceptance"] = self.acceptance
         return out
 
     @classmethod
@@ -267,7 +270,7 @@ class Summary:
 
         goodput = stored.get("goodput_rps")
         attainment = stored.get("slo_attainment")
-        engine, capacity = stored.get("engine"), stored.get("capacity")
+        engine, capacity, acceptance = stored.get("engine"), stored.get("capacity"), stored.get("acceptance")
         return cls(
             requests=count("requests"), succeeded=count("succeeded"), errors=count("errors"),
             error_rate=number(stored.get("error_rate") or 0.0), duration_s=number(stored.get("duration_s")),
@@ -282,6 +285,7 @@ class Summary:
             engine=None if engine is None else {k: number(v) for k, v in mapping(engine).items()},
             error_examples=[text(e) for e in listed(stored.get("error_examples"))],
             capacity=capacity if isinstance(capacity, dict) else None,
+            acceptance=acceptance if isinstance(acceptance, dict) else None,
             client_errors=count("client_errors"), client_overloaded=bool(stored.get("client_overloaded")),
             lag_bound_s=number(stored.get("lag_bound_s", LAG_BOUND_S)), connection_waits=count("connection_waits"),
             connection_limit=count("connection_limit"), stream_faults=count("stream_faults"),

@@ -72,6 +72,7 @@ def prepare(trace: Trace, options: ReplayOptions,
                     f"tokenizer to synthesise prompts (replay against --engine vllm, or convert the trace "
                     f"first with `tune trace convert`)")
             request.prompt = synthesizer.prompt(r.input_length, hash_ids=r.hash_ids, unique_key=index)
+            request.synthesized = True
         if r.sampling is not None:
             request.extra_body.update(r.sampling.model_dump(exclude_none=True))
         out.append(request)

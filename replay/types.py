@@ -52,6 +52,7 @@ class PreparedRequest:
     messages: list[JsonDict] | None = None
     extra_body: JsonDict = dataclasses.field(default_factory=dict)
     input_tokens: float = 0.0  # the trace's input length (estimated from characters for text): picks a level's parts
+    synthesized: bool = False  # its prompt was synthesized to the trace's length, not recorded text
 
 
 @dataclasses.dataclass

@@ -130,6 +130,8 @@ class Decision:
     reference_values: tuple[float, ...] | None = None  # vLLM's defaults, on the front or not
     # the quality gate's word on trials it does not hold within (`quality.gate.GateDecision.text`)
     quality_words: Mapping[Label, str] = dataclasses.field(default_factory=dict)
+    # why a speculative trial's draft acceptance may not hold on real traffic (`replay.acceptance`)
+    speculation_words: Mapping[Label, str] = dataclasses.field(default_factory=dict)
 
     @property
     def reference_is_best(self) -> bool:
@@ -144,7 +146,19 @@ class Decision:
         hold it within, e.g. a study without a gate, the gate's word on it), then, where the gate
         turned down a better trade, that trade and its cost."""
         words = self.quality_words.get(self.best.label) if self.best is not None else None
-        return self._within_gate() + (f" Its quality: {words}." if words else "") + self._beyond_gate_text()
+        return (self._within_gate() + (f" Its quality: {words}." if words else "") + self._speculation_text()
+                + self._beyond_gate_text())
+
+    def _speculation_text(self) -> str:
+        """The caveat on the best trial's speculation, or on other front trials'."""
+        if self.best is not None and (words := self.speculation_words.get(self.best.label)):
+            return (f" Caveat: its speed rests on speculative decoding whose acceptance may not hold on "
+                    f"your traffic: {words}.")
+        others = [label for label in self.trials_on_front if label in self.speculation_words]
+        if not others:
+            return ""
+        return (f" Front trial(s) {', '.join(map(str, others))} speculate on acceptance that may not hold "
+                f"on your traffic (see the table).")
 
     def _within_gate(self) -> str:
         if self.best is None:
@@ -196,7 +210,8 @@ class Decision:
 def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
            directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0,
            beyond_gate: Sequence[BeyondGate] = (), reference_breach: str = "",
-           quality_words: Mapping[Label, str] | None = None) -> Decision:
+           quality_words: Mapping[Label, str] | None = None,
+           speculation_words: Mapping[Label, str] | None = None) -> Decision:
     """The front of the feasible trials and the reference (while it keeps the SLO: `reference_feasible`;
     one that breaks it is neither on the front nor best, and beats no trial that keeps it), and the
     best of it by the deciding objective (ties go to the reference: a change must earn its place).
@@ -204,7 +219,8 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
     reference breaks the SLO, `slo_breach`) shape the verdict's words; `beyond_gate` (trials that broke
     only the quality gate) too: the best of them is named, with its cost, when it beats the
     recommendation by the deciding objective. `quality_words`: the gate's word on the trials it does
-    not hold within (outside, or undecided: their interval reaches both sides), said of the best."""
+    not hold within (outside, or undecided: their interval reaches both sides), said of the best;
+    `speculation_words`: why a trial's draft acceptance may not hold on real traffic."""
     competing = reference if reference is not None and reference_feasible else None
     candidates = ([competing] if competing is not None else []) + list(trials)
     on_front = front(candidates, directions)
@@ -220,7 +236,7 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
                     outside_constraints=outside_constraints,
                     beyond_gate=next((b for b in beyond_gate if b.candidate is turned_down), None),
                     reference_values=reference.values if reference is not None else None,
-                    quality_words=dict(quality_words or {}))
+                    quality_words=dict(quality_words or {}), speculation_words=dict(speculation_words or {}))
 
 
 def _better(a: Candidate, b: Candidate, key: int, direction: str) -> bool:

@@ -24,6 +24,7 @@ from tracetune.quality.probe import (
     quality_key,
 )
 from tracetune.replay import client_procs
+from tracetune.replay.acceptance import measure_acceptance, probe_requests
 from tracetune.replay.metrics import Summary, summarize
 from tracetune.replay.send import prepare, replay
 from tracetune.replay.trace import Trace
@@ -130,6 +131,7 @@ class EngineRunner:
         self._require_served(server, run.phase, run.summary)
         if run.probe is not None and run.quality is None:
             self._probe(server, config, run)
+        self._acceptance(server, config, run)
 
     def _capacity_search(self, server: Engine, config: EngineConfig, run: _Run, start: float,
                          prune: PruneAt | None) -> None:
@@ -155,6 +157,21 @@ class EngineRunner:
         assert run.probe is not None
         run.quality, measured_reference = self._quality(server, config, run.label, run.probe)
         run.reference = run.reference or measured_reference
+
+    def _acceptance(self, server: Engine, config: EngineConfig, run: _Run) -> None:
+        """A speculative configuration's draft acceptance measured again on the trace's prompts, with
+        natural stops and forced to the recorded lengths (`replay.acceptance`), kept in its summary."""
+        n = self.settings.acceptance_prompts
+        if config.speculation() == "none" or n <= 0:
+            return
+        run.phase = "acceptance probe"
+        requests = probe_requests(self.requests, n, self.settings.acceptance_tokens)
+        acceptance = measure_acceptance(
+            server, requests, timeout_s=self.settings.replay.request_timeout_s,
+            on_prompt=lambda done, total: self.reporter.on_acceptance(label=run.label, done=done, total=total))
+        assert run.summary is not None
+        run.summary.acceptance = acceptance.as_dict()
+        self.reporter.on_acceptance_done(label=run.label, acceptance=acceptance)
 
     def _quality(self, server: Engine, config: EngineConfig, label: str,
                  probe: QualityProbe) -> tuple[QualityResult, Reference | None]:

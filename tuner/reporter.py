@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from tracetune.capacity.step import CapacityResult, Step
     from tracetune.engine_adapter.kind import EngineConfig
     from tracetune.quality.probe import QualityResult
+    from tracetune.replay.acceptance import Acceptance
     from tracetune.replay.metrics import Estimate, Summary
     from tracetune.tuner.trial_record import ParamValue
 
@@ -98,6 +99,13 @@ class Reporter(Protocol):
         return None
 
     def on_probe_noisy(self, *, label: str, kld: Estimate | None, beyond: dict[str, Estimate] | None) -> None:
+        return None
+
+    def on_acceptance(self, *, label: str, done: int, total: int) -> None:
+        """The acceptance probe of a speculative trial (`replay.acceptance`): `done` of `total` prompts."""
+        return None
+
+    def on_acceptance_done(self, *, label: str, acceptance: Acceptance) -> None:
         return None
 
     def replay_progress(self, done: int, total: int, in_flight: int) -> None:

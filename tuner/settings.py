@@ -32,6 +32,11 @@ class StudySettings:
     economics: dict[str, float] = dataclasses.field(default_factory=dict)
     probe_prompts: int = 64  # why 64 x 1024: docs/quality.md, "Probe size"
     probe_tokens: int = 1024
+    # A speculative trial's acceptance measured again, natural stops against forced lengths
+    # (`replay.acceptance`): on this many of the trace's prompts (0: not measured), each at most
+    # `acceptance_tokens` output tokens.
+    acceptance_prompts: int = 8
+    acceptance_tokens: int = 256
     start_timeout_s: float = 900.0
     timeout_s: float | None = None
     patience: int | None = None  # stop once the front is unchanged for this many counted trials in a row

@@ -70,6 +70,10 @@ class LlamaCppConfig(BaseModel):
         """One replica: llama-server on this machine's CPU (or one GPU)."""
         return 1
 
+    def speculation(self) -> str:
+        """"draft_model" with a draft, else "none" (the only method tracetune runs on llama.cpp)."""
+        return "none" if self.draft_model is None else "draft_model"
+
     def weights_file(self) -> Path:
         """The GGUF it serves: the explicit one, or where the model's `weights` GGUF is cached."""
         return Path(self.gguf) if self.gguf is not None else gguf_path(self.model, self.weights)

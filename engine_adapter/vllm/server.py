@@ -122,6 +122,10 @@ class VLLMConfig(BaseModel):
     def name(self) -> str:
         return self.served_model_name or Path(self.model).name
 
+    def speculation(self) -> str:
+        """Its speculative method ("none", "ngram", "draft_model")."""
+        return self.speculative.method
+
     def gpus(self) -> int:
         """Accelerators one replica of this config occupies (tensor x pipeline parallel, from
         `tensor_parallel_size` or `extra_args`; 1 when neither is set)."""

@@ -30,6 +30,9 @@ class AConfig(BaseModel):
     def gpus(self) -> int:
         return 1
 
+    def speculation(self) -> str:
+        return self.speculative
+
 
 class BConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -40,6 +43,9 @@ class BConfig(BaseModel):
 
     def gpus(self) -> int:
         return 0
+
+    def speculation(self) -> str:
+        return self.speculative
 
 
 class FakeEngine:

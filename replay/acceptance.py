@@ -1,0 +1,264 @@
+"""Where a speculative configuration's draft acceptance comes from.
+
+A replay forces every output to its recorded length (ignore-EOS), and a model made to go on past
+its natural end repeats itself: drafts look perfect there. Prompts synthesized to a trace's token
+counts are not the text users send either. So a speculative trial's acceptance is measured again on
+the trace's own prompts, one request at a time, greedy, twice per prompt:
+
+- natural: stopped where the model stops (its end-of-sequence), up to the recorded length;
+- forced: ignore-EOS, the recorded length, as the replay sends it.
+
+Greedy decoding is deterministic and speculation lossless, so the forced output begins with the
+natural one: what the forced pass drafted and accepted beyond the natural pass is what speculation
+did past the natural end. Draft counts come from the response where the engine reports them
+(llama.cpp's `timings`), else from its counters read before and after each request (vLLM's
+`spec_decode_*`). `Acceptance.caveats` says when the figure a trial carries rests mostly on tokens
+past the natural end, on synthesized prompts, or on too few draft tokens to say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from tracetune.replay.types import PreparedRequest
+
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.base import Engine
+    from tracetune.engine_adapter.metrics import EngineMetrics
+    from tracetune.engine_adapter.openai_client import Session, StreamedCompletion
+
+# Past this share of the accepted draft tokens after the natural end, or of the prompts synthesized,
+# the acceptance rests "mostly" on text users never produce.
+MOSTLY = 0.5
+# Fewer natural-stop draft tokens than this, and the natural acceptance is too noisy to stand for the
+# trial (a binomial share of 32 has a 95% interval of about +-17 points).
+MIN_DRAFTED = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """One pass over the probe's prompts: output tokens, draft tokens proposed and accepted, the
+    drafts (verification steps that drafted; 0 where the engine does not count them) and each
+    request's time per output token."""
+
+    tokens: int = 0
+    drafted: float = 0.0
+    accepted: float = 0.0
+    drafts: float = 0.0
+    tpot_s: tuple[float, ...] = ()
+
+    @property
+    def rate(self) -> float:
+        """Accepted over proposed draft tokens; NaN when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted > 0 else math.nan
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens one verification step yields (1 + accepted per draft): the most speculation can
+        speed decoding up by; NaN where the engine does not count drafts."""
+        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else math.nan
+
+    @property
+    def tpot_p50_s(self) -> float:
+        return statistics.median(self.tpot_s) if self.tpot_s else math.nan
+
+    def plus(self, tokens: int, drafted: float, accepted: float, drafts: float, tpot_s: float | None) -> Pass:
+        return Pass(self.tokens + tokens, self.drafted + drafted, self.accepted + accepted, self.drafts + drafts,
+                    self.tpot_s + ((tpot_s,) if tpot_s is not None else ()))
+
+    def as_dict(self) -> dict[str, object]:
+        return {"tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted, "drafts": self.drafts,
+                "tpot_s": list(self.tpot_s)}
+
+    @classmethod
+    def from_dict(cls, stored: object) -> Pass:
+        data = stored if isinstance(stored, Mapping) else {}
+        tpots = data.get("tpot_s")
+        return cls(tokens=int(_number(data.get("tokens"))), drafted=_number(data.get("drafted")),
+                   accepted=_number(data.get("accepted")), drafts=_number(data.get("drafts")),
+                   tpot_s=tuple(_number(t) for t in tpots) if isinstance(tpots, list) else ())
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Acceptance:
+    """The acceptance probe of one speculative configuration: `prompts` measured (`recorded` of them
+    the trace's own text, the rest synthesized to its lengths; `ended` stopped by the model before
+    their recorded length), each once forced and once with natural stops; `failed` dropped."""
+
+    prompts: int
+    recorded: int
+    ended: int
+    forced: Pass
+    natural: Pass
+    failed: int = 0
+
+    @property
+    def past_end_tokens(self) -> int:
+        """Output tokens the forced pass generated after the model's natural end."""
+        return max(0, self.forced.tokens - self.natural.tokens)
+
+    @property
+    def past_end_share(self) -> float:
+        """Of the draft tokens the forced pass accepted, the share accepted past the natural end;
+        NaN when it accepted none."""
+        if self.forced.accepted <= 0:
+            return math.nan
+        return min(1.0, max(0.0, (self.forced.accepted - self.natural.accepted) / self.forced.accepted))
+
+    @property
+    def past_end_rate(self) -> float:
+        """Acceptance on the tokens past the natural end alone; NaN when none were drafted there."""
+        drafted = self.forced.drafted - self.natural.drafted
+        return (self.forced.accepted - self.natural.accepted) / drafted if drafted > 0 else math.nan
+
+    @property
+    def synthesized(self) -> int:
+        return self.prompts - self.recorded
+
+    def caveats(self) -> list[str]:
+        """Why this acceptance does not stand for the user's traffic ([] when it does)."""
+        out = []
+        share = self.past_end_share
+        if not math.isnan(share) and share > MOSTLY:
+            out.append(f"{share:.0%} of the accepted draft tokens came after the model's natural end (forced "
+                       f"by ignore-EOS); with natural stops {_percent(self.natural.rate)} were accepted, "
+                       f"against {_percent(self.forced.rate)} forced")
+        if self.prompts and self.synthesized / self.prompts > MOSTLY:
+            out.append(f"measured on prompts synthesized to the trace's lengths ({self.synthesized} of "
+                       f"{self.prompts}), not text users sent: record prompts (`tune record`) to measure it")
+        if self.natural.drafted < MIN_DRAFTED:
+            out.append(f"with natural stops only {self.natural.drafted:.0f} draft tokens were proposed "
+                       f"(fewer than {MIN_DRAFTED}): too few to measure acceptance")
+        return out
+
+    def words(self) -> str:
+        """One line: acceptance natural against forced, and where it came from."""
+        return (f"draft tokens accepted {_percent(self.natural.rate)} with natural stops, "
+                f"{_percent(self.forced.rate)} forced to the recorded lengths ({self.ended} of {self.prompts} "
+                f"prompts ended early; {_percent(self.past_end_share)} of accepted tokens past the end); "
+                f"{self.recorded} of {self.prompts} prompts recorded text")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"prompts": self.prompts, "recorded": self.recorded, "ended": self.ended, "failed": self.failed,
+                "forced": self.forced.as_dict(), "natural": self.natural.as_dict(),
+                "natural_rate": self.natural.rate, "forced_rate": self.forced.rate,
+                "past_end_share": self.past_end_share, "caveats": self.caveats()}
+
+    @classmethod
+    def from_dict(cls, stored: object) -> Acceptance | None:
+        """As `as_dict` stored it (the rates and caveats are derived again); None for no probe."""
+        if not isinstance(stored, Mapping) or "forced" not in stored:
+            return None
+        return cls(prompts=int(_number(stored.get("prompts"))), recorded=int(_number(stored.get("recorded"))),
+                   ended=int(_number(stored.get("ended"))), failed=int(_number(stored.get("failed"))),
+                   forced=Pass.from_dict(stored.get("forced")), natural=Pass.from_dict(stored.get("natural")))
+
+
+def _percent(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
+def probe_requests(requests: Sequence[PreparedRequest], n: int, max_tokens: int) -> list[PreparedRequest]:
+    """`n` of the replay's requests with distinct prompts, evenly spaced over the trace (so recorded
+    and synthesized text, short and long, appear as often as in it), each capped at `max_tokens`
+    output tokens."""
+    distinct: dict[str, PreparedRequest] = {}
+    for request in requests:
+        key = request.prompt if request.prompt is not None else repr(request.messages)
+        distinct.setdefault(key, request)
+    chosen = list(distinct.values())
+    if len(chosen) > n:
+        chosen = [chosen[round(i * (len(chosen) - 1) / max(1, n - 1))] for i in range(n)] if n > 1 else chosen[:1]
+    return [dataclasses.replace(r, max_tokens=min(r.max_tokens, max_tokens), extra_body={}) for r in chosen]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Observed:
+    """One request of the probe: its output tokens, how it ended, draft counts, TPOT."""
+
+    ok: bool
+    tokens: int
+    stopped: bool  # the model ended it (finish reason "stop"), not the length
+    drafted: float
+    accepted: float
+    drafts: float
+    tpot_s: float | None
+
+
+async def _counted(engine: Engine, before: EngineMetrics, tokens: int, wait_s: float = 2.0) -> EngineMetrics:
+    """The engine's counters since `before`, once they count the request's `tokens` (an engine may
+    publish a step's counters a moment after the response ends; waited for up to `wait_s`)."""
+    deadline = time.monotonic() + wait_s
+    counted = engine.metrics().delta(before)
+    counts = before.generation_tokens > 0 or counted.generation_tokens > 0  # it counts tokens at all
+    while counts and counted.generation_tokens < tokens and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        counted = engine.metrics().delta(before)
+    return counted
+
+
+async def _observe(engine: Engine, session: Session, request: PreparedRequest, forced: bool,
+                   timeout_s: float) -> _Observed:
+    before = engine.metrics()
+    out: StreamedCompletion = await engine.stream(
+        session, prompt=request.prompt, messages=request.messages, max_tokens=request.max_tokens,
+        ignore_eos=forced, temperature=0.0, keep_text=False, timeout_s=timeout_s)
+    tokens = out.output_tokens or 0
+    if out.draft_tokens is not None:  # the response says (llama.cpp); its counters do not
+        drafted, accepted, drafts = float(out.draft_tokens), float(out.accepted_tokens or 0), 0.0
+    else:
+        counted = await _counted(engine, before, tokens)
+        drafted, accepted, drafts = (counted.spec_decode_draft_tokens, counted.spec_decode_accepted_tokens,
+                                     counted.spec_decode_drafts)
+    tpot = (out.e2e_s - out.ttft_s) / (tokens - 1) if out.success and out.ttft_s is not None and tokens > 1 else None
+    return _Observed(out.success and tokens > 0, tokens, out.finish_reason == "stop", drafted, accepted, drafts,
+                     tpot)
+
+
+def measure_acceptance(engine: Engine, requests: Sequence[PreparedRequest], *, timeout_s: float = 600.0,
+                       on_prompt: Callable[[int, int], None] | None = None) -> Acceptance:
+    """Each of `requests` (`probe_requests`) once with natural stops and once forced, one at a
+    time on the started `engine`; `on_prompt(done, total)` after each prompt."""
+    from tracetune.engine_adapter.openai_client import new_session
+
+    async def run() -> Acceptance:
+        result = Acceptance(prompts=0, recorded=0, ended=0, forced=Pass(), natural=Pass())
+        async with new_session(timeout_s=timeout_s) as session:
+            for done, request in enumerate(requests, 1):
+                natural = await _observe(engine, session, request, False, timeout_s)
+                forced = await _observe(engine, session, request, True, timeout_s)
+                result = _added(result, request, natural, forced)
+                if on_prompt:
+                    on_prompt(done, len(requests))
+        return result
+
+    return asyncio.run(run())
+
+
+def _added(result: Acceptance, request: PreparedRequest, natural: _Observed, forced: _Observed) -> Acceptance:
+    """`result` with one prompt's pair of passes (a prompt with a failed pass is counted as failed)."""
+    if not (natural.ok and forced.ok):
+        return dataclasses.replace(result, failed=result.failed + 1)
+    ended = natural.stopped and natural.tokens < forced.tokens
+    return dataclasses.replace(
+        result, prompts=result.prompts + 1, recorded=result.recorded + (not request.synthesized),
+        ended=result.ended + ended,
+        natural=result.natural.plus(natural.tokens, natural.drafted, natural.accepted, natural.drafts, natural.tpot_s),
+        forced=result.forced.plus(forced.tokens, forced.drafted, forced.accepted, forced.drafts, forced.tpot_s))
+
+
+def stored_caveats(summary: object) -> str:
+    """A stored summary's acceptance caveats in one line ('' when it has no probe, or none)."""
+    stored = summary.get("acceptance") if isinstance(summary, Mapping) else None
+    acceptance = Acceptance.from_dict(stored)
+    return "; ".join(acceptance.caveats()) if acceptance is not None else ""
