@@ -142,11 +142,12 @@ class Acceptance:
         return out
 
     def words(self) -> str:
-        """One line: acceptance natural against forced, and where it came from."""
+        """One line: acceptance and TPOT natural against forced, and where they came from."""
         return (f"draft tokens accepted {_percent(self.natural.rate)} with natural stops, "
                 f"{_percent(self.forced.rate)} forced to the recorded lengths ({self.ended} of {self.prompts} "
                 f"prompts ended early; {_percent(self.past_end_share)} of accepted tokens past the end); "
-                f"{self.recorded} of {self.prompts} prompts recorded text")
+                f"TPOT p50 one request at a time {_ms(self.natural.tpot_p50_s)} natural, "
+                f"{_ms(self.forced.tpot_p50_s)} forced; {self.recorded} of {self.prompts} prompts recorded text")
 
     def as_dict(self) -> dict[str, object]:
         return {"prompts": self.prompts, "recorded": self.recorded, "ended": self.ended, "failed": self.failed,
@@ -166,6 +167,10 @@ class Acceptance:
 
 def _percent(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.0%}"
+
+
+def _ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
 
 
 def probe_requests(requests: Sequence[PreparedRequest], n: int, max_tokens: int) -> list[PreparedRequest]:

@@ -77,7 +77,7 @@ def mini_study(tmp_path_factory, default_model):
     space.write_text(MINI_SPACE)
     args = ["--trace", str(ROOT / "examples" / "traffic.jsonl"), "--space", str(space), "--trials", "3",
             "--study", "mini", "--run-dir", str(run_dir), "--max-requests", "6", "--warmup", "1",
-            "--probe-prompts", "4", "--probe-tokens", "16", "--sampler", "random",
+            "--probe-prompts", "4", "--probe-tokens", "16", "--sampler", "random", "--acceptance-prompts", "2",
             "--try", '{"weight_bits": 16, "speculative": "ngram", "num_speculative_tokens": 3, "kv_cache_space_gib": 2.0}',
             "--try", '{"weight_bits": 16, "speculative": "none", "kv_cache_space_gib": 0.0001}',
             "--try", '{"weight_bits": 8, "speculative": "none", "kv_cache_space_gib": 2.0}']

@@ -1,7 +1,8 @@
 """llama.cpp's engine against a real llama-server (the cached build of scripts/install_llamacpp.sh)
 on the bundled model: one server (F16, 2 slots, q8_0 K cache) shared by the contract checks, exact
 token counts, its knobs as applied, its prompt cache and its reset; a setting the server does not
-apply refused at start; and no server left when the process that started it is SIGKILLed."""
+apply refused at start; no server left when the process that started it is SIGKILLed; and, on a
+second server with a draft, speculation counted per response and probed with natural stops."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from tests.integration.test_vllm_cpu import alive, descendants
 from tracetune.engine_adapter.llamacpp.server import LlamaCppConfig, LlamaServer
 from tracetune.engine_adapter.openai_client import new_session
 from tracetune.errors import EngineError
+from tracetune.replay.acceptance import measure_acceptance
+from tracetune.replay.types import PreparedRequest
 
 pytestmark = pytest.mark.integration
 # ~150 tokens, sent twice: the second time its slot's cache serves all but the last.
@@ -111,6 +114,30 @@ def test_no_server_survives_a_killed_parent(default_model, tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+QUESTIONS = ["Name the three primary colors.", "What is the capital of France?"]
+
+
+def test_drafts_are_counted_per_response_and_probed_with_natural_stops(default_model, tmp_path):
+    """A real draft (the model's own Q8_0 GGUF): llama-server reports its draft tokens in each
+    response's timings, and the acceptance probe tells the model's natural end from the forced length."""
+    server = LlamaServer(tmp_path)
+    server.launch(LlamaCppConfig(model=default_model, draft_model="derived:Q8_0", draft_max=4), timeout_s=300)
+    try:
+        out = send(server, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=48, ignore_eos=True)
+        assert out.success and out.output_tokens == 48, out.error
+        assert out.draft_tokens and 0 < (out.accepted_tokens or 0) <= out.draft_tokens
+        requests = [PreparedRequest(index=i, id=None, scheduled_s=0.0, max_tokens=96,
+                                    messages=[{"role": "user", "content": q}]) for i, q in enumerate(QUESTIONS)]
+        acceptance = measure_acceptance(server, requests, timeout_s=120)
+    finally:
+        server.stop()
+    assert acceptance.prompts == 2 and acceptance.failed == 0 and acceptance.recorded == 2
+    assert acceptance.ended >= 1 and acceptance.natural.tokens < acceptance.forced.tokens == 2 * 96
+    assert 0 < acceptance.natural.drafted < acceptance.forced.drafted
+    assert 0 < acceptance.natural.accepted <= acceptance.forced.accepted
+    assert acceptance.past_end_tokens > 0 and len(acceptance.natural.tpot_s) == 2
 
 
 def test_stops(engine):

@@ -52,6 +52,11 @@ def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
     assert q8["kld"]["ci_low"] > spec["kld"]["ci_high"]
     assert q8["nll_delta_per_token"]["ci_low"] < q8["nll_delta_per_token"]["ci_high"]
     assert rows[0]["engine"]["spec_decode_draft_tokens"] > 0
+    # Its acceptance measured again with natural stops beside forced lengths, on 2 of the trace's prompts.
+    acceptance = rows[0]["summary"]["acceptance"]
+    assert acceptance["prompts"] == 2 and acceptance["recorded"] == 2 and acceptance["failed"] == 0
+    assert acceptance["forced"]["drafted"] > 0 and acceptance["forced"]["tokens"] >= acceptance["natural"]["tokens"]
+    assert "draft tokens accepted" in " ".join(study[2].stdout.split())
     assert "W8A8" in rows[2]["config"]["model"]
 
 

@@ -143,3 +143,9 @@ def test_the_results_table_shows_the_natural_figure_and_marks_a_caveat():
     words = _speculation_words({3: {"summary": {"acceptance": caveated}}, 4: {"summary": {"acceptance": clean}},
                                 5: {"summary": None}})
     assert list(words) == [3] and "natural end" in words[3]
+
+
+def test_its_words_say_acceptance_and_tpot_both_ways():
+    words = measure_acceptance(ScriptedEngine(end=32, before=0.25, after=1.0), requests(4)).words()
+    assert "accepted 25% with natural stops, 81% forced" in words and "4 of 4 prompts ended early" in words
+    assert "TPOT p50 one request at a time 10 ms natural, 10 ms forced" in words and "4 of 4 prompts recorded" in words
