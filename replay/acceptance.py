@@ -10,10 +10,11 @@ the trace's own prompts, one request at a time, greedy, twice per prompt:
 
 Greedy decoding is deterministic and speculation lossless, so the forced output begins with the
 natural one: what the forced pass drafted and accepted beyond the natural pass is what speculation
-did past the natural end. Draft counts come from the response where the engine reports them
-(llama.cpp's `timings`), else from its counters read before and after each request (vLLM's
-`spec_decode_*`). `Acceptance.caveats` says when the figure a trial carries rests mostly on tokens
-past the natural end, on synthesized prompts, or on too few draft tokens to say.
+did past the natural end. Draft counts come from the engine's counters read before and after each
+request (`spec_decode_*`: vLLM's and llama-server's), else from the response where the engine
+reports them there alone (llama.cpp's `timings`). `Acceptance.caveats` says when the figure a
+trial carries rests mostly on tokens past the natural end, on synthesized prompts, or on too few
+draft tokens to say.
 """
 
 from __future__ import annotations
@@ -219,12 +220,11 @@ async def _observe(engine: Engine, session: Session, request: PreparedRequest, f
         session, prompt=request.prompt, messages=request.messages, max_tokens=request.max_tokens,
         ignore_eos=forced, temperature=0.0, keep_text=False, timeout_s=timeout_s)
     tokens = out.output_tokens or 0
-    if out.draft_tokens is not None:  # the response says (llama.cpp); its counters do not
+    counted = await _counted(engine, before, tokens)
+    drafted, accepted, drafts = (counted.spec_decode_draft_tokens, counted.spec_decode_accepted_tokens,
+                                 counted.spec_decode_drafts)
+    if not drafted and out.draft_tokens is not None:  # the response says what the counters do not
         drafted, accepted, drafts = float(out.draft_tokens), float(out.accepted_tokens or 0), 0.0
-    else:
-        counted = await _counted(engine, before, tokens)
-        drafted, accepted, drafts = (counted.spec_decode_draft_tokens, counted.spec_decode_accepted_tokens,
-                                     counted.spec_decode_drafts)
     tpot = (out.e2e_s - out.ttft_s) / (tokens - 1) if out.success and out.ttft_s is not None and tokens > 1 else None
     return _Observed(out.success and tokens > 0, tokens, out.finish_reason == "stop", drafted, accepted, drafts,
                      tpot)
