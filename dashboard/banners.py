@@ -1,6 +1,7 @@
 """The banners above the Pareto and Export pages: the quality probe too noisy, a study run without a
 gate (and how the default gate judges its front, from the intervals), and the verdict: vLLM's
-defaults winning, nothing meeting the SLO (by how much), the best trade the gate turned down."""
+defaults winning, nothing meeting the SLO (by how much), the best trade the gate turned down, a best
+or front trial whose speculation's acceptance may not hold on real traffic."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import streamlit as st
 
 from tracetune.dashboard import data, judged
 from tracetune.quality.gate import random_weights
+from tracetune.tuner.front import Decision
 
 
 def on_random_weights(study: data.StudyView) -> bool:
@@ -30,9 +32,16 @@ def _gate_off(study: data.StudyView) -> None:
                   "every front trial is within it."), icon=":material/report:")
 
 
+def _speculation_caveat(decision: Decision) -> bool:
+    """The verdict says a caveat on the speculation of the best trial or of a front trial."""
+    labels = ([decision.best.label] if decision.best is not None else []) + decision.trials_on_front
+    return any(label in decision.speculation_words for label in labels)
+
+
 def verdict(study: data.StudyView) -> None:
     """The quality probe when it is too noisy; the missing gate; the verdict (vLLM's defaults winning,
-    nothing meeting the SLO, the best trade the gate turned down), and which trials the defaults beat."""
+    nothing meeting the SLO, the best trade the gate turned down, a caveat on a best or front trial's
+    speculation), and which trials the defaults beat."""
     check = study.quality_check
     if "too noisy" in check:
         st.warning(check[:1].upper() + check[1:], icon=":material/blur_on:")
@@ -45,7 +54,7 @@ def verdict(study: data.StudyView) -> None:
         st.error(decision.verdict()[:1].upper() + decision.verdict()[1:], icon=":material/block:")
     elif decision.reference_is_best:
         st.warning(decision.verdict()[:1].upper() + decision.verdict()[1:], icon=":material/star:")
-    elif decision.beyond_gate is not None:
+    elif decision.beyond_gate is not None or _speculation_caveat(decision):
         st.warning("Verdict: " + decision.verdict(), icon=":material/report:")
     if decision.dominated_by_reference:
         beaten = [study.trial(n) for n in decision.dominated_by_reference if isinstance(n, int)]

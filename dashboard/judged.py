@@ -1,7 +1,8 @@
 """The decisions a study view carries beyond its stored numbers: the quality gate read from intervals
-(`quality.gate.QualityGate.decide`) on studies stored before the gate read them, and vLLM's defaults
-marked as breaking the SLO (`tuner.front.slo_breach`) when they do. No Streamlit; `dashboard.data`
-calls these on its views (typed here by the few fields they touch)."""
+(`quality.gate.QualityGate.decide`) on studies stored before the gate read them, vLLM's defaults
+marked as breaking the SLO (`tuner.front.slo_breach`) when they do, and the words the verdict says of
+a trial (its quality, its speculation's caveats). No Streamlit; `dashboard.data` calls these on its
+views (typed here by the few fields they touch)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class Judged(Protocol):
     @property
     def measured(self) -> bool: ...
 
+    @property
+    def speculation_caveats(self) -> list[str]: ...
+
 
 def gate_phrase(decision: GateDecision | None) -> str:
     """How a trial not within the gate stands before the gate's name: "outside", or "undecided
@@ -53,6 +57,13 @@ def quality_words(trials: Iterable[Judged], gate_words: str) -> dict[int | str, 
     size that would decide it), for the verdict (`tuner.front.Decision.quality_words`)."""
     return {t.number: t.gate_decision.text(gate_words) for t in trials
             if t.gate_decision is not None and t.gate_decision.measured is not None and not t.gate_decision.within}
+
+
+def speculation_words(trials: Iterable[Judged]) -> dict[int | str, str]:
+    """Why each measured trial's draft acceptance may not hold on real traffic, its caveats in one line
+    as `replay.acceptance.stored_caveats` joins them, for the verdict (`tuner.front.Decision.speculation_words`,
+    as `tune` passes them)."""
+    return {t.number: "; ".join(t.speculation_caveats) for t in trials if t.measured and t.speculation_caveats}
 
 
 def breach(reference: StoredReference | None, slos: Sequence[SLO], feasible: bool) -> str:

@@ -12,6 +12,7 @@ from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
 from tracetune.quality.probe import QualityResult, StoredQuality
+from tracetune.replay.acceptance import Acceptance
 from tracetune.replay.metrics import SLO, Estimate, Summary
 from tracetune.tuner.objectives import OBJECTIVE_METRICS, Direction, Metric, Run
 
@@ -28,6 +29,12 @@ def _cost(run: Run) -> float | None:  # added by `dashboard.data.with_costs`, fr
     return cap.usd_per_1m_output_tokens if cap else None
 
 
+def _natural_rate(run: Run) -> float | None:
+    """Draft acceptance with natural stops on the trace's prompts (`replay.acceptance`; None: no probe)."""
+    acceptance = Acceptance.from_dict(run.summary.acceptance)
+    return acceptance.natural.rate if acceptance is not None else None
+
+
 def _quality(name: str) -> Callable[[Run], Estimate | None]:
     return lambda run: getattr(run.quality, name) if run.quality else None
 
@@ -41,6 +48,8 @@ EXTRA_METRICS: tuple[Metric, ...] = (
     # tokens per verification step (speculative decoding)
     Metric("spec_accepted_length", Direction.MAXIMIZE, "mean accepted length (tokens per step)",
            lambda run: speculation(run.engine)[1]),
+    # the acceptance probe's: stopped where the model stops, not forced to the recorded lengths as the replay is
+    Metric("spec_natural_rate", Direction.MAXIMIZE, "acceptance, natural stops", _natural_rate),
     Metric("capacity_scale", Direction.MAXIMIZE, "capacity_scale (x the trace's rate at the SLO)", _capacity_scale),
     Metric("usd_per_1m_output_tokens", Direction.MINIMIZE, "$ per 1M output tokens at capacity", _cost),
     # quality in the units quantization is judged by (quality.probe), vs the reference

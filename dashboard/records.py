@@ -1,4 +1,5 @@
-"""A trial's request records, for the drill-down: latency CDFs, the request timeline, engine counters."""
+"""A trial's request records, for the drill-down: latency CDFs, the request timeline, engine counters,
+its speculation's acceptance probe."""
 
 from __future__ import annotations
 
@@ -77,3 +78,26 @@ def engine_counters(trial: TrialView) -> dict[str, float | None]:
 _COUNTERS = ("prefix_cache_hit_rate", "prefix_cache_hits", "prefix_cache_queries", "spec_decode_acceptance_rate",
              "spec_decode_mean_accepted_length", "spec_decode_drafts", "spec_decode_accepted_tokens",
              "spec_decode_draft_tokens", "preemptions", "prompt_tokens", "generation_tokens")
+
+
+def acceptance_figures(trial: TrialView) -> dict[str, float | int | None] | None:
+    """The acceptance probe's figures (`replay.acceptance`; None without one): draft acceptance with
+    natural stops beside forced to the recorded lengths (as the replay sends them), the draft tokens
+    each rests on, the share of accepted draft tokens past the model's natural end, and how many probe
+    prompts were recorded text, synthesized, and ended by the model early. A rate with nothing drafted
+    is None."""
+    acceptance = trial.acceptance
+    if acceptance is None:
+        return None
+
+    def rate(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
+    return {
+        "natural_rate": rate(acceptance.natural.rate), "forced_rate": rate(acceptance.forced.rate),
+        "natural_accepted": acceptance.natural.accepted, "natural_drafted": acceptance.natural.drafted,
+        "forced_accepted": acceptance.forced.accepted, "forced_drafted": acceptance.forced.drafted,
+        "past_end_share": rate(acceptance.past_end_share),
+        "prompts": acceptance.prompts, "recorded": acceptance.recorded, "synthesized": acceptance.synthesized,
+        "ended": acceptance.ended,
+    }

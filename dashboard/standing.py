@@ -96,7 +96,8 @@ def mark_front(study: StudyView) -> None:
                             study.directions, reference_feasible=ref_ok, beyond_gate=beyond,
                             outside_constraints=sum(t.category == "infeasible" for t in study.trials),
                             reference_breach=judged.breach(study.reference, study.parsed_slos, ref_ok),
-                            quality_words=judged.quality_words(study.trials, study.gate_words))
+                            quality_words=judged.quality_words(study.trials, study.gate_words),
+                            speculation_words=judged.speculation_words(study.trials))
     on_front = set(study.decision.trials_on_front)
     beaten = set(study.decision.dominated_by_reference)
     for t in candidates:

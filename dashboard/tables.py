@@ -84,10 +84,12 @@ def filter_trials(trials: Iterable[TrialView], conditions: Sequence[Condition], 
 def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> list[Row]:
     """One row per trial: the decision columns first (`decision_columns`: number, category, each
     objective, quality cost, the difference from the reference, why it stands where it does), then
-    capacity, throughput/latency extras, speculation, intervals, sample sizes, start-up time."""
+    capacity, throughput/latency extras, speculation (the replay's counters; the acceptance probe's
+    natural-stop figure and caveats where a trial has one), intervals, sample sizes, start-up time."""
     rows = []
     with_capacity = has_capacity(study)
     drafted = any(speculation(t.counters)[0] is not None for t in study.candidates)
+    probed = any(t.acceptance is not None for t in study.candidates)
     for t in (study.trials if trials is None else trials):
         row: Row = {"trial": t.number, "category": t.category}
         for name in study.objectives:
@@ -104,6 +106,8 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
         for extra in ("ttft_p50", "e2e_p99", "output_tps", "error_rate", *(SPEC_COLUMNS if drafted else ())):
             if extra not in row:
                 row[extra] = t.metric(extra)
+        if probed:
+            row.update(probe_columns(t))
         row["95% intervals"] = intervals_text(t, study.objectives)
         row["based on"] = t.sample_sizes
         row["startup_s"] = t.startup_s
@@ -112,6 +116,14 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
 
 
 SPEC_COLUMNS = ("spec_acceptance_rate", "spec_accepted_length")
+
+
+def probe_columns(t: TrialView) -> Row:
+    """The acceptance probe's columns (`replay.acceptance`): draft acceptance with natural stops, beside
+    the replay's forced one (`spec_acceptance_rate`), and why it may not hold on real traffic ("-": no
+    caveat, or no probe)."""
+    return {"spec_natural_rate": t.metric("spec_natural_rate"),
+            "speculation caveat": "; ".join(t.speculation_caveats) or "-"}
 
 
 def decision_columns(study: StudyView) -> list[str]:

@@ -1,6 +1,6 @@
-"""Trial detail's tiles: the objectives with their units and the difference from vLLM's defaults, and
+"""Trial detail's tiles: the objectives with their units and the difference from vLLM's defaults,
 quality against the reference in the one vocabulary (not measurable on random weights), with the
-gate's word on its interval."""
+gate's word on its interval, and a speculative trial's acceptance probe with its caveats."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from tracetune.dashboard import data, metrics
+from tracetune.dashboard import data, metrics, records
 from tracetune.dashboard.banners import on_random_weights
 from tracetune.quality.gate import random_weights, verdict
 from tracetune.quality.probe import StoredQuality
@@ -86,3 +86,38 @@ def quality_section(study: data.StudyView, t: data.TrialView) -> None:
                + (f" · {verdict(q)}" if verdict(q) else "")
                + (f" · measured for trial {q['reused_from']} (same quality key)"
                   if q.get("reused_from") is not None else ""))
+
+
+def _percent(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def acceptance_section(t: data.TrialView) -> None:
+    """The acceptance probe (`replay.acceptance`; nothing without one): draft acceptance with natural
+    stops beside forced to the recorded lengths, the share accepted past the natural end, and how many
+    probe prompts were the trace's own text. The replay's own figure is the engine counters' above."""
+    figures = records.acceptance_figures(t)
+    acceptance = t.acceptance
+    if figures is None or acceptance is None:
+        return
+    st.markdown("**Acceptance probe** (the trace's prompts, one at a time, greedy)")
+    k1, k2 = st.columns(2)
+    k1.metric("acceptance, natural stops", _percent(figures["natural_rate"]),
+              help=f"accepted {figures['natural_accepted']:.0f} of {figures['natural_drafted']:.0f} draft tokens, "
+                   f"each output stopped where the model stops (up to its recorded length)")
+    k2.metric("acceptance, forced lengths", _percent(figures["forced_rate"]),
+              help=f"accepted {figures['forced_accepted']:.0f} of {figures['forced_drafted']:.0f} draft tokens, "
+                   f"each output forced to its recorded length (ignore-EOS), as the replay sends it")
+    k3, k4 = st.columns(2)
+    k3.metric("accepted past the natural end", _percent(figures["past_end_share"]),
+              help="of the draft tokens accepted forced, the share accepted after the model's natural end "
+                   f"({figures['ended']} of {figures['prompts']} prompts ended before their recorded length)")
+    k4.metric("probe prompts recorded", f"{figures['recorded']} of {figures['prompts']}",
+              help=f"{figures['recorded']} the trace's own text, {figures['synthesized']} synthesized to its lengths")
+    st.caption(acceptance.words())
+
+
+def speculation_warnings(t: data.TrialView) -> None:
+    """Each reason its speculation's acceptance may not hold on real traffic, as a warning."""
+    for caveat in t.speculation_caveats:
+        st.warning(f"Speculation: acceptance may not hold on your traffic: {caveat}.", icon=":material/report:")

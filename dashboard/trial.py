@@ -15,6 +15,7 @@ from tracetune.dashboard.metrics import metric_interval, metric_value, run_of
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.quality.gate import GateDecision
 from tracetune.quality.probe import StoredQuality
+from tracetune.replay.acceptance import Acceptance
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.objectives import Run
 from tracetune.tuner.storage import REFERENCE_RUN
@@ -128,6 +129,19 @@ class TrialView:
     def capacity(self) -> CapacityResult | None:
         """Its capacity search's result (None: not searched, or not measured)."""
         return capacity_of(self.summary) if self.measured else None
+
+    @property
+    def acceptance(self) -> Acceptance | None:
+        """Its speculation's acceptance probe, natural stops beside forced lengths (`replay.acceptance`;
+        None: not speculative, not measured, or measured before the probe)."""
+        return Acceptance.from_dict(self.summary.acceptance) if self.summary is not None else None
+
+    @property
+    def speculation_caveats(self) -> list[str]:
+        """Why its draft acceptance may not hold on real traffic (`Acceptance.caveats`; [] when it does,
+        or without a probe)."""
+        acceptance = self.acceptance
+        return acceptance.caveats() if acceptance is not None else []
 
     @property
     def sample_sizes(self) -> str:

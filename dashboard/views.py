@@ -203,6 +203,7 @@ def _column_config(frame) -> dict:
     config = {"differs from reference": st.column_config.TextColumn(width="medium"),
               "why": st.column_config.TextColumn(width="large"),
               "quality vs defaults": st.column_config.TextColumn(width="medium"),
+              "speculation caveat": st.column_config.TextColumn(width="large"),
               "startup_s": st.column_config.NumberColumn("engine start (s)", format="%.0f")}
     for col in frame.columns:
         if col.endswith("(ms)"):
@@ -211,7 +212,7 @@ def _column_config(frame) -> dict:
             config[col] = st.column_config.NumberColumn(col, format="%.2f")
         elif col in ("quality_loss",):
             config[col] = st.column_config.NumberColumn(col, format="%+.4f")
-        elif col in ("error_rate", "spec_acceptance_rate"):
+        elif col in ("error_rate", "spec_acceptance_rate", "spec_natural_rate"):
             config[col] = st.column_config.NumberColumn(col, format="percent")
         elif col.startswith("capacity") and col in metrics.METRICS:
             config[col] = st.column_config.NumberColumn(metrics.metric_label(col)[0], format="%.3f")
@@ -274,6 +275,8 @@ def page_detail(study: data.StudyView) -> None:
         if t.beaten_by_reference:
             st.warning(f"vLLM's defaults beat trial {t.number} on every objective: keep the defaults over it.")
     _status_note(study, t)
+    if t.measured:
+        tiles.speculation_warnings(t)
     if not t.is_reference:
         st.markdown("**Differs from the reference:** " + (data.diff_text(t.diff) if t.config else
                                                            ", ".join(f"{k}={v}" for k, v in t.params.items())))
@@ -289,6 +292,7 @@ def page_detail(study: data.StudyView) -> None:
         left, right = st.columns(2)
         with left:
             _engine_counters(t)
+            tiles.acceptance_section(t)
         with right:
             tiles.quality_section(study, t)
     with st.expander("Full engine config", expanded=False):
@@ -326,7 +330,7 @@ def _engine_counters(t: data.TrialView) -> None:
     acc, length = counters["spec_decode_acceptance_rate"], counters["spec_decode_mean_accepted_length"]
     k2.metric("speculative acceptance", "-" if acc is None else f"{acc:.1%}",
               help=f"accepted {counters['spec_decode_accepted_tokens']} of {counters['spec_decode_draft_tokens']} "
-                   f"draft tokens")
+                   f"draft tokens in the replay (outputs forced to their recorded lengths)")
     k3.metric("mean accepted length", "-" if length is None else f"{length:.2f}",
               help=f"1 + accepted tokens per draft ({counters['spec_decode_drafts']} drafts): tokens one "
                    f"verification step yields")
@@ -400,6 +404,7 @@ def page_export(study: data.StudyView) -> None:
                       f"is {judged.gate_phrase(trial.gate_decision)} {study.gate_words}: "
                       f"{metrics.quality_text(trial.quality)}")
                    + ". Deploy it only if that is acceptable for this model and traffic.", icon=":material/report:")
+    tiles.speculation_warnings(trial)
     fmt = st.radio("Format", list(FORMATS), horizontal=True, key="export_format")
     with st.expander("Deployment settings"):
         d1, d2, d3, d4 = st.columns(4)

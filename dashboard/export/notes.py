@@ -166,19 +166,40 @@ def placing_lines(spec: ServeSpec, fmt: str, options: ExportOptions) -> list[str
 def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = None) -> list[str]:
     """The chosen configuration's quality cost against vLLM's defaults (perplexity change with its
     interval, KLD, top-1 agreement), whether the study's quality gate holds it (or that no gate was
-    set), and, for a rule (`--best`/`--pick`), the better trade the gate turned down."""
+    set), why its speculation's acceptance may not hold on real traffic, and, for a rule
+    (`--best`/`--pick`), the better trade the gate turned down."""
+    if trial.is_reference:
+        return _reference_notes(study) + _turned_down(study, trial, rule)
+    notes = _quality_notes(study, trial) + speculation_notes(trial)
+    return notes if is_dummy(trial) else notes + _turned_down(study, trial, rule)
+
+
+def _reference_notes(study: StudyView) -> list[str]:
+    """vLLM's defaults chosen: no quality cost, and a warning where they break the study's SLO."""
+    defaults = reference_name(study)
+    lines = [f"{defaults}: the reference every quality is measured against (no quality cost)"]
+    if study.decision is not None and not study.decision.reference_feasible:
+        breach = study.decision.reference_breach
+        lines.append(f"WARNING: {defaults} break the study's SLO" + (f" ({breach})" if breach else "")
+                     + ": this is the reference, not a recommendation; it will not serve this traffic within "
+                       "the SLO")
+    return lines
+
+
+def speculation_notes(trial: TrialView) -> list[str]:
+    """Why the trial's draft acceptance, on which its speed rests, may not hold on the user's traffic
+    (`replay.acceptance`: mostly past the natural end, on synthesized prompts, too few drafts); [] when
+    it holds, or the trial does not speculate."""
+    caveats = trial.speculation_caveats
+    return [f"SPECULATION: acceptance may not hold on your traffic: {'; '.join(caveats)}"] if caveats else []
+
+
+def _quality_notes(study: StudyView, trial: TrialView) -> list[str]:
+    """A trial's quality cost against vLLM's defaults and the gate's word on it (none on random weights)."""
     from tracetune.quality.gate import cost_text
 
     defaults = reference_name(study)
-    if trial.is_reference:
-        lines = [f"{defaults}: the reference every quality is measured against (no quality cost)"]
-        if study.decision is not None and not study.decision.reference_feasible:
-            breach = study.decision.reference_breach
-            lines.append(f"WARNING: {defaults} break the study's SLO" + (f" ({breach})" if breach else "")
-                         + ": this is the reference, not a recommendation; it will not serve this traffic within "
-                           "the SLO")
-        return lines + _turned_down(study, trial, rule)
-    if (trial.config or {}).get("load_format") == "dummy":
+    if is_dummy(trial):
         return [f"quality cost vs {defaults}: not measurable (random weights give speed, never quality): "
                 "measure it with the real weights before relying on it"]
     measured = bool(trial.quality and trial.quality.get("ppl_change"))
@@ -192,7 +213,7 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
         lines.append(f"the study's quality gate ({gate}) could not be checked: this quality was not measured")
     else:
         lines.append(_gate_word(gate, trial, "the study's quality gate"))
-    return lines + _turned_down(study, trial, rule)
+    return lines
 
 
 def _gate_word(gate: QualityGate, trial: TrialView, name: str) -> str:

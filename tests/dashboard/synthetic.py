@@ -149,8 +149,10 @@ def beat(url: str, number: int, *, seconds_ago: float, name: str = "synth") -> N
     engine.dispose()
 
 
-def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_seqs: int, name: str = "synth") -> int:
-    """Append a measured trial the way a running tuner does (for live-refresh tests); returns its number."""
+def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_seqs: int, name: str = "synth",
+                       acceptance: dict | None = None) -> int:
+    """Append a measured trial the way a running tuner does (for live-refresh tests); returns its number.
+    With `acceptance` (`speculation_probe`), it speculates (ngram) and its summary keeps that probe."""
     import optuna
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
@@ -159,11 +161,14 @@ def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_s
 
     study = optuna.load_study(study_name=name, storage=url)
     cfg = config(max_num_seqs=max_num_seqs)
+    if acceptance is not None:
+        cfg["speculative"] = {**cfg["speculative"], "method": "ngram", "prompt_lookup_max": 4}
     params = {"max_num_seqs": max_num_seqs}
     constraints = [ttft - 0.8, loss - 0.05]
     store = ResultStore(url)
     number = len(study.trials)
-    store.save_trial(name, number, "measured", values=params, config=cfg, summary=summary(ttft, tps),
+    stored = summary(ttft, tps) | ({"acceptance": acceptance} if acceptance is not None else {})
+    store.save_trial(name, number, "measured", values=params, config=cfg, summary=stored,
                      quality=quality(loss), engine=summary(ttft, tps)["engine"],
                      requests_jsonl=requests_jsonl([ttft * f for f in (0.2, 0.5, 0.8, 1.0, 0.9)]), startup_s=30.0,
                      wall_s=60.0)
@@ -172,6 +177,20 @@ def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_s
                                  user_attrs={"values": params, "status": "measured", "constraints": constraints,
                                              "feasible": all(c <= 0 for c in constraints), "config": cfg}))
     return number
+
+
+def speculation_probe(*, caveated: bool) -> dict:
+    """A stored acceptance probe (`replay.acceptance.Acceptance.as_dict`) of 8 prompts. Caveated: 2 of
+    them recorded text, 50% accepted with natural stops against 83% forced, 70% of the accepted draft
+    tokens past the natural end (two caveats). Clean: every prompt recorded, 60% natural against 58%
+    forced, 14% past the end."""
+    from tracetune.replay.acceptance import Acceptance, Pass
+
+    if caveated:
+        natural, forced = Pass(400, 60.0, 30.0, 20.0, (0.06,) * 8), Pass(1000, 120.0, 100.0, 40.0, (0.05,) * 8)
+        return Acceptance(prompts=8, recorded=2, ended=5, forced=forced, natural=natural).as_dict()
+    natural, forced = Pass(600, 100.0, 60.0, 30.0, (0.05,) * 8), Pass(700, 120.0, 70.0, 36.0, (0.05,) * 8)
+    return Acceptance(prompts=8, recorded=8, ended=2, forced=forced, natural=natural).as_dict()
 
 
 # -- a study with capacity objectives (`tune --trace ... --slo`) ---------------------------------
