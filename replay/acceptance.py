@@ -153,8 +153,8 @@ class Acceptance:
     def as_dict(self) -> dict[str, object]:
         return {"prompts": self.prompts, "recorded": self.recorded, "ended": self.ended, "failed": self.failed,
                 "forced": self.forced.as_dict(), "natural": self.natural.as_dict(),
-                "natural_rate": self.natural.rate, "forced_rate": self.forced.rate,
-                "past_end_share": self.past_end_share, "caveats": self.caveats()}
+                "natural_rate": _finite(self.natural.rate), "forced_rate": _finite(self.forced.rate),
+                "past_end_share": _finite(self.past_end_share), "caveats": self.caveats()}
 
     @classmethod
     def from_dict(cls, stored: object) -> Acceptance | None:
@@ -164,6 +164,11 @@ class Acceptance:
         return cls(prompts=int(_number(stored.get("prompts"))), recorded=int(_number(stored.get("recorded"))),
                    ended=int(_number(stored.get("ended"))), failed=int(_number(stored.get("failed"))),
                    forced=Pass.from_dict(stored.get("forced")), natural=Pass.from_dict(stored.get("natural")))
+
+
+def _finite(value: float) -> float | None:
+    """A rate as stored: None where it is undefined (strict JSON has no NaN)."""
+    return None if math.isnan(value) else value
 
 
 def _percent(value: float) -> str:
