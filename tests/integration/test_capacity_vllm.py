@@ -87,5 +87,11 @@ def test_capacity_study_ranks_against_the_reference(tmp_path, spread_trace):
     assert "Pareto front of study cap" in res.stdout and "verdict:" in res.stdout and "req/s" in res.stdout
     assert best["capacity"]["bracket_rps"][0] == best["capacity"]["capacity_rps"]
     assert best["economics"]["usd_per_1m_output_tokens"] > 0 and best["economics"]["gpus_total"] >= 1
-    rows_on_front = {row["trial"] for row in pareto["trials"]}
-    assert two["trial_number"] not in rows_on_front or reference["summary"]["capacity"]["capacity_scale"] == 0
+    # 2 sequences hold less, so they are on the front only by what they are better at: the TTFT p99 at
+    # the trace's own rate, where a request a second queues for nothing (its difference is noise: the
+    # front ranks point values, as measured).
+    on_front = {row["trial"]: row["values"] for row in pareto["trials"]}
+    if two["trial_number"] in on_front:
+        others = [v["ttft_p99"] for trial, v in on_front.items() if trial != two["trial_number"]]
+        others.append(reference["summary"]["latency_s"]["ttft"]["p99"]["value"])
+        assert on_front[two["trial_number"]]["ttft_p99"] < min(others), (on_front, others)
