@@ -41,7 +41,8 @@ defaults): max:METRIC or min:METRIC, then optionally 'where' and conditions join
 (latencies in seconds, or with ms/s/us). stderr says the choice's quality cost (perplexity change,
 KLD, top-1) and whether the study's quality gate holds it; the export's comments say the same.
 Metrics: ttft/tpot/itl/e2e _mean/_p50/_p90/_p99, output_tps, request_tps, goodput, quality_loss,
-error_rate, prefix_cache_hit_rate, spec_acceptance_rate.
+error_rate, prefix_cache_hit_rate, spec_acceptance_rate, spec_natural_rate (acceptance with
+natural stops).
 
 Deployment formats (compose, k8s, helm-values) run the vllm/vllm-openai image (tag: the GPU vLLM
 release, --vllm-version; a study measured on CPU exports for the GPU release tracetune runs)
