@@ -16,6 +16,7 @@ natural stops (up to the recorded length) and forced to it. Printed side by side
 
     python benchmarks/spec_natural.py                       # vLLM ngram and llama.cpp draft, K 2,4,8
     python benchmarks/spec_natural.py --engines llamacpp --ks 2,4 --prompts 16
+    python benchmarks/spec_natural.py --ks 4 --prompts 6 --length 384 --out benchmarks/data/spec_natural_long.json
 
 Results go to benchmarks/data/spec_natural_cpu.json (--out) with the machine, date and versions.
 About 15 minutes on 2 cores (vLLM's starts take ~40 s each).
@@ -112,6 +113,9 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=12, help="trace prompts measured (default 12)")
     p.add_argument("--tokens", type=int, default=256, help="most output tokens per request (default 256)")
     p.add_argument("--trace", type=Path, default=ROOT / "examples" / "chat.jsonl")
+    p.add_argument("--length", type=int, metavar="N",
+                   help="force every request to N output tokens (as a trace recorded from a model whose answers "
+                        "run longer than this one's)")
     p.add_argument("--completions", action="store_true",
                    help="send the trace's prompts as plain completions (default: as one chat turn each)")
     p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "spec-natural")
@@ -126,6 +130,8 @@ def main() -> int:
 
     model = prepare_default_model(print)
     requests = probe_requests(prepare(load_trace(args.trace), ReplayOptions()), args.prompts, args.tokens)
+    if args.length:  # every answer recorded longer than this model's own
+        requests = [dataclasses.replace(r, max_tokens=args.length) for r in requests]
     if not args.completions:  # ShareGPT's prompts were chat turns: sent as the instruct model's chat
         requests = [dataclasses.replace(r, prompt=None, messages=[{"role": "user", "content": r.prompt}])
                     if r.prompt is not None else r for r in requests]
@@ -144,7 +150,8 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"cpu": _cpu_name(), "cores": _cores(), "python": platform.python_version()},
         "trace": str(args.trace.relative_to(ROOT) if args.trace.is_relative_to(ROOT) else args.trace),
-        "prompts": len(requests), "max_tokens": args.tokens, "chat": not args.completions, "rows": rows},
+        "prompts": len(requests), "max_tokens": args.tokens, "length": args.length, "chat": not args.completions,
+        "rows": rows},
         indent=2, default=str))
     print(f"wrote {args.out}")
     return 0

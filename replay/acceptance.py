@@ -114,13 +114,17 @@ class Acceptance:
         NaN when it accepted none."""
         if self.forced.accepted <= 0:
             return math.nan
+        if not self.past_end_tokens:  # both passes generated the same tokens: draft counts differ by chance
+            return 0.0
         return min(1.0, max(0.0, (self.forced.accepted - self.natural.accepted) / self.forced.accepted))
 
     @property
     def past_end_rate(self) -> float:
         """Acceptance on the tokens past the natural end alone; NaN when none were drafted there."""
         drafted = self.forced.drafted - self.natural.drafted
-        return (self.forced.accepted - self.natural.accepted) / drafted if drafted > 0 else math.nan
+        if not self.past_end_tokens or drafted <= 0:
+            return math.nan
+        return min(1.0, max(0.0, (self.forced.accepted - self.natural.accepted) / drafted))
 
     @property
     def synthesized(self) -> int:

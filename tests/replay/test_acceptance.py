@@ -149,3 +149,12 @@ def test_its_words_say_acceptance_and_tpot_both_ways():
     words = measure_acceptance(ScriptedEngine(end=32, before=0.25, after=1.0), requests(4)).words()
     assert "accepted 25% with natural stops, 81% forced" in words and "4 of 4 prompts ended early" in words
     assert "TPOT p50 one request at a time 10 ms natural, 10 ms forced" in words and "4 of 4 prompts recorded" in words
+
+
+def test_no_tokens_past_the_end_means_no_past_end_figures_whatever_the_drafts():
+    """llama.cpp drafts differently run to run: the same tokens, other draft counts (measured)."""
+    from tracetune.replay.acceptance import Pass
+
+    same = Acceptance(prompts=2, recorded=2, ended=0, natural=Pass(200, 100.0, 80.0, 25.0),
+                      forced=Pass(200, 108.0, 78.0, 27.0))
+    assert same.past_end_share == 0.0 and math.isnan(same.past_end_rate) and same.caveats() == []
