@@ -102,6 +102,7 @@ class Acceptance:
     forced: Pass
     natural: Pass
     failed: int = 0
+    synthetic: Pass = Pass()  # the natural pass over the synthesized prompts alone
 
     @property
     def past_end_tokens(self) -> int:
@@ -130,6 +131,12 @@ class Acceptance:
     def synthesized(self) -> int:
         return self.prompts - self.recorded
 
+    @property
+    def recorded_rate(self) -> float:
+        """Acceptance with natural stops on the prompts the trace recorded; NaN without any."""
+        drafted = self.natural.drafted - self.synthetic.drafted
+        return (self.natural.accepted - self.synthetic.accepted) / drafted if drafted > 0 else math.nan
+
     def caveats(self) -> list[str]:
         """Why this acceptance does not stand for the user's traffic ([] when it does)."""
         out = []
@@ -152,11 +159,14 @@ class Acceptance:
                 f"{_percent(self.forced.rate)} forced to the recorded lengths ({self.ended} of {self.prompts} "
                 f"prompts ended early; {_percent(self.past_end_share)} of accepted tokens past the end); "
                 f"TPOT p50 one request at a time {_ms(self.natural.tpot_p50_s)} natural, "
-                f"{_ms(self.forced.tpot_p50_s)} forced; {self.recorded} of {self.prompts} prompts recorded text")
+                f"{_ms(self.forced.tpot_p50_s)} forced; {self.recorded} of {self.prompts} prompts recorded text"
+                + (f" (accepted {_percent(self.recorded_rate)} there, {_percent(self.synthetic.rate)} on the "
+                   f"synthesized)" if self.recorded and self.synthesized else ""))
 
     def as_dict(self) -> dict[str, object]:
         return {"prompts": self.prompts, "recorded": self.recorded, "ended": self.ended, "failed": self.failed,
                 "forced": self.forced.as_dict(), "natural": self.natural.as_dict(),
+                "synthetic": self.synthetic.as_dict(),
                 "natural_rate": _finite(self.natural.rate), "forced_rate": _finite(self.forced.rate),
                 "past_end_share": _finite(self.past_end_share), "caveats": self.caveats()}
 
@@ -167,7 +177,8 @@ class Acceptance:
             return None
         return cls(prompts=int(_number(stored.get("prompts"))), recorded=int(_number(stored.get("recorded"))),
                    ended=int(_number(stored.get("ended"))), failed=int(_number(stored.get("failed"))),
-                   forced=Pass.from_dict(stored.get("forced")), natural=Pass.from_dict(stored.get("natural")))
+                   forced=Pass.from_dict(stored.get("forced")), natural=Pass.from_dict(stored.get("natural")),
+                   synthetic=Pass.from_dict(stored.get("synthetic")))
 
 
 def _finite(value: float) -> float | None:
@@ -264,10 +275,11 @@ def _added(result: Acceptance, request: PreparedRequest, natural: _Observed, for
     if not (natural.ok and forced.ok):
         return dataclasses.replace(result, failed=result.failed + 1)
     ended = natural.stopped and natural.tokens < forced.tokens
+    counts = (natural.tokens, natural.drafted, natural.accepted, natural.drafts, natural.tpot_s)
     return dataclasses.replace(
         result, prompts=result.prompts + 1, recorded=result.recorded + (not request.synthesized),
-        ended=result.ended + ended,
-        natural=result.natural.plus(natural.tokens, natural.drafted, natural.accepted, natural.drafts, natural.tpot_s),
+        ended=result.ended + ended, natural=result.natural.plus(*counts),
+        synthetic=result.synthetic.plus(*counts) if request.synthesized else result.synthetic,
         forced=result.forced.plus(forced.tokens, forced.drafted, forced.accepted, forced.drafts, forced.tpot_s))
 
 

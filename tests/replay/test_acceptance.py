@@ -158,3 +158,20 @@ def test_no_tokens_past_the_end_means_no_past_end_figures_whatever_the_drafts():
     same = Acceptance(prompts=2, recorded=2, ended=0, natural=Pass(200, 100.0, 80.0, 25.0),
                       forced=Pass(200, 108.0, 78.0, 27.0))
     assert same.past_end_share == 0.0 and math.isnan(same.past_end_rate) and same.caveats() == []
+
+
+def test_recorded_and_synthesized_prompts_are_told_apart():
+    recorded = ScriptedEngine(end=1000, before=0.5, after=1.0)
+    mixed = requests(2) + [dataclasses.replace(r, prompt=f"synthetic {r.index}") for r in requests(1, synthesized=True)]
+
+    class ByText(ScriptedEngine):
+        async def stream(self, session, **request):  # synthetic text: a quarter of the drafts accepted
+            self.before = 0.25 if request["prompt"].startswith("synthetic") else 0.5
+            return await super().stream(session, **request)
+
+    acceptance = measure_acceptance(ByText(end=1000, before=0.5, after=1.0), mixed)
+    assert (acceptance.recorded, acceptance.synthesized) == (2, 1)
+    assert math.isclose(acceptance.recorded_rate, 0.5) and math.isclose(acceptance.synthetic.rate, 0.25)
+    assert "(accepted 50% there, 25% on the synthesized)" in acceptance.words()
+    assert Acceptance.from_dict(acceptance.as_dict()) == acceptance
+    assert "on the synthesized" not in measure_acceptance(recorded, requests(2)).words()
