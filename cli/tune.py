@@ -357,8 +357,14 @@ def _main_engine(args: argparse.Namespace, platform: Platform, console: Console,
 def _base(args: argparse.Namespace, model_dir: Path, engine: EngineKind) -> tuple[EngineConfig, dict[str, object]]:
     """The engine settings the flags give every trial: each engine's read from its own flags (a choice of
     engines: the first engine's value where two share a setting), and the first engine's config."""
-    from tracetune.cli.engine_options import engine_config_from_args, without_drafts
+    from tracetune.cli.engine_options import engine_config_from_args, passed_through, without_drafts
+    from tracetune.errors import InputError
 
+    if len(engine.engines) > 1 and any(any(passed_through(args, kind)) for kind in engine.engines):
+        names = " or ".join(f"--engine {kind.name}" for kind in engine.engines)
+        raise InputError(f"--engine-arg and --engine-env go to one engine's server verbatim, and this study chooses "
+                         f"between {engine.shown}, whose servers take different arguments: give {names} to "
+                         f"tune one engine with them")
     # --draft-model (repeatable) joins the space's draft models; the base takes no draft of its own
     configs = [engine_config_from_args(without_drafts(args, engine), model_dir, kind, chosen=engine)
                for kind in engine.engines]

@@ -138,3 +138,18 @@ def test_a_space_over_both_engines_reads_for_one_of_them():
     assert "max_num_seqs" not in llama.parameters and "enforce_eager" not in llama.fixed
     assert all(not p.when for p in llama.parameters.values())
     assert Path(CPU_SPACE).name == "cpu.yaml"
+
+
+@pytest.mark.parametrize("flag", ["--engine-arg=--seed=1", "--engine-env=A=1"])
+def test_arguments_handed_to_a_server_verbatim_need_one_engine(flag, tmp_path):
+    from tracetune.cli.tune import _base
+    from tracetune.errors import InputError
+
+    choice = engine_kind("vllm+llamacpp")
+    args = _build_parser().parse_args(["--trace", "t.jsonl", "--engine", "vllm+llamacpp", flag])
+    with pytest.raises(InputError, match="--engine-arg and --engine-env go to one engine's server") as caught:
+        _base(args, tmp_path, choice)
+    assert "--engine vllm or --engine llamacpp" in str(caught.value)
+    one = _build_parser().parse_args(["--trace", "t.jsonl", "--engine", "llamacpp", flag])
+    config, _ = _base(one, tmp_path, engine_kind("llamacpp"))
+    assert config.extra_args == ["--seed=1"] or config.env == {"A": "1"}
