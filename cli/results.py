@@ -93,6 +93,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
             console.print(f"  {label} (trial {number}): not on the front{_objectives_text(study, number, objectives)}",
                           highlight=False)
     _print_quality_floor(reference, results, console)
+    _print_cross_engine_floor(engine_defaults, results, console)
     for r in rows:
         if caveats := stored_caveats(r["summary"]):
             console.print(f"  {r.get('shown') or r['trial']}: acceptance caveat: {caveats}", highlight=False,
@@ -285,6 +286,18 @@ def _print_quality_floor(reference: dict | None, results: dict[int, dict], conso
     for line in (floor, check):
         if line:
             console.print(("[yellow]" + line + "[/]") if "too noisy" in line else line, highlight=False)
+
+
+def _print_cross_engine_floor(engine_defaults: dict[int, str], results: dict[int, dict], console) -> None:
+    """Another engine's own defaults against vLLM's, by the same probe: how far two engines serving
+    the same weights differ before any setting changes (the floor a cross-engine comparison rests on)."""
+    from tracetune.quality.gate import cost_text
+
+    for number, label in sorted(engine_defaults.items()):
+        quality = (results.get(number) or {}).get("quality")
+        if quality:
+            console.print(f"cross-engine floor: {label} (trial {number}) against vLLM's defaults, same probe: "
+                          f"{cost_text(quality)}", highlight=False, markup=False)
 
 
 def _bracket(stored: Stored | None) -> str:

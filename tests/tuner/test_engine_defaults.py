@@ -90,5 +90,8 @@ def test_the_results_label_the_other_engines_defaults(tmp_path, b_crashes):
     text = out.getvalue()
     if b_crashes:  # no penalty values shown as if measured
         assert "B defaults (trial 0): not on the front (engine_failed: see below)" in text
+        assert "cross-engine floor" not in text
     else:  # faster than vLLM's defaults and every vLLM trial (scripted), at a quality cost: on the front
         assert "0 (B defaults)" in text and "  0 (B defaults): engine=b, threads=2" in text
+        # its quality against vLLM's defaults is the floor a comparison of the two engines rests on
+        assert "cross-engine floor: B defaults (trial 0) against vLLM's defaults, same probe:" in text
