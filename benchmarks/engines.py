@@ -10,10 +10,12 @@ starts it) and measured while it serves:
   texts are sampled and scored on vLLM's defaults first, then every configuration scores them
   (llama.cpp through its own scoring path; `--no-quality` skips it).
 
-    python benchmarks/engines.py                          # the four default rows, ~25 min on 2 cores
+    python benchmarks/engines.py                          # the four default rows (long: see below)
     python benchmarks/engines.py --config "llama.cpp Q4_K_M:llamacpp:weight_format=Q4_K_M,parallel_slots=8"
 
 Results go to benchmarks/data/engines_cpu.json (--out) with the machine, date and versions.
+The capacity searches take most of the time: on 2 cores (2026-12-04) vLLM's defaults' alone ran
+past 10 minutes; `--no-capacity` measures throughput and quality only.
 """
 
 from __future__ import annotations
