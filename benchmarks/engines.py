@@ -14,8 +14,8 @@ starts it) and measured while it serves:
     python benchmarks/engines.py --config "llama.cpp Q4_K_M:llamacpp:weight_format=Q4_K_M,parallel_slots=8"
 
 Results go to benchmarks/data/engines_cpu.json (--out) with the machine, date and versions.
-The capacity searches take most of the time: on 2 cores (2026-12-04) vLLM's defaults' alone ran
-past 10 minutes; `--no-capacity` measures throughput and quality only.
+The capacity searches take most of the time: on 2 cores (2026-12-04) vLLM's defaults' row ran 12
+minutes and its capacity search was still going after 9 of them; `--no-capacity` skips the searches.
 """
 
 from __future__ import annotations
