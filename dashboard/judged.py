@@ -11,6 +11,7 @@ from typing import Protocol
 
 from tracetune.quality.gate import UNDECIDED, GateDecision, QualityGate
 from tracetune.quality.probe import StoredQuality
+from tracetune.replay.acceptance import Acceptance, caveat_line
 from tracetune.replay.metrics import SLO
 from tracetune.tuner.front import REFERENCE, Decision, slo_breach
 from tracetune.tuner.storage import StoredReference
@@ -30,7 +31,7 @@ class Judged(Protocol):
     def measured(self) -> bool: ...
 
     @property
-    def speculation_caveats(self) -> list[str]: ...
+    def acceptance(self) -> Acceptance | None: ...
 
 
 def gate_phrase(decision: GateDecision | None) -> str:
@@ -61,9 +62,9 @@ def quality_words(trials: Iterable[Judged], gate_words: str) -> dict[int | str, 
 
 def speculation_words(trials: Iterable[Judged]) -> dict[int | str, str]:
     """Why each measured trial's draft acceptance may not hold on real traffic, its caveats in one line
-    as `replay.acceptance.stored_caveats` joins them, for the verdict (`tuner.front.Decision.speculation_words`,
+    (`replay.acceptance.caveat_line`, as `tune` says them), for the verdict (`tuner.front.Decision.speculation_words`,
     as `tune` passes them)."""
-    return {t.number: "; ".join(t.speculation_caveats) for t in trials if t.measured and t.speculation_caveats}
+    return {t.number: words for t in trials if t.measured and (words := caveat_line(t.acceptance))}
 
 
 def breach(reference: StoredReference | None, slos: Sequence[SLO], feasible: bool) -> str:

@@ -15,6 +15,7 @@ from tracetune.dashboard.standing import apart
 from tracetune.dashboard.study_view import StudyView
 from tracetune.dashboard.trial import CATEGORIES, TrialView, diff_text
 from tracetune.errors import InputError
+from tracetune.replay.acceptance import caveat_line
 from tracetune.replay.metrics import METRICS as LATENCIES
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.front import economics
@@ -123,7 +124,7 @@ def probe_columns(t: TrialView) -> Row:
     the replay's forced one (`spec_acceptance_rate`), and why it may not hold on real traffic ("-": no
     caveat, or no probe)."""
     return {"spec_natural_rate": t.metric("spec_natural_rate"),
-            "speculation caveat": "; ".join(t.speculation_caveats) or "-"}
+            "speculation caveat": caveat_line(t.acceptance) or "-"}
 
 
 def decision_columns(study: StudyView) -> list[str]:

@@ -12,9 +12,9 @@ Greedy decoding is deterministic and speculation lossless, so the forced output 
 natural one: what the forced pass drafted and accepted beyond the natural pass is what speculation
 did past the natural end. Draft counts come from the engine's counters read before and after each
 request (`spec_decode_*`: vLLM's and llama-server's), else from the response where the engine
-reports them there alone (llama.cpp's `timings`). `Acceptance.caveats` says when the figure a
-trial carries rests mostly on tokens past the natural end, on synthesized prompts, or on too few
-draft tokens to say.
+reports them there alone (llama.cpp's `timings`; `replay.metrics.with_reported_drafts`).
+`Acceptance.caveats` says when the figure a trial carries rests mostly on tokens past the natural
+end, on synthesized prompts, or on too few draft tokens to say.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.replay.metrics import with_reported_drafts
 from tracetune.replay.types import PreparedRequest
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.base import Engine
-    from tracetune.engine_adapter.metrics import EngineMetrics
     from tracetune.engine_adapter.openai_client import Session, StreamedCompletion
 
 # Past this share of the accepted draft tokens after the natural end, or of the prompts synthesized,
@@ -69,9 +70,12 @@ class Pass:
     def tpot_p50_s(self) -> float:
         return statistics.median(self.tpot_s) if self.tpot_s else math.nan
 
-    def plus(self, tokens: int, drafted: float, accepted: float, drafts: float, tpot_s: float | None) -> Pass:
-        return Pass(self.tokens + tokens, self.drafted + drafted, self.accepted + accepted, self.drafts + drafts,
-                    self.tpot_s + ((tpot_s,) if tpot_s is not None else ()))
+    def plus(self, seen: _Observed) -> Pass:
+        """This pass with one more request."""
+        counted = seen.counted
+        return Pass(self.tokens + seen.tokens, self.drafted + counted.spec_decode_draft_tokens,
+                    self.accepted + counted.spec_decode_accepted_tokens, self.drafts + counted.spec_decode_drafts,
+                    self.tpot_s + ((seen.tpot_s,) if seen.tpot_s is not None else ()))
 
     def as_dict(self) -> dict[str, object]:
         return {"tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted, "drafts": self.drafts,
@@ -210,14 +214,12 @@ def probe_requests(requests: Sequence[PreparedRequest], n: int, max_tokens: int)
 
 @dataclasses.dataclass(frozen=True)
 class _Observed:
-    """One request of the probe: its output tokens, how it ended, draft counts, TPOT."""
+    """One request of the probe: its output tokens, how it ended, the engine's counters over it, TPOT."""
 
     ok: bool
     tokens: int
     stopped: bool  # the model ended it (finish reason "stop"), not the length
-    drafted: float
-    accepted: float
-    drafts: float
+    counted: EngineMetrics
     tpot_s: float | None
 
 
@@ -240,14 +242,9 @@ async def _observe(engine: Engine, session: Session, request: PreparedRequest, f
         session, prompt=request.prompt, messages=request.messages, max_tokens=request.max_tokens,
         ignore_eos=forced, temperature=0.0, keep_text=False, timeout_s=timeout_s)
     tokens = out.output_tokens or 0
-    counted = await _counted(engine, before, tokens)
-    drafted, accepted, drafts = (counted.spec_decode_draft_tokens, counted.spec_decode_accepted_tokens,
-                                 counted.spec_decode_drafts)
-    if not drafted and out.draft_tokens is not None:  # the response says what the counters do not
-        drafted, accepted, drafts = float(out.draft_tokens), float(out.accepted_tokens or 0), 0.0
+    counted = with_reported_drafts(await _counted(engine, before, tokens), [out])
     tpot = (out.e2e_s - out.ttft_s) / (tokens - 1) if out.success and out.ttft_s is not None and tokens > 1 else None
-    return _Observed(out.success and tokens > 0, tokens, out.finish_reason == "stop", drafted, accepted, drafts,
-                     tpot)
+    return _Observed(out.success and tokens > 0, tokens, out.finish_reason == "stop", counted, tpot)
 
 
 def measure_acceptance(engine: Engine, requests: Sequence[PreparedRequest], *, timeout_s: float = 600.0,
@@ -275,16 +272,19 @@ def _added(result: Acceptance, request: PreparedRequest, natural: _Observed, for
     if not (natural.ok and forced.ok):
         return dataclasses.replace(result, failed=result.failed + 1)
     ended = natural.stopped and natural.tokens < forced.tokens
-    counts = (natural.tokens, natural.drafted, natural.accepted, natural.drafts, natural.tpot_s)
     return dataclasses.replace(
         result, prompts=result.prompts + 1, recorded=result.recorded + (not request.synthesized),
-        ended=result.ended + ended, natural=result.natural.plus(*counts),
-        synthetic=result.synthetic.plus(*counts) if request.synthesized else result.synthetic,
-        forced=result.forced.plus(forced.tokens, forced.drafted, forced.accepted, forced.drafts, forced.tpot_s))
+        ended=result.ended + ended, natural=result.natural.plus(natural), forced=result.forced.plus(forced),
+        synthetic=result.synthetic.plus(natural) if request.synthesized else result.synthetic)
+
+
+def caveat_line(acceptance: Acceptance | None) -> str:
+    """An acceptance probe's caveats in one line, as every verdict, table and export says them ('' when
+    there is no probe, or no caveat)."""
+    return "; ".join(acceptance.caveats()) if acceptance is not None else ""
 
 
 def stored_caveats(summary: object) -> str:
-    """A stored summary's acceptance caveats in one line ('' when it has no probe, or none)."""
+    """A stored summary's acceptance caveats in one line (`caveat_line`)."""
     stored = summary.get("acceptance") if isinstance(summary, Mapping) else None
-    acceptance = Acceptance.from_dict(stored)
-    return "; ".join(acceptance.caveats()) if acceptance is not None else ""
+    return caveat_line(Acceptance.from_dict(stored))

@@ -28,7 +28,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
 import numpy as np
 
@@ -321,16 +321,25 @@ def endpoint_warning(summary: Summary) -> str | None:
             f"root URL of an OpenAI-compatible server (e.g. http://HOST:8000)")
 
 
-def with_reported_drafts(engine: EngineMetrics, records: Sequence[RequestRecord]) -> EngineMetrics:
+class ReportsDrafts(Protocol):
+    """An answer that may say what speculation drafted for it (`RequestRecord`, `StreamedCompletion`)."""
+
+    @property
+    def draft_tokens(self) -> int | None: ...
+
+    @property
+    def accepted_tokens(self) -> int | None: ...
+
+
+def with_reported_drafts(engine: EngineMetrics, answers: Sequence[ReportsDrafts]) -> EngineMetrics:
     """The engine's counters, with the speculative draft and accepted tokens that its answers
-    reported (`RequestRecord.draft_tokens`, `accepted_tokens`) where its counters hold no draft
-    token: llama-server's /metrics has no speculative counters, its responses do. Where the
-    counters hold some they are kept, never added to (the same tokens twice). How many drafts there
-    were is not reported, so `spec_decode_drafts` stays as counted and the mean accepted length
-    NaN, where the acceptance rate is known."""
+    reported (llama-server's `timings`) where its counters hold no draft token. Where the counters
+    hold some they are kept, never added to (the same tokens twice). Answers do not say how many
+    drafts there were, so `spec_decode_drafts` stays as counted and the mean accepted length NaN,
+    where the acceptance rate is known."""
     if engine.spec_decode_draft_tokens > 0:
         return engine
-    reported = [r for r in records if r.draft_tokens is not None]
+    reported = [r for r in answers if r.draft_tokens is not None]
     drafted = sum(r.draft_tokens or 0 for r in reported)
     if not drafted:
         return engine

@@ -16,6 +16,7 @@ from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, Exported, Ser
 from tracetune.dashboard.export.text import comment_safe
 from tracetune.dashboard.metrics import display_value
 from tracetune.quality.gate import UNDECIDED, QualityGate
+from tracetune.replay.acceptance import caveat_line
 
 
 def measured_value(objective: str, trial: TrialView) -> str:
@@ -190,8 +191,8 @@ def speculation_notes(trial: TrialView) -> list[str]:
     """Why the trial's draft acceptance, on which its speed rests, may not hold on the user's traffic
     (`replay.acceptance`: mostly past the natural end, on synthesized prompts, too few drafts); [] when
     it holds, or the trial does not speculate."""
-    caveats = trial.speculation_caveats
-    return [f"SPECULATION: acceptance may not hold on your traffic: {'; '.join(caveats)}"] if caveats else []
+    caveats = caveat_line(trial.acceptance)
+    return [f"SPECULATION: acceptance may not hold on your traffic: {caveats}"] if caveats else []
 
 
 def _quality_notes(study: StudyView, trial: TrialView) -> list[str]:
