@@ -12,8 +12,9 @@ from pathlib import Path
 
 from tracetune.dashboard import APP, ENV_STORAGE, ENV_STORAGE_PICKER, ENV_STUDY
 
-# = dashboard.export.FORMATS (not imported: fast --help)
-FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
+# = dashboard.export.FORMATS and FORMAT_ALIASES (not imported: fast --help)
+FORMATS = ("command", "compose", "k8s", "helm-values", "json")
+FORMAT_ALIASES = {"vllm-cmd": "command"}  # the earlier names, still accepted
 
 DASHBOARD_EPILOG = """\
 examples:
@@ -30,7 +31,7 @@ server can reach, is off when --host is not a loopback address, and with --no-st
 
 EXPORT_EPILOG = """\
 examples:
-  tune export --best --format vllm-cmd
+  tune export --best --format command
   tune export --storage sqlite:///runs/traffic/study.db --study traffic --trial 3 --format k8s -o deploy.yaml
   tune export --pick "max:output_tps where ttft_p99<500ms" --format compose -o compose.yaml
   tune export --pick "min:ttft_p99 where quality_loss<0.01 and output_tps>20" --format helm-values
@@ -45,7 +46,7 @@ error_rate, prefix_cache_hit_rate, spec_acceptance_rate, spec_natural_rate (acce
 natural stops).
 
 Deployment formats (compose, k8s, helm-values) run the vllm/vllm-openai image (tag: the GPU vLLM
-release, --vllm-version; a study measured on CPU exports for the GPU release tracetune runs)
+release, --engine-version; a study measured on CPU exports for the GPU release tracetune runs)
 as `vllm serve MODEL ...` with vLLM's CUDA flags, port 8000, one GPU
 (nvidia.com/gpu), the model directory mounted read-only at /models/<directory name> (compose: a bind
 mount of the measured directory; k8s/helm: the PersistentVolumeClaim `models`), probes on /health;
@@ -86,21 +87,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--pick", metavar="EXPR", help="a rule over the front, e.g. 'max:output_tps where ttft_p99<0.5'")
     which.add_argument("--reference", action="store_true",
                        help="vLLM's defaults as the study measured them (the answer when no trial beats them)")
-    exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
+    exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt",
+                     type=lambda name: FORMAT_ALIASES.get(name, name),
+                     help="command: the server's shell command (vllm serve or llama-server; vllm-cmd is its "
+                          "earlier name); compose, k8s, helm-values: a deployment; json: everything measured")
     exp.add_argument("-o", "--output", type=Path, metavar="PATH", help="write here instead of stdout")
     exp.add_argument("--image", metavar="IMAGE",
                      help="container image (default: the engine's, vllm/vllm-openai:v<GPU vLLM release, see "
-                          "--vllm-version> or ghcr.io/ggml-org/llama.cpp:server-b<N>)")
-    exp.add_argument("--vllm-version", metavar="X.Y.Z",
+                          "--engine-version> or ghcr.io/ggml-org/llama.cpp:server-b<N>)")
+    exp.add_argument("--engine-version", "--vllm-version", dest="engine_version", metavar="VERSION",
                      help="the GPU vLLM release the deployment runs (default: the one a GPU study measured with; "
                           "for a study measured on CPU, the GPU release tracetune runs); for a llama.cpp trial, "
-                          "the server image's tag (default server-b<N>, the release tracetune builds)")
+                          "the server image's tag (default server-b<N>, the release tracetune "
+                          "builds); --vllm-version is its earlier name")
     exp.add_argument("--allow-dummy-weights", action="store_true",
                      help="export a config measured with random weights (load_format dummy) anyway: its server "
                           "answers with noise (refused without this flag)")
     exp.add_argument("--port", type=int, default=8000, metavar="N", help="server port (default 8000)")
     exp.add_argument("--host", metavar="ADDR",
-                     help="server listen address (default 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd)")
+                     help="server listen address (default 0.0.0.0 in containers, 127.0.0.1 for --format command)")
     exp.add_argument("--gpus", type=int, default=1, metavar="N",
                      help="GPUs per replica (default 1; none for llama.cpp's CPU server image)")
     exp.add_argument("--replicas", type=int, default=1, metavar="N", help="k8s/helm replicas (default 1)")
@@ -204,7 +209,7 @@ def export_command(args: argparse.Namespace, console) -> int:
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,
-                            vllm_version=args.vllm_version, allow_dummy_weights=args.allow_dummy_weights,
+                            engine_version=args.engine_version, allow_dummy_weights=args.allow_dummy_weights,
                             cpu=args.cpu, memory=args.memory, shm_gib=args.shm_gib)
     url = storage_url(args.storage)
     out = None if args.output is None else export_target(args.output, FILE_NAMES[args.fmt], url)

@@ -6,7 +6,7 @@
   what pages show.
 - `capacity.py`: capacity at the SLO (bracket, caveats, load steps) from a run's stored result.
 - `charts.py`: plotly figures from those views.
-- `export.py`: vllm-cmd / compose / k8s / helm-values / json exporters; `pick.py`: which trial (`--pick`).
+- `export.py`: command / compose / k8s / helm-values / json exporters; `pick.py`: which trial (`--pick`).
 - `views.py` + `app.py`: the Streamlit pages (thin); the two commands are `cli/dashboard.py`.
 """
 

@@ -27,7 +27,7 @@ from tracetune.errors import TuneError
 from tracetune.stored import Stored, listed, mapping
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
-LANG = {"vllm-cmd": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
+LANG = {"command": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
 
 
 @st.cache_data(ttl=2, show_spinner=False)

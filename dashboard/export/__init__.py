@@ -1,6 +1,6 @@
 """Exports of a measured configuration to something a cluster runs.
 
-Formats: `vllm-cmd` (one shell command, `shell`), `compose` (a docker compose service, `compose`),
+Formats: `command` (one shell command, `shell`), `compose` (a docker compose service, `compose`),
 `k8s` (Deployment + Service, `kubernetes`), `helm-values` (values for a generic deployment chart,
 `helm`), `json` (everything, for tools, `document`). The trial is chosen in `pick`; the server each
 format runs (the engine's command line, image and release) is `serve`; the comments are `notes`;
@@ -34,23 +34,25 @@ from tracetune.dashboard.export.kubernetes import to_k8s
 from tracetune.dashboard.export.notes import is_dummy, label
 from tracetune.dashboard.export.options import DEFAULT_PORT, ExportOptions, k8s_name
 from tracetune.dashboard.export.serve import exported_engine, image_of
-from tracetune.dashboard.export.shell import to_vllm_cmd
+from tracetune.dashboard.export.shell import to_command
 from tracetune.dashboard.export.text import comment_safe
 from tracetune.errors import InputError
 
-__all__ = ["DEFAULT_PORT", "FILE_NAMES", "FORMATS", "ExportOptions", "comment_safe", "export", "image_of",
-           "k8s_name"]
+__all__ = ["DEFAULT_PORT", "FILE_NAMES", "FORMAT_ALIASES", "FORMATS", "ExportOptions", "comment_safe", "export",
+           "image_of", "k8s_name"]
 
-FORMATS = ("vllm-cmd", "compose", "k8s", "helm-values", "json")
+FORMATS = ("command", "compose", "k8s", "helm-values", "json")
+FORMAT_ALIASES = {"vllm-cmd": "command"}  # earlier names of a format, still accepted
 # A format -> the file `tune export -o FOLDER` and the dashboard's download write.
-FILE_NAMES = {"vllm-cmd": "serve.sh", "compose": "compose.yaml", "k8s": "deployment.yaml",
+FILE_NAMES = {"command": "serve.sh", "compose": "compose.yaml", "k8s": "deployment.yaml",
               "helm-values": "values.yaml", "json": "trial.json"}
 _EXPORTERS: dict[str, Callable[[StudyView, TrialView, ExportOptions], str]] = {
-    "vllm-cmd": to_vllm_cmd, "compose": to_compose, "k8s": to_k8s, "helm-values": to_helm_values, "json": to_json}
+    "command": to_command, "compose": to_compose, "k8s": to_k8s, "helm-values": to_helm_values, "json": to_json}
 
 
 def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions | None = None) -> str:
-    """`trial`'s configuration in format `fmt` (one of FORMATS)."""
+    """`trial`'s configuration in format `fmt` (one of FORMATS, or an earlier name of one)."""
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
     if fmt not in _EXPORTERS:
         raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if trial.config is None:

@@ -60,7 +60,7 @@ def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions,
     if "replicas" in costs:
         lines.append(f"for {study.economics['target_rate']:g} req/s of this traffic: {costs['replicas']:g} replicas, "
                      f"{costs['gpus_total']:g} GPUs")
-    if fmt != "vllm-cmd":
+    if fmt != "command":
         lines.append(f"image: {options.image}; port {options.port}; GPUs: {options.gpus}")
         if fmt in ("k8s", "helm-values") and not spec.deployment.shared_memory:
             req = options.requests(shared_memory=False)
@@ -101,8 +101,8 @@ def platform_lines(study: StudyView, options: ExportOptions, engine: Exported) -
         return _unrecorded_platform_lines(study, options, engine, version)
     measured = f"{name} {study.vllm_version}" if study.vllm_version else f"a {name} version the study did not record"
     if study.platform == target:
-        given = options.vllm_version or study.vllm_version
-        source = "" if given else ", the GPU release tracetune runs (--vllm-version names another)"
+        given = options.engine_version or study.vllm_version
+        source = "" if given else ", the GPU release tracetune runs (--engine-version names another)"
         return [f"measured on NVIDIA GPU with {measured}; flags for {name} {version}{source}"]
     return [f"measured on platform {study.platform} with {measured}: these are the same "
             f"settings as flags of {name} {version} for NVIDIA GPUs, where their speed was not measured; "
@@ -112,7 +112,8 @@ def platform_lines(study: StudyView, options: ExportOptions, engine: Exported) -
 def _unrecorded_platform_lines(study: StudyView, options: ExportOptions, engine: Exported, version: str) -> list[str]:
     """`platform_lines` for an engine whose release the study does not record (llama.cpp's server)."""
     name, target = engine.shown, engine.deployment.platform
-    source = "--vllm-version" if options.vllm_version else "the release tracetune builds; --vllm-version names another"
+    source = ("--engine-version" if options.engine_version
+              else "the release tracetune builds; --engine-version names another")
     shown = {"cpu": "CPU", "cuda": "NVIDIA GPU"}.get(target, target)
     if study.platform == target:
         return [f"measured on platform {study.platform} with {name}; the same settings for {name} {version} "

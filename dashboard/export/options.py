@@ -18,10 +18,10 @@ class ExportOptions:
     """Deployment defaults, each overridable from `tune export` flags and the dashboard."""
 
     image: str | None = None          # default: image_of() (export() sets it)
-    vllm_version: str | None = None   # the engine release the deployment runs (sets the image tag)
+    engine_version: str | None = None  # the engine release the deployment runs (sets the image tag)
     allow_dummy_weights: bool = False  # export a config measured with random weights (load_format dummy)
     port: int = DEFAULT_PORT
-    host: str | None = None           # listen address: 0.0.0.0 in containers, 127.0.0.1 for vllm-cmd
+    host: str | None = None           # listen address: 0.0.0.0 in containers, 127.0.0.1 for the command format
     gpus: int = 1                     # per replica, for an engine whose image runs on GPUs (else none)
     name: str | None = None           # Kubernetes/compose name; default tracetune-STUDY-tN
     namespace: str | None = None

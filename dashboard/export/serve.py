@@ -64,15 +64,15 @@ def exported_engine(study: StudyView, options: ExportOptions, config: Mapping[st
 
 
 def release(study: StudyView, options: ExportOptions, engine: Exported) -> str:
-    """The engine release the export runs: --vllm-version, else the one the study measured with where
+    """The engine release the export runs: --engine-version, else the one the study measured with where
     it recorded it and the image runs on the platform measured (a CPU study's version says nothing
     about a GPU image), else the release tracetune runs (`EngineKind.image_version`)."""
-    if options.vllm_version:
-        return options.vllm_version.lstrip("v")
+    if options.engine_version:
+        return options.engine_version.lstrip("v")
     if engine.deployment.records_version and study.platform == engine.deployment.platform and study.vllm_version:
         return study.vllm_version
     if engine.kind.image_version is None:
-        raise InputError(f"the {engine.shown} engine names no release to deploy: give one with --vllm-version")
+        raise InputError(f"the {engine.shown} engine names no release to deploy: give one with --engine-version")
     return engine.kind.image_version
 
 

@@ -1,4 +1,4 @@
-"""The `vllm-cmd` format: one shell command (environment assignments, then the engine's server program:
+"""The `command` format: one shell command (environment assignments, then the engine's server program:
 `vllm serve`, `llama-server`), each value `shlex`-quoted, a flag per line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tracetune.dashboard.export.options import ExportOptions
 from tracetune.dashboard.export.serve import exported_engine, serve_spec
 
 
-def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+def to_command(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
     """One shell command (environment assignments, then the server's program), a flag per line."""
     spec = serve_spec(trial.config or {}, options, container=False, measured_on=study.platform,
                       engine=exported_engine(study, options, trial.config))
@@ -23,4 +23,4 @@ def to_vllm_cmd(study: StudyView, trial: TrialView, options: ExportOptions) -> s
         else:
             lines[-1] += " " + shlex.quote(arg)
     command = " \\\n  ".join(line for line in lines if line)
-    return "\n".join([*header(study, trial, "vllm-cmd", options, spec), command]) + "\n"
+    return "\n".join([*header(study, trial, "command", options, spec), command]) + "\n"

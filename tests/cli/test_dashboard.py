@@ -190,12 +190,23 @@ def test_cli_formats_are_the_exporters():
     from tracetune.cli import dashboard as command
     from tracetune.dashboard import export
 
-    assert command.FORMATS == export.FORMATS
+    assert command.FORMATS == export.FORMATS and command.FORMAT_ALIASES == export.FORMAT_ALIASES
+
+
+def test_the_earlier_names_of_a_format_and_the_version_flag_still_work(synthetic_url):
+    """`--format vllm-cmd` and `--vllm-version` (their names before llama.cpp's server could be
+    exported) give what `--format command` and `--engine-version` give."""
+    common = ["export", "--storage", synthetic_url, "--study", "synth", "--best"]
+    new = tune(*common, "--format", "command", "--engine-version", "0.26.0")
+    old = tune(*common, "--format", "vllm-cmd", "--vllm-version", "0.26.0")
+    assert new.returncode == old.returncode == 0, old.stderr
+    assert old.stdout == new.stdout and "# tracetune export (command)" in new.stdout
+    assert "vLLM 0.26.0" in new.stdout
 
 
 @pytest.mark.integration
 def test_export_best_is_the_trial_in_best_json(mini_study, tmp_path):
-    """`tune export --best` and the tuner's best.json name the same trial; its vllm-cmd runs in a shell."""
+    """`tune export --best` and the tuner's best.json name the same trial; its command runs in a shell."""
     run_dir, _, first = mini_study
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     best = json.loads((run_dir / "best.json").read_text())

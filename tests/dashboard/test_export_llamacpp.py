@@ -182,7 +182,7 @@ def header(text: str) -> list[str]:
 def test_the_command_runs_llama_server_with_the_trials_settings(request, machine, tmp_path, which):
     study = request.getfixturevalue(f"{which}_study")
     trial = study.trial(0)
-    text = export(study, trial, "vllm-cmd")
+    text = export(study, trial, "command")
     called = run_llama_cmd(text, tmp_path)
     flags = flags_of(called["argv"])
     assert_flags_match(flags, trial.config, made(machine, "Q8_0"), made(machine, "Q4_K_M"))
@@ -193,7 +193,7 @@ def test_the_command_runs_llama_server_with_the_trials_settings(request, machine
 
 
 def test_a_gguf_the_user_gave_round_trips_byte_for_byte(llama_study, tmp_path):
-    text = export(llama_study, llama_study.trial(1), "vllm-cmd")
+    text = export(llama_study, llama_study.trial(1), "command")
     flags = flags_of(run_llama_cmd(text, tmp_path)["argv"])
     assert_flags_match(flags, llama_study.trial(1).config, NASTY_GGUF, None)
     assert not list(tmp_path.glob("x")), "a command substitution in the path ran"
@@ -314,8 +314,8 @@ def test_a_vllm_trial_of_a_choice_study_exports_as_vllm_does(choice_study):
 
 
 def test_the_reference_is_the_first_engines_defaults(llama_study, choice_study):
-    text = export(llama_study, llama_study.reference_run, "vllm-cmd")
-    assert "# tracetune export (vllm-cmd): study 'choice', the reference (llama.cpp's defaults)" in text
+    text = export(llama_study, llama_study.reference_run, "command")
+    assert "# tracetune export (command): study 'choice', the reference (llama.cpp's defaults)" in text
     assert "vLLM" not in text  # a llama.cpp study never names vLLM
     assert "# quality cost vs llama.cpp's defaults: " in export(llama_study, llama_study.trial(0), "k8s")
     assert "# quality cost vs vLLM's defaults: " in export(choice_study, choice_study.trial(0), "k8s")
@@ -324,11 +324,11 @@ def test_the_reference_is_the_first_engines_defaults(llama_study, choice_study):
 def test_the_header_says_the_cpu_measurement_holds_on_the_cpu_image(llama_study):
     said = header(export(llama_study, llama_study.trial(0), "compose"))
     assert said[1] == ("# measured on platform cpu with llama.cpp; the same settings for llama.cpp server-b11312 (the "
-                       "release tracetune builds; --vllm-version names another) on the CPU, as measured: its numbers "
+                       "release tracetune builds; --engine-version names another) on the CPU, as measured: its numbers "
                        "hold on a machine like the measuring one (the image's build picks its CPU kernels at run time; "
                        "tracetune measured a build for the measuring CPU)")
     assert not any("left out for the GPU" in line for line in said)
-    tagged = export(llama_study, llama_study.trial(0), "compose", ExportOptions(vllm_version="server-b9999"))
+    tagged = export(llama_study, llama_study.trial(0), "compose", ExportOptions(engine_version="server-b9999"))
     assert "image: ghcr.io/ggml-org/llama.cpp:server-b9999" in tagged
 
 

@@ -28,7 +28,7 @@ def test_a_straddling_interval_is_undecided_never_within(url):
 
 
 def test_tune_export_best_says_undecided(url):
-    out = run_tune("export", "--storage", url, "--study", "undecided", "--best", "--format", "vllm-cmd", timeout=120)
+    out = run_tune("export", "--storage", url, "--study", "undecided", "--best", "--format", "command", timeout=120)
     assert out.returncode == 0, out.stderr
     comments = [line for line in out.stdout.splitlines() if line.startswith("#")]
     assert any("UNDECIDED against the default gate (ppl<=+1%)" in line for line in comments), comments
@@ -40,7 +40,7 @@ def test_an_nll_only_quality_reads_in_perplexity(url):
     four_bit = study.trial(1)
     assert quality_text(four_bit.quality).startswith("perplexity +55.27% [+49.18%, +61.61%]")
     assert four_bit.gate_decision.word == "outside"
-    out = run_tune("export", "--storage", url, "--study", "undecided", "--trial", "1", "--format", "vllm-cmd", timeout=120)
+    out = run_tune("export", "--storage", url, "--study", "undecided", "--trial", "1", "--format", "command", timeout=120)
     assert "quality cost vs vLLM's defaults: +55.3% perplexity [+49.2%, +61.6%]" in out.stdout, out.stdout
 
 
@@ -52,11 +52,11 @@ def test_defaults_breaking_the_slo_are_no_candidate_and_their_export_says_so(url
     assert ref.violations == ["breaks the SLO: TTFT p99 17.8 s against 2 s, every load failed"]
     assert "(vLLM's defaults break it: TTFT p99 17.8 s against 2 s, every load failed; 2 measured trial(s)" \
         in study.decision.verdict()
-    out = run_tune("export", "--storage", url, "--study", "slo_broken", "--reference", "--format", "vllm-cmd", timeout=120)
+    out = run_tune("export", "--storage", url, "--study", "slo_broken", "--reference", "--format", "command", timeout=120)
     assert out.returncode == 0, out.stderr
     assert "# WARNING: vLLM's defaults break the study's SLO (TTFT p99 17.8 s against 2 s, every load failed)" \
         in out.stdout, out.stdout
-    best = run_tune("export", "--storage", url, "--study", "slo_broken", "--best", "--format", "vllm-cmd", timeout=120)
+    best = run_tune("export", "--storage", url, "--study", "slo_broken", "--best", "--format", "command", timeout=120)
     assert best.returncode != 0 and "vLLM's defaults are best" not in best.stderr
 
 
@@ -82,7 +82,7 @@ def test_chart_hovers_say_the_decision_too(url):
 
 
 def test_the_export_states_quality_loss_in_its_unit_and_never_on_random_weights(url):
-    measured = run_tune("export", "--storage", url, "--study", "undecided", "--trial", "1", "--format", "vllm-cmd",
+    measured = run_tune("export", "--storage", url, "--study", "undecided", "--trial", "1", "--format", "command",
                         timeout=120).stdout
     line = next(x for x in measured.splitlines() if x.startswith("# measured: "))
     assert "quality_loss=" in line and line.rstrip().endswith("nats/token"), line

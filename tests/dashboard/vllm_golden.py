@@ -35,7 +35,7 @@ def cases(study: StudyView) -> Iterator[tuple[str, str]]:
                            name="mine", models_pvc="llm", port=9000)
     views = (("gpu-t1", study, study.trial(1), ExportOptions()),
              ("gpu-ref", study, study.reference_run, ExportOptions()),
-             ("gpu-t3", study, study.trial(3), ExportOptions(vllm_version="0.26.0")),
+             ("gpu-t3", study, study.trial(3), ExportOptions(engine_version="0.26.0")),
              ("cpu-t1", cpu, cpu_trial, ExportOptions()),
              ("dummy", study, dummy, ExportOptions(allow_dummy_weights=True, gpus=0)),
              ("shaped", cpu, cpu.trial(0), shaped))
