@@ -99,6 +99,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
             console.print(f"  {r.get('shown') or r['trial']}: acceptance caveat: {caveats}", highlight=False,
                           markup=False)
     console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
+    if standings := _engine_standings(study, results, reference, decision, tuner):
+        console.print(standings, highlight=False, markup=False)
     if decision.dominated_by_reference:
         console.print(f"  vLLM's defaults beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
                       f"objective: they are not on the front.", highlight=False)
@@ -127,6 +129,43 @@ def _engine_defaults(study, engine) -> dict[int, str]:
     shown = {kind.name: kind.shown for kind in engine.engines}
     return {t.number: f"{shown.get(name, name)} defaults" for t in study.trials
             if (name := TrialRecord.of(t).defaults_of) is not None}
+
+
+def _engine_standings(study, results: dict[int, dict], reference: dict | None, decision, tuner) -> str:
+    """In a study choosing between engines, each engine's best within the quality gate by the
+    deciding objective, and which is ahead (`tuner.engine_standings`); "" in a one-engine study."""
+    from tracetune.capacity.result import bracket_rps
+    from tracetune.tuner.engine_standings import Entry, standings_text
+    from tracetune.tuner.storage import Status
+    from tracetune.tuner.trial_record import TrialRecord
+
+    kinds = tuner.engine.engines
+    if len(kinds) < 2 or not decision.by:
+        return ""
+    shown = {kind.name: kind.shown for kind in kinds}
+    key, by = decision.objectives.index(decision.by), decision.by
+    gated = tuner.settings.max_quality_loss is not None
+
+    def entry(engine: str, name: str, value: float, summary: dict | None) -> Entry:
+        high = bracket_rps((summary or {}).get("capacity"))[1] if by == "capacity" else None
+        return Entry(shown.get(engine, engine), name, value, high)
+
+    entries, outside = [], {}
+    if decision.reference_values is not None and decision.reference_feasible:
+        entries.append(entry(kinds[0].name, "its defaults", decision.reference_values[key],
+                             (reference or {}).get("summary")))
+    for t in study.trials:
+        record = TrialRecord.of(t)
+        if not t.values or record.status not in (Status.MEASURED, Status.PRUNED):
+            continue
+        engine = str((record.values or {}).get("engine") or record.defaults_of or kinds[0].name)
+        if gated and record.constraints and record.constraints[-1] > 0:
+            outside[shown.get(engine, engine)] = outside.get(shown.get(engine, engine), 0) + 1
+            continue
+        name = "its defaults" if record.defaults_of else f"trial {t.number}"
+        entries.append(entry(engine, name, t.values[key], (results.get(t.number) or {}).get("summary")))
+    return standings_text(entries, [kind.shown for kind in kinds], by, OBJECTIVES[by] == "maximize",
+                          lambda v: fmt_objective(by, v), outside)
 
 
 def _objectives_text(study, number: int, objectives: list[str]) -> str:

@@ -92,12 +92,21 @@ def group_failures(failures: Sequence[tuple[int, str, str]]) -> list[tuple[str, 
     values) are one cause, shown by its first trial's reason."""
     import re
 
-    groups: dict[tuple[str, str], tuple[str, list[int]]] = {}
+    groups: dict[tuple[str, str], tuple[list[str], list[int]]] = {}
     for number, status, reason in failures:
         key = (status, re.sub(r"\d+(\.\d+)?", "N", reason or "")[:200])
-        groups.setdefault(key, (reason or "", []))[1].append(number)
+        reasons, numbers = groups.setdefault(key, ([], []))
+        reasons.append(reason or "")
+        numbers.append(number)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1][1]), kv[1][1][0]))
-    return [(status, reason, numbers) for (status, _), (reason, numbers) in ordered]
+    return [(status, _shown_reason(reasons, numbers), numbers) for (status, _), (reasons, numbers) in ordered]
+
+
+def _shown_reason(reasons: Sequence[str], numbers: Sequence[int]) -> str:
+    """A cause's words: its first trial's reason, said to be that trial's where the others' numbers differ."""
+    if len(set(reasons)) == 1:
+        return reasons[0]
+    return f"{reasons[0]} (trial {numbers[0]}'s; the others differ in their numbers)"
 
 
 def deciding_objective(objectives: Sequence[str], directions: Sequence[str]) -> int:

@@ -85,11 +85,19 @@ def presets(space: SearchSpace, records: Sequence[TraceRecord]) -> list[dict[str
     return out
 
 
+# llama-server's own defaults, for the knobs a preset leaves as they are (where the space offers them)
+LLAMACPP_DEFAULT_LIKE: dict[str, ParamValue] = {"kv_cache_type": "f16", "batch_size": 2048, "ubatch_size": 512,
+                                                "cache_reuse": 0}
+
+
 def _llamacpp_q8(space: SearchSpace) -> dict[str, ParamValue]:
-    """llama.cpp with 8-bit GGUF weights (Q8_0) and its most slots: on a 2-core CPU it served 2.65x the
-    output tokens of vLLM's defaults at +0.8% perplexity (issue 34's measurement); the rest sampled."""
+    """llama.cpp with 8-bit GGUF weights (Q8_0) and its most slots, the rest as llama-server's defaults
+    where the space offers them (else sampled): on a 2-core AVX2 CPU it served 2.65x the output tokens
+    of vLLM's defaults at +0.8% perplexity (issue 34's measurement). Unset, a sampled quantized KV
+    cache with flash attention off made the preset a configuration that cannot run."""
     slots = space.parameters.get("parallel_slots")
     out: dict[str, ParamValue] = {"engine": "llamacpp", "weight_format": "Q8_0"}
+    out.update({name: value for name, value in LLAMACPP_DEFAULT_LIKE.items() if _offers(space, name, value)})
     if slots is not None and slots.choices:
         out["parallel_slots"] = max(slots.choices)
     return {name: value for name, value in out.items() if name in space.parameters and space.active(name, out)}

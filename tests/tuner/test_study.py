@@ -294,7 +294,9 @@ def test_failures_group_by_cause_when_only_their_numbers_differ():
         (3, "rejected", "max_num_batched_tokens (1024) is below max_model_len (2048) without chunked prefill"),
         (4, "rejected", "max_num_batched_tokens (256) is below max_model_len (2048) without chunked prefill")])
     assert [(status, numbers) for status, _, numbers in causes] == [("rejected", [1, 3, 4]), ("engine_failed", [2])]
-    assert causes[0][1].startswith("max_num_batched_tokens (512)")  # shown by its first trial's reason
+    assert causes[0][1].startswith("max_num_batched_tokens (512)")  # shown by its first trial's reason,
+    assert causes[0][1].endswith("(trial 1's; the others differ in their numbers)")  # said to be its
+    assert causes[1][1] == "engine exited at start: no memory for the KV cache"  # alone: as it is
 
 
 def test_hypervolume_is_exact_on_known_fronts():
