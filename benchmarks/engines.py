@@ -98,13 +98,13 @@ def _spread(values: list[float]) -> dict:
     return {"value": statistics.median(values), "ci_low": min(values), "ci_high": max(values), "runs": values}
 
 
-def capacity(server, trace: Path, precision: float) -> dict:
+def capacity(server, trace: Path, precision: float, level_args: list[str]) -> dict:
     """`tune capacity --endpoint` against the running server: the capacity and its bracket."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "capacity.json"
         cmd = [sys.executable, "-m", "tracetune", "capacity", "--endpoint", server.endpoint.base_url,
                "--served-model", server.endpoint.model, "--trace", str(trace), "--slo", SLO,
-               "--precision", str(precision), "--json", str(out), "--out", str(Path(tmp) / "run")]
+               "--precision", str(precision), *level_args, "--json", str(out), "--out", str(Path(tmp) / "run")]
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if done.returncode != 0 or not out.exists():
             return {"error": (done.stderr or done.stdout)[-400:]}
@@ -141,7 +141,7 @@ def measure(label: str, engine: str, values, args, model: Path, prompts: list[st
         if args.quality and probe is not None:
             row["quality"] = quality(server, probe)
         if args.capacity:
-            row["capacity"] = capacity(server, args.trace, args.precision)
+            row["capacity"] = capacity(server, args.trace, args.precision, args.level_args.split())
     finally:
         server.stop()
     print(line(row), flush=True)
@@ -212,6 +212,9 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=16, help="requests per throughput measurement (at least)")
     p.add_argument("--repeats", type=int, default=3, help="throughput measurements per load (median, range)")
     p.add_argument("--precision", type=float, default=0.1, help="capacity bracket precision")
+    p.add_argument("--level-args", default="", metavar="ARGS",
+                   help="more `tune capacity` options for the load levels, e.g. the quickstart's "
+                        "'--level-requests 60 --level-lifetimes 3'")
     p.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM in eager mode, as the quickstart runs it (default on)")
     p.add_argument("--quality", action=argparse.BooleanOptionalAction, default=True)
@@ -238,7 +241,8 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"cpu": _cpu_name(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version()},
         "trace": str(args.trace.relative_to(ROOT)) if args.trace.is_relative_to(ROOT) else str(args.trace),
-        "slo": SLO, "output_tokens": OUTPUT_TOKENS, "vllm_eager": args.eager, "model": model.name,
+        "slo": SLO, "precision": args.precision, "level_args": args.level_args, "output_tokens": OUTPUT_TOKENS,
+        "vllm_eager": args.eager, "model": model.name,
         "rows": rows}, indent=2))
     print(f"wrote {args.out}")
     return 0
