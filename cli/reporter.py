@@ -65,6 +65,7 @@ class ConsoleReporter(NullReporter):
     def on_reference_done(self, *, summary: Summary, quality: QualityResult | None) -> None:
         self.console.print(f"reference: TTFT p99 {fmt_objective('ttft_p99', summary.latency['ttft']['p99'].value)} · "
                            f"{summary.output_throughput_tps.value:.1f} tok/s at the trace's rate")
+        self._end_task()  # else its progress line stayed on screen to the study's end
 
     def on_waiting(self, *, what: str, owner: str, trial: int | None) -> None:
         who = f" (worker {owner})" if owner else ""
@@ -86,6 +87,7 @@ class ConsoleReporter(NullReporter):
         self.console.print(f"\n[bold]trial {number}[/] {dict(values)}")
 
     def on_engine_starting(self, *, label: str) -> None:
+        self._end_task()
         self.task = self.progress.add_task(f"  {label}: engine starting", total=None, info="")
 
     def on_engine_ready(self, *, label: str, startup_s: float) -> None:

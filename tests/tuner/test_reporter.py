@@ -32,3 +32,26 @@ def test_the_null_reporter_ignores_every_event():
             assert reporter.replay_progress(1, 2, 0) is None
         else:
             assert getattr(reporter, name)(**args) is None
+
+
+def test_the_references_progress_line_ends_with_the_reference():
+    """The reference's progress line went on to the study's end (printed stale below the last trial);
+    each engine's line now ends with its measurement, the reference's too."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from tracetune.replay.metrics import summarize
+    from tracetune.replay.types import ReplayOptions, ReplayResult
+
+    console = Console(file=io.StringIO(), width=80)
+    progress = Progress(console=console)
+    reporter = ConsoleReporter(console, progress, storage="sqlite://", platform="cpu")
+    reporter.on_engine_starting(label="reference")
+    assert len(progress.tasks) == 1
+    reporter.on_reference_done(summary=summarize(ReplayResult([], 1.0, ReplayOptions())), quality=None)
+    assert progress.tasks == []
+    reporter.on_engine_starting(label="trial-0000")
+    reporter.on_engine_starting(label="trial-0001")  # a line left open is ended by the next
+    assert [t.description for t in progress.tasks] == ["  trial-0001: engine starting"]
