@@ -150,7 +150,8 @@ def _engine_standings(study, results: dict[int, dict], reference: dict | None, d
         high = bracket_rps((summary or {}).get("capacity"))[1] if by == "capacity" else None
         return Entry(shown.get(engine, engine), name, value, high)
 
-    entries, outside = [], {}
+    entries: list[Entry] = []
+    outside: dict[str, int] = {}
     if decision.reference_values is not None and decision.reference_feasible:
         entries.append(entry(kinds[0].name, "its defaults", decision.reference_values[key],
                              (reference or {}).get("summary")))
