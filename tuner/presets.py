@@ -85,19 +85,23 @@ def presets(space: SearchSpace, records: Sequence[TraceRecord]) -> list[dict[str
     return out
 
 
-# llama-server's own defaults, for the knobs a preset leaves as they are (where the space offers them)
+# llama-server's own defaults, for the knobs a preset leaves as they are (where the space offers them):
+# its flash attention "auto" turns on where the backend has it, as a CPU's does
 LLAMACPP_DEFAULT_LIKE: dict[str, ParamValue] = {"kv_cache_type": "f16", "batch_size": 2048, "ubatch_size": 512,
-                                                "cache_reuse": 0}
+                                                "cache_reuse": 0, "flash_attn": "on"}
 
 
 def _llamacpp_q8(space: SearchSpace) -> dict[str, ParamValue]:
     """llama.cpp with 8-bit GGUF weights (Q8_0) and its most slots, the rest as llama-server's defaults
     where the space offers them (else sampled): on a 2-core AVX2 CPU it served 2.65x the output tokens
-    of vLLM's defaults at +0.8% perplexity (issue 34's measurement). Unset, a sampled quantized KV
-    cache with flash attention off made the preset a configuration that cannot run."""
-    slots = space.parameters.get("parallel_slots")
+    of vLLM's defaults at +0.8% perplexity (issue 34's measurement). Slots and threads at the most
+    the space offers (llama-server's own default uses every core). Unset, a sampled quantized KV
+    cache with flash attention off made the preset a configuration that cannot run, and a sampled
+    single thread left one of two cores idle (the quickstart's studies, 2026-12-04)."""
     out: dict[str, ParamValue] = {"engine": "llamacpp", "weight_format": "Q8_0"}
     out.update({name: value for name, value in LLAMACPP_DEFAULT_LIKE.items() if _offers(space, name, value)})
-    if slots is not None and slots.choices:
-        out["parallel_slots"] = max(slots.choices)
+    for name in ("parallel_slots", "threads"):
+        param = space.parameters.get(name)
+        if param is not None and param.choices:
+            out[name] = max(param.choices)
     return {name: value for name, value in out.items() if name in space.parameters and space.active(name, out)}

@@ -60,6 +60,8 @@ def test_a_space_over_both_engines_presets_vllm_8_bit_and_llamacpp_q8_0():
     vllm_8bit, llama_q8 = presets(load_space(CPU_SPACE, engine_kind("vllm+llamacpp")), FREE)
     assert vllm_8bit == {"engine": "vllm", "weight_bits": 8, "max_num_seqs": 32, "enable_prefix_caching": True}
     # llama-server's defaults for the rest the space offers: a sampled quantized V cache with flash
-    # attention off made the preset one that cannot run (the quickstart's study, 2026-12-04)
+    # attention off made the preset one that cannot run, a sampled single thread left a core idle
+    # (the quickstart's studies, 2026-12-04)
     assert llama_q8 == {"engine": "llamacpp", "weight_format": "Q8_0", "parallel_slots": 16, "kv_cache_type": "f16",
-                        "batch_size": 2048, "ubatch_size": 512, "cache_reuse": 0}
+                        "batch_size": 2048, "ubatch_size": 512, "cache_reuse": 0, "flash_attn": "on",
+                        "threads": 2}
