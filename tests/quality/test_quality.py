@@ -69,6 +69,14 @@ def test_a_candidate_with_only_the_platforms_noise_is_within_the_floor():
     assert result.top_k == 20 and result.n_prompts == 24
 
 
+def test_an_excess_over_the_floor_too_small_to_matter_is_within_it():
+    """A floor pass that drew no noise and a candidate that drew a little (one server, its batch
+    compositions varying with timing): beyond the floor by a clear but negligible KLD, within it."""
+    result = study(noise_floor=0.0, candidate=0.02)
+    assert result.beyond_floor["kld"].low > 0 and result.beyond_floor["kld"].high < 1e-3
+    assert result.within_floor is True
+
+
 def test_a_lossy_candidate_is_outside_the_floor_in_every_unit():
     result = study(noise_floor=0.05, candidate=0.6)
     assert result.within_floor is False
