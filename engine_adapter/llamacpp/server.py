@@ -24,7 +24,7 @@ from tracetune.engine_adapter.llamacpp.binaries import llamacpp_dir, tool
 from tracetune.engine_adapter.llamacpp.config import DERIVED_PREFIX, QUANTIZED_CACHE, LlamaCppConfig
 from tracetune.engine_adapter.llamacpp.gguf import FORMATS, gguf_checkpoint, gguf_path
 from tracetune.engine_adapter.llamacpp.verify import unapplied
-from tracetune.engine_adapter.platform import Platform
+from tracetune.engine_adapter.platform import Platform, cpu_flags
 from tracetune.engine_adapter.process import ServerProcess, free_port
 from tracetune.errors import EngineError, EngineStartError, InputError
 
@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 
 API_KEY_ENV = "LLAMA_API_KEY"
 LOG_VERBOSITY = "4"  # llama.cpp states the context it built (KV types, flash attention, batch) from 4 up
+# On a CPU with AMX the build's AMX kernels take every quantized weight (Q8_0, Q4_0, Q4_K_M, ...):
+# there llama-server b11312 died of a segmentation fault in ggml_backend_amx_mul_mat while warming
+# up, whatever the slots, flash attention or micro-batch (measured on a 2-core Xeon with AMX; F16,
+# which AMX does not take, served). `--no-repack` keeps weights out of the AMX and repacked
+# buffers; the cause is not known (llama.cpp issue 20824 reports the same crash on one machine
+# and not another), so it is set on every AMX CPU.
+AMX_FLAG = "amx_int8"
 
 
 def own(config: EngineConfig) -> LlamaCppConfig:
@@ -119,6 +126,8 @@ def build_command(config: EngineConfig, platform: Platform, *, host: str = "127.
     flag("--cache-reuse", config.cache_reuse)
     flag("--threads", config.threads)
     flag("--threads-batch", config.threads_batch)
+    if platform == Platform.CPU and AMX_FLAG in cpu_flags():
+        argv.append("--no-repack")
     argv.extend(config.extra_args)
     return argv, dict(config.env)
 

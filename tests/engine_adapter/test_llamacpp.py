@@ -51,6 +51,16 @@ def test_every_knob_reaches_its_flag():
     assert argv[-2:] == ["--seed", "1"] and env == {"A": "b"}
 
 
+@pytest.mark.parametrize("flags,platform,kept_out", [
+    ({"avx512f", "amx_tile", "amx_int8"}, Platform.CPU, True), ({"avx2", "avx512f"}, Platform.CPU, False),
+    ({"amx_int8"}, Platform.CUDA, False)])
+def test_weights_stay_out_of_the_amx_kernels_on_a_cpu_with_amx(monkeypatch, flags, platform, kept_out):
+    """llama-server b11312's AMX kernels crashed at warm-up on quantized weights (server.py)."""
+    monkeypatch.setattr("tracetune.engine_adapter.llamacpp.server.cpu_flags", lambda: frozenset(flags))
+    argv, _ = build_command(LlamaCppConfig(model=MODEL, gguf=GGUF, extra_args=["--seed", "1"]), platform)
+    assert ("--no-repack" in argv) is kept_out and argv[-2:] == ["--seed", "1"]
+
+
 def test_a_derived_draft_is_the_models_own_gguf(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACETUNE_HOME", str(tmp_path))
     model = tmp_path / "smol"
