@@ -8,7 +8,7 @@
 # engines (search_spaces/cpu.yaml): vLLM's defaults are the reference, llama.cpp's defaults are
 # measured as trial 0, then one informed configuration of each engine (8-bit weights). vLLM runs in
 # eager mode so that each server starts in well under a minute.
-# Sized to end in 20-25 minutes on 2 cores, each choice said in the README: capacities to 20%, a
+# Measured 19-31 minutes on 2 cores (README), each choice said there: capacities to 20%, a
 # load level lasts 2 request lifetimes within the SLO (~52 s here) instead of 5 and at least the
 # trace's 60 requests instead of 100 (matters only below its rate), and quality is gated
 # at the default (+1% perplexity) with a quarter of the default probe (16 texts x 256 sampled tokens:
