@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from tracetune.capacity import segments
+from tracetune.capacity.response import slo_ratio
 from tracetune.capacity.step import CapacityOptions, Step
 from tracetune.replay.metrics import SLO, slo_value
 from tracetune.replay.types import PreparedRequest, RequestRecord
@@ -105,6 +106,8 @@ def judge_parts(scale: float, done: Sequence[PartOutcome], windows: segments.Win
                 parts=[d.as_dict() for d in done], trace_windows=windows.n, attainment_bounds=[low, high],
                 undecided=undecided, last_third=last_third)
     weighted = [(d.stands_for[0] / windows.requests, d.records, d.step.planned) for d in done]
+    ratio = slo_ratio(weighted, options.slos, options.attainment)
+    step.slo_ratio = ratio.as_list() if ratio is not None else None
     if abandoned:
         step.decided_by = "misses"
     elif attainment < options.attainment or high < options.attainment:

@@ -88,6 +88,10 @@ class Step:
     trace_windows: int = 0
     attainment_bounds: list[float] | None = None  # the whole trace's, [low, high], from the parts replayed
     undecided: bool = False  # the bounds still straddled the target after the most parts: the estimate decided
+    # How close the requests came to the SLO (`capacity.response`): [95% low, value, high], None for infinite.
+    slo_ratio: list[float | None] | None = None
+    placed_by: str = ""  # the rule that chose this level's load (`capacity.response.place`), "" for a seed
+    repeat_rule: str = ""  # for a bracket end: why it was (or was not) measured again
 
     def as_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "outcome": self.outcome}

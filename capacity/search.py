@@ -16,6 +16,12 @@ is measured once more, and if the client falls behind again the search stops the
 Early stop (`prune_at`): where a tuner already knows a configuration at least as good on every other
 objective that passes level L, a new configuration that fails L (confirmed by a repeat) cannot be on
 the front; its search ends there with verdict *pruned* and the bracket it has, [highest pass, L].
+
+Rules (`CapacityOptions.rules`): "guided" (the default) places each level where the model of
+`capacity.response` says the SLO is crossed (bracketing and bisection as above where it cannot
+say) and repeats a bracket end, or a pruning fail, only where its outcome is marginal
+(`capacity.response.repeat_rule`, named on the level); "classic" doubles, bisects at the geometric
+midpoint and repeats both ends and every pruning fail, as tracetune did before.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from tracetune.capacity import response
 from tracetune.capacity.step import CapacityOptions, CapacityResult, Step, Verdict
 
 Measure = Callable[[float, bool], Step]  # (scale, is_repeat) -> Step
@@ -40,6 +47,7 @@ class _Search:
         self.overloaded: list[Step] = []
         self.unstable = False
         self.verdict = "ok"
+        self.bisect_next = False  # the last model-placed level did not halve the bracket
 
     @property
     def hi(self) -> float | None:
@@ -58,14 +66,42 @@ class _Search:
         else:
             self.outcome[step.scale] = step.passed
 
-    def run(self, scale: float, repeat: bool = False, retry: bool = True) -> Step:
+    @property
+    def guided(self) -> bool:
+        return self.options.rules == "guided"
+
+    def run(self, scale: float, repeat: bool = False, retry: bool = True, placed_by: str = "") -> Step:
         step = self.measure(scale, repeat)
+        step.placed_by = "repeat" if repeat else placed_by
         self.steps.append(step)
         if retry and step.client_overloaded and not step.passed and not repeat:
             # A failure the client may have caused says nothing yet: measure the level once more.
             step = self.measure(scale, False)
+            step.placed_by = "client retry"
             self.steps.append(step)
         return step
+
+    def next_scale(self) -> tuple[float, str]:
+        """Where the next level goes while bracketing or bisecting, and the rule that put it there."""
+        lo, hi = self.lo, self.hi
+        if not self.guided:
+            if lo is not None and hi is not None:
+                return math.sqrt(lo * hi), "bisection"
+            return (lo * 2, "doubling") if lo is not None else ((hi or self.options.start_scale) / 2, "halving")
+        prediction = response.predict(self.steps)
+        scale, rule = response.place(lo, hi, prediction, self.options.precision, bisect=self.bisect_next)
+        self.bisect_next = False
+        return scale, rule
+
+    def placed(self, rule: str, width: float) -> None:
+        """After a model-placed level: the next bisects when this one did not halve the bracket."""
+        lo, hi = self.lo, self.hi
+        if rule == "model" and lo is not None and hi is not None and math.isfinite(width):
+            self.bisect_next = math.log(hi / lo) > width / 2
+
+    def width(self) -> float:
+        lo, hi = self.lo, self.hi
+        return math.log(hi / lo) if lo is not None and hi is not None else math.inf
 
     def budget_left(self) -> bool:
         if len(self.steps) >= self.options.max_steps:
@@ -73,22 +109,22 @@ class _Search:
             return False
         return True
 
-    def bracket(self, scale: float) -> None:
-        """Double (or halve) until one level passes and a higher one fails. Halving stops early
-        when two halvings in a row did not raise the attainment: the misses do not come from the
-        load (e.g. bursts of the trace the config cannot serve within the SLO at any rate)."""
+    def bracket(self, scale: float | None) -> None:
+        """Double (or halve; guided: step to the model's prediction) until one level passes and a
+        higher one fails, starting at `scale` (None: wherever the rule places it). Going down stops
+        early when two failing levels in a row did not raise the attainment: the misses do not come
+        from the load (e.g. bursts of the trace the config cannot serve within the SLO at any rate)."""
         flat = 0
         while not self.overloaded and (self.lo is None or self.hi is None) and self.budget_left():
             lo, hi = self.lo, self.hi
-            if lo is not None and scale <= lo:
-                scale = lo * 2
-            if hi is not None and scale >= hi:
-                scale = hi / 2
+            rule = "start"
+            if scale is None or (lo is not None and scale <= lo) or (hi is not None and scale >= hi):
+                scale, rule = self.next_scale()
             if scale > self.options.max_scale or scale < self.options.min_scale:
                 self.verdict = "above_max" if scale > self.options.max_scale else "below_min"
                 return
-            before = self._attainment_at(scale * 2)
-            step = self.run(scale)
+            before = self._attainment_above(scale)
+            step = self.run(scale, placed_by=rule)
             self.add(step)
             if not step.passed and before is not None and step.attainment <= before + 1.0 / max(step.planned, 1):
                 flat += 1
@@ -97,18 +133,26 @@ class _Search:
                     return
             else:
                 flat = 0
-            scale = scale * 2 if step.passed else scale / 2
+            scale = None
 
-    def _attainment_at(self, scale: float) -> float | None:
-        """The last measured attainment of a failed level at `scale` (None if there is none)."""
-        failed = [s.attainment for s in self.steps if math.isclose(s.scale, scale) and not s.passed]
-        return failed[-1] if failed else None
+    def _attainment_above(self, scale: float) -> float | None:
+        """The last measured attainment of the lowest failed level above `scale` (None: none failed
+        above it)."""
+        above = [s for s in self.steps if s.scale > scale * (1 + 1e-9) and not s.passed]
+        if not above:
+            return None
+        lowest = min(s.scale for s in above)
+        return [s.attainment for s in above if math.isclose(s.scale, lowest)][-1]
 
     def bisect(self) -> None:
-        """Geometric midpoints until the bracket is within the precision."""
+        """Levels inside the bracket (geometric midpoints; guided: where the model puts the crossing)
+        until the bracket is within the precision."""
         while (not self.overloaded and self.lo is not None and self.hi is not None
-               and self.hi / self.lo - 1 > self.options.precision and self.budget_left()):
-            self.add(self.run(math.sqrt(self.lo * self.hi)))
+               and self.hi / self.lo - 1 > self.options.precision + 1e-9 and self.budget_left()):
+            width = self.width()
+            scale, rule = self.next_scale()
+            self.add(self.run(scale, placed_by=rule))
+            self.placed(rule, width)
 
     def prune(self, level: float) -> bool:
         """True when the configuration fails `level` (or a lower level already failed), confirmed
@@ -119,15 +163,25 @@ class _Search:
         if failed:
             scale = max(failed)
         else:
-            step = self.run(level)
+            step = self.run(level, placed_by="prune")
             self.add(step)
             if step.passed or self.overloaded:
                 return False
             scale = level
-        if self.options.confirm and self.confirm(scale):
+        if self.options.confirm and self.needs_repeat(scale) and self.confirm(scale):
             return False  # the failure did not hold up: search as usual
         self.verdict = "pruned"
         return True
+
+    def needs_repeat(self, scale: float) -> bool:
+        """Classic: always. Guided: where the level's outcome is marginal (`capacity.response.repeat_rule`);
+        the rule is named on the level."""
+        last = [s for s in self.steps if math.isclose(s.scale, scale) and not (s.client_overloaded and not s.passed)]
+        if not self.guided or not last:
+            return True
+        needed, why = response.repeat_rule(last[-1], self.options.attainment)
+        last[-1].repeat_rule = why
+        return needed
 
     def confirm(self, scale: float) -> bool:
         """Measure a boundary level again; on disagreement a third time, the majority decides and
@@ -164,7 +218,7 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
 def _search(search: _Search, options: CapacityOptions) -> None:
     """Bracket, bisect, confirm both ends; again from where an end's outcome changed."""
     confirmed: set[float] = set()
-    scale = options.start_scale
+    scale: float | None = options.start_scale
     while True:
         search.bracket(scale)
         search.bisect()
@@ -174,11 +228,14 @@ def _search(search: _Search, options: CapacityOptions) -> None:
         changed = False
         for end in ends:
             confirmed.add(end)
-            changed = search.confirm(end) or changed
+            changed = (search.needs_repeat(end) and search.confirm(end)) or changed
         if not changed:
             break
         search.verdict = "ok"
-        scale = (search.lo or options.start_scale) * 2 if search.hi is None else search.hi / 2
+        if search.guided:
+            scale = None
+        else:
+            scale = (search.lo or options.start_scale) * 2 if search.hi is None else search.hi / 2
 
 
 def _result(search: _Search, options: CapacityOptions, gpus: int, base_rates: tuple[float, float],

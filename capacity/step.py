@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tracetune.capacity import sustain
+from tracetune.capacity.response import slo_ratio
 
 # The records of a search (`capacity.result`), read here by the modules that measure and judge levels.
 from tracetune.capacity.result import (  # noqa: F401
@@ -59,6 +60,7 @@ from tracetune.replay.types import InFlight, PreparedRequest, ReplayResult, Requ
 LEVEL_SECONDS = 30.0
 LEVEL_LIFETIMES = 5.0
 LEVEL_REQUESTS = 100
+SEARCH_RULES = ("guided", "classic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +82,9 @@ class CapacityOptions:
     # A trace longer than a few windows: a level replays the windows that decide it (`capacity.segments`),
     # or, with whole_trace, the whole trace (costs the trace's length a level).
     whole_trace: bool = False
+    # How levels are placed and repeated (`capacity.search`): "guided" by the model of the response
+    # to load, repeats only where marginal; "classic": doubling, bisection, both ends repeated.
+    rules: str = "guided"
 
     def __post_init__(self) -> None:
         if not self.slos:
@@ -92,6 +97,8 @@ class CapacityOptions:
         if not self.min_scale <= self.start_scale <= self.max_scale:
             raise InputError(f"the start level {self.start_scale:g} must lie in "
                              f"[{self.min_scale:g}, {self.max_scale:g}]")
+        if self.rules not in SEARCH_RULES:
+            raise InputError(f"--search-rules must be one of {', '.join(SEARCH_RULES)}, got {self.rules!r}")
         if self.level_seconds < 0 or self.level_lifetimes < 0 or self.level_requests < 0:
             raise InputError("--level-seconds, --level-lifetimes and --level-requests must be >= 0 (0: no minimum), "
                              f"got {self.level_seconds:g}, {self.level_lifetimes:g}, {self.level_requests}")
@@ -213,6 +220,11 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
                 client_overloaded=client_overloaded(result.records, options.slos), repeat=repeat,
                 errors=sum(not r.success and not r.client_error for r in result.records),
                 window_s=window_s, passes=passes, quarters=sustain.quarters(result.records, requests, options.slos))
+    # An abandoned level's ratio is over the requests that finished (the rest were cut off): a lower
+    # bound of the whole level's, which the model of `capacity.response` uses as such.
+    judged = len(result.records) if result.abandoned else planned
+    ratio = slo_ratio([(1.0, result.records, judged)], options.slos, options.attainment)
+    step.slo_ratio = ratio.as_list() if ratio is not None else None
     if result.abandoned and planned:
         step.attainment, step.passed, step.decided_by = (planned - misses_at_stop) / planned, False, abandoned_by
     elif not passed:

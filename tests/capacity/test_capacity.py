@@ -31,7 +31,9 @@ SLOS = tuple(parse_slos("ttft:p99<1s"))
 
 
 def options(**kw) -> CapacityOptions:
-    return CapacityOptions(slos=SLOS, **kw)
+    """The classic rules (doubling, bisection, both ends repeated) unless `rules` says otherwise:
+    these tests pin them; tests/capacity/test_response.py has the guided ones."""
+    return CapacityOptions(slos=SLOS, **{"rules": "classic", **kw})
 
 
 def scripted(true_capacity: float, *, noise: float = 0.0, seed: int = 0, cliff_above: float | None = None,

@@ -168,15 +168,17 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
         other.run()
 
 
-def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True, events: Events | None = None):
+def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True, events: Events | None = None,
+                   rules: str = "classic"):
     """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
     (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
-    early stop and everything the Tuner does with them are real."""
+    early stop and everything the Tuner does with them are real. `rules`: the search's (classic by
+    default: these tests pin its levels; the guided rules' are tested where named)."""
     from tracetune.capacity.search import search_capacity
     from tracetune.capacity.step import CapacityOptions, Step
     from tracetune.replay.metrics import parse_slos
     slos = parse_slos("ttft:p99<2s")
-    capacity = CapacityOptions(slos=tuple(slos), precision=0.1)
+    capacity = CapacityOptions(slos=tuple(slos), precision=0.1, rules=rules)
     levels: dict[str, list[float]] = {}
 
     def measure(config, label, *, probe, start=1.0, prune=None):
@@ -232,6 +234,21 @@ def test_a_trial_that_cannot_reach_the_front_is_pruned_early_with_its_steps_kept
     stored = {r["trial_number"]: r for r in ResultStore(tuner.settings.storage_url).trials("s")}
     assert stored[0]["status"] == "pruned" and stored[0]["summary"]["capacity"]["verdict"] == "pruned"
     assert [s["scale"] for s in stored[2]["summary"]["capacity"]["steps"]] == [1.0, rival, rival]
+
+
+def test_guided_rules_prune_on_a_clear_fail_without_a_repeat(tmp_path):
+    """The same study under the guided rules: a fail at the prune level with half its requests missed
+    is clear (its attainment interval lies under the target), so it is not measured again."""
+    truth = {None: (0.5, 2.0), 1: (0.6, 1.2)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=1,
+                           enqueue=[{"max_num_seqs": 1}], rules="guided")
+    study = tuner.run()
+    trial = next(t for t in study.trials if t.number == 0)
+    assert trial.user_attrs["status"] == "pruned"
+    assert tuner.levels["trial-0000"] == [1.0, 2.0]  # the trace's rate and the prune level, no repeat
+    stored = {r["trial_number"]: r for r in ResultStore(tuner.settings.storage_url).trials("s")}
+    prune_level = stored[0]["summary"]["capacity"]["steps"][-1]
+    assert prune_level["repeat_rule"].startswith("clear fail")
 
 
 def test_no_prune_searches_every_trial_to_the_end(tmp_path):
