@@ -42,6 +42,7 @@ from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import Summary
 from tracetune.replay.trace import Trace
 from tracetune.search_spaces.space import SearchSpace, Value
+from tracetune.tuner.capacity_prior import CapacityPrior
 from tracetune.tuner.coordination import Coordinator, config_key, counted, running, skipped
 from tracetune.tuner.front import Candidate, Plateau, not_meaningful
 from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason
@@ -93,6 +94,7 @@ class Tuner:
         self.ending = TrialEnd(settings, self.store, self.reporter, self.redact)  # records every trial's outcome
         self.ref = ReferenceRun(settings, store=self.store, coord=self.coord, runner=runner, reporter=self.reporter)
         self._rival: Candidate | None = None  # what the running trial's capacity search may stop at (prune_level)
+        self.prior = CapacityPrior(space)  # where each trial's capacity search starts (tuner.capacity_prior)
 
     # -- the reference (tuner.reference_run) ----------------------------------------------------
     def ensure_reference(self) -> None:
@@ -158,16 +160,25 @@ class Tuner:
         """Measure the trial's configuration; what it measured, judged (`_judged`)."""
         self.reporter.on_trial_start(number=trial.number, values=dict(attempt.values), config=config)
         self._rival = None
+        self.prior.fallback = self.ref.capacity_start
+        start, _ = self.prior.start(attempt.values)
         try:
             measured = self.runner.measure(config, f"trial-{trial.number:04d}", probe=self.ref.probe(),
-                                           start=self.ref.capacity_start,
+                                           start=self._bounded(start),
                                            prune=lambda *args: self.prune_level(trial.study, *args))
         except EngineError as exc:
             return Infeasible(Status.ENGINE_FAILED, exc.reason, log_tail=exc.log_tail)
+        if self.settings.capacity is not None:
+            self.prior.add(trial.number, attempt.values, measured.summary.capacity, self.settings.capacity.min_scale)
         quality = measured.quality
         if quality is not None and quality.reused_from is None and quality.key is not None:
             self.ref.quality_known[quality.key] = (trial.number, quality.as_dict())
         return self._judged(measured, attempt.config or {})
+
+    def _bounded(self, start: float) -> float:
+        """A predicted start within the capacity search's range."""
+        capacity = self.settings.capacity
+        return start if capacity is None else min(max(start, capacity.min_scale), capacity.max_scale)
 
     def _judged(self, measured: Measurement, config: dict[str, object]) -> Outcome:
         """What a measurement counts as: measured (perhaps pruned, or not meaningful), or unusable."""
