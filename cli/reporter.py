@@ -31,6 +31,8 @@ class ConsoleReporter(NullReporter):
         self.storage, self.platform = storage, platform
         self.task: TaskID | None = None  # the progress line of the engine being measured
         self.window_said = False
+        self.remaining = 0  # trials still to run, for the estimate of the time left
+        self.walls: list[float] = []  # wall seconds of the trials ended in this run
 
     def print(self, text: str) -> None:
         self.console.print(text, highlight=False)
@@ -41,6 +43,7 @@ class ConsoleReporter(NullReporter):
 
     # -- the study ------------------------------------------------------------------------------
     def on_study(self, *, name: str, done: int, remaining: int) -> None:
+        self.remaining = remaining
         self.console.print(f"study [bold]{name}[/] · storage {self.storage} · platform {self.platform} · "
                            f"{done} trials done, {remaining} to run")
 
@@ -65,6 +68,12 @@ class ConsoleReporter(NullReporter):
     def on_reference_done(self, *, summary: Summary, quality: QualityResult | None) -> None:
         self.console.print(f"reference: TTFT p99 {fmt_objective('ttft_p99', summary.latency['ttft']['p99'].value)} · "
                            f"{summary.output_throughput_tps.value:.1f} tok/s at the trace's rate")
+        from tracetune.tuner.trial_cost import cost_text
+
+        steps = (summary.capacity or {}).get("steps")
+        split = cost_text(summary.cost, len(steps) if isinstance(steps, list) else None)
+        if split:
+            self.print(f"    time: {split}")
         self._end_task()  # else its progress line stayed on screen to the study's end
 
     def on_waiting(self, *, what: str, owner: str, trial: int | None) -> None:
@@ -137,15 +146,30 @@ class ConsoleReporter(NullReporter):
         values = " · ".join(f"{k} {fmt_objective(k, v)}" for k, v in objectives.items())
         feasible = "feasible" if all(c <= 0 for c in constraints) else "[yellow]violates constraints[/]"
         self.console.print(f"  trial {number}: {values} · {feasible} · {wall_s:.0f}s (engine start {startup_s:.0f}s)")
+        self._cost(summary, wall_s)
         self._end_task()
 
     def on_trial_failed(self, *, number: int, status: str, reason: str) -> None:
         self.print(f"  trial {number}: [red]{status}[/] (infeasible) · {reason[:300]}")
         self._end_task()
 
-    def on_trial_pruned(self, *, number: int, reason: str, wall_s: float) -> None:
+    def on_trial_pruned(self, *, number: int, reason: str, wall_s: float, summary: Summary | None = None) -> None:
         self.print(f"  trial {number}: [yellow]pruned[/] after {wall_s:.0f}s · {reason[:300]}")
+        self._cost(summary, wall_s)
         self._end_task()
+
+    def _cost(self, summary: Summary | None, wall_s: float) -> None:
+        """Where a trial's time went, and the time left for the trials still to run at that pace."""
+        from tracetune.tuner.trial_cost import cost_text, time_left
+
+        self.walls.append(wall_s)
+        self.remaining = max(self.remaining - 1, 0)
+        steps = (summary.capacity or {}).get("steps") if summary is not None else None
+        split = cost_text(summary.cost if summary is not None else None,
+                          len(steps) if isinstance(steps, list) else None)
+        parts = [p for p in (split, time_left(self.walls, self.remaining)) if p]
+        if parts:
+            self.print("    time: " + "; ".join(parts))
 
     def on_duplicate(self, *, number: int, original: int | None, reason: str | None = None) -> None:
         self.console.print(f"  trial {number}: same configuration as trial {original}: result reused, "

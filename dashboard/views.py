@@ -25,6 +25,7 @@ from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, expor
 from tracetune.dashboard.export.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
 from tracetune.errors import TuneError
 from tracetune.stored import Stored, listed, mapping
+from tracetune.tuner import trial_cost
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
 LANG = {"command": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
@@ -270,6 +271,9 @@ def page_detail(study: data.StudyView) -> None:
                              if t.interval(name) else None))
         cols[-2].metric("engine start", f"{t.startup_s:.0f} s" if t.startup_s else "-")
         cols[-1].metric("trial wall time", f"{t.wall_s:.0f} s" if t.wall_s else "-")
+        split = trial_cost.cost_text(t.summary.cost if t.summary is not None else None)
+        if split:
+            st.caption(f"Where its time went: {split}")
         if capacity.capacity_of(t.summary):
             st.caption(capacity.headline(capacity.capacity_of(t.summary)))
         if t.beaten_by_reference:

@@ -32,6 +32,7 @@ from tracetune.replay.types import ReplayResult
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
 from tracetune.tuner.settings import StudySettings
+from tracetune.tuner.trial_cost import CostClock
 
 if TYPE_CHECKING:
     from tracetune.capacity.step import Step
@@ -70,6 +71,7 @@ class _Run:
     reference: Reference | None = None
     levels: tuple[Level, ...] = ()
     log_tail: str = ""
+    clock: CostClock = dataclasses.field(default_factory=CostClock)  # where its wall time went
 
     def measurement(self) -> Measurement:
         assert self.summary is not None and self.result is not None, "a run that returns has replayed"
@@ -101,15 +103,20 @@ class EngineRunner:
         server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.settings.engine_port)
         run = _Run(label=label, probe=probe)
         try:
-            self._start(server, config, run)
-            self._replay_and_probe(server, config, run, start, prune)
+            with run.clock.part("start_s"):
+                self._start(server, config, run)
+            with run.clock.part("measure_s"):
+                self._replay_and_probe(server, config, run, start, prune)
         except EngineError as exc:
             if run.phase != "start":
                 self._check_alive(server, run.phase, cause=exc)
             raise
         finally:
             run.log_tail = server.log_tail()
-            server.stop()
+            with run.clock.part("stop_s"):
+                server.stop()
+        if run.summary is not None:
+            run.summary.cost = run.clock.as_dict()
         return run.measurement()
 
     def _start(self, server: Engine, config: EngineConfig, run: _Run) -> None:
@@ -155,7 +162,8 @@ class EngineRunner:
     def _probe(self, server: Engine, config: EngineConfig, run: _Run) -> None:
         run.phase = "quality probe"
         assert run.probe is not None
-        run.quality, measured_reference = self._quality(server, config, run.label, run.probe)
+        with run.clock.part("probe_s"):
+            run.quality, measured_reference = self._quality(server, config, run.label, run.probe)
         run.reference = run.reference or measured_reference
 
     def _acceptance(self, server: Engine, config: EngineConfig, run: _Run) -> None:
@@ -166,9 +174,10 @@ class EngineRunner:
             return
         run.phase = "acceptance probe"
         requests = probe_requests(self.requests, n, self.settings.acceptance_tokens)
-        acceptance = measure_acceptance(
-            server, requests, timeout_s=self.settings.replay.request_timeout_s,
-            on_prompt=lambda done, total: self.reporter.on_acceptance(label=run.label, done=done, total=total))
+        with run.clock.part("acceptance_s"):
+            acceptance = measure_acceptance(
+                server, requests, timeout_s=self.settings.replay.request_timeout_s,
+                on_prompt=lambda done, total: self.reporter.on_acceptance(label=run.label, done=done, total=total))
         assert run.summary is not None
         run.summary.acceptance = acceptance.as_dict()
         self.reporter.on_acceptance_done(label=run.label, acceptance=acceptance)

@@ -67,7 +67,8 @@ class Reporter(Protocol):
     def on_trial_failed(self, *, number: int, status: str, reason: str) -> None:
         return None
 
-    def on_trial_pruned(self, *, number: int, reason: str, wall_s: float) -> None:
+    def on_trial_pruned(self, *, number: int, reason: str, wall_s: float,
+                        summary: Summary | None = None) -> None:
         return None
 
     def on_duplicate(self, *, number: int, original: int | None, reason: str | None = None) -> None:

@@ -165,7 +165,8 @@ class TrialEnd:
         elif isinstance(outcome, Infeasible):
             self.reporter.on_trial_failed(number=number, status=outcome.status, reason=self.redact(outcome.reason))
         elif outcome.status == Status.PRUNED:
-            self.reporter.on_trial_pruned(number=number, reason=outcome.reason or "", wall_s=wall_s)
+            self.reporter.on_trial_pruned(number=number, reason=outcome.reason or "", wall_s=wall_s,
+                                          summary=outcome.measurement.summary)
         else:
             measurement = outcome.measurement
             self.reporter.on_trial_done(number=number, objectives=dict(zip(self.settings.objectives,
