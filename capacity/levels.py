@@ -16,6 +16,7 @@ from tracetune.capacity import segments, sustain
 from tracetune.capacity.parts import PartOutcome, judge_parts, miss_budget
 from tracetune.capacity.search import search_capacity
 from tracetune.capacity.step import (
+    CUT_ERROR,
     CapacityOptions,
     CapacityResult,
     MissCounter,
@@ -24,6 +25,7 @@ from tracetune.capacity.step import (
     at_scale,
     judge,
     offered_rates,
+    percentile_targets_met,
 )
 from tracetune.errors import InputError
 from tracetune.replay.send import MetricsSource, replay
@@ -178,6 +180,7 @@ class LevelRunner:
         use_abandon = self.options.abandon if abandon is None else abandon
         misses = MissCounter(self.options.slos, last_from_s=last_from)
         why = ["misses"]
+        decided = DecidedPass(self.options, len(requests), budget, last_budget, misses)
 
         def certain(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
             if misses(finished, in_flight, now) > budget:
@@ -185,12 +188,15 @@ class LevelRunner:
             if misses.last > last_budget:
                 why[0] = "last-third misses"
                 return True
-            return False
+            return self.options.ends_decided and decided(finished, in_flight, now)
 
         result, duration, procs = self._send(scale, requests, repeat, certain if use_abandon else None)
+        cut = 0
+        if decided.at is not None and result.abandoned:
+            result, cut = decided.completed(result, requests)
         step = judge(result, scale, requests, self.options, duration, repeat=repeat,
                      misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
-        step.client_procs = procs
+        step.client_procs, step.cut = procs, cut
         return step, result
 
     def _send(self, scale: float, requests: Sequence[PreparedRequest], repeat: bool,
@@ -298,6 +304,64 @@ class LevelRunner:
         prompts = [r.prompt_tokens for res in self.results.values() for r in res.records if r.prompt_tokens]
         result.mean_prompt_tokens = float(np.mean(prompts)) if prompts else 0.0
         return result
+
+
+class DecidedPass:
+    """A level's pass decided before its last requests finish (`capacity.sustain`, "A level that
+    ends when decided"): every request was sent, every one in flight has its first token, and the
+    level passes its attainment, last-third and percentile targets even if every request in flight
+    misses. The requests still in flight then no longer hold the level open: they are cut, and
+    recorded as misses with their first token and the life they had (a lower bound of their E2E),
+    so the held-to-the-end tests read the same queue and TTFT they would have."""
+
+    def __init__(self, options: CapacityOptions, planned: int, budget: int, last_budget: int,
+                 misses: MissCounter) -> None:
+        self.options, self.planned, self.budget, self.last_budget = options, planned, budget, last_budget
+        self.misses = misses
+        self.at: float | None = None  # the clock reading it was decided at
+        self.in_flight: list[InFlight] = []
+
+    def __call__(self, finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
+        if len(finished) + len(in_flight) < self.planned or any(f.first_output is None for f in in_flight):
+            return False
+        last_from = self.misses.last_from_s
+        late_last = self.misses.last - self.misses.finished_last  # late in flight, in the last third
+        late = self.misses.count - self.misses.finished_misses
+        if self.misses.count + len(in_flight) - late > self.budget:
+            return False
+        if self.misses.last + sum(f.scheduled_s >= last_from for f in in_flight) - late_last > self.last_budget:
+            return False
+        if not percentile_targets_met(finished, self.planned, self.options.slos):
+            return False
+        self.at, self.in_flight = now, list(in_flight)
+        return True
+
+    def completed(self, result: ReplayResult, requests: Sequence[PreparedRequest]) -> tuple[ReplayResult, int]:
+        """The replay as one that ran to its end, the requests cut recorded as misses; and how many."""
+        assert self.at is not None
+        done = {r.index for r in result.records}
+        unfinished: dict[float, list[PreparedRequest]] = {}
+        for r in requests:
+            if r.index not in done:
+                unfinished.setdefault(r.scheduled_s, []).append(r)
+        def request_of(live: InFlight) -> PreparedRequest | None:
+            waiting = unfinished.get(live.scheduled_s)
+            return waiting.pop(0) if waiting else None
+
+        cut = [_cut_record(f, request_of(f), self.at) for f in self.in_flight]
+        records = [*result.records, *cut]
+        return dataclasses.replace(result, records=records, abandoned=False, sent=len(records)), len(cut)
+
+
+def _cut_record(live: InFlight, request: PreparedRequest | None, now: float) -> RequestRecord:
+    """A request in flight when its level's pass was decided: a miss that says so, with its first
+    token and its life so far (sent on schedule: its send time is its place in the schedule)."""
+    first = None if live.first_output is None else live.first_output - live.send
+    return RequestRecord(index=request.index if request else -1, id=request.id if request else None,
+                         scheduled_s=live.scheduled_s, send_s=live.scheduled_s, lag_s=0.0, success=False,
+                         error=CUT_ERROR, ttft_s=first, e2e_s=now - live.send, itl_s=[], prompt_tokens=None,
+                         output_tokens=None, requested_tokens=request.max_tokens if request else 0,
+                         finish_reason=None)
 
 
 def median_e2e(records: Sequence[RequestRecord]) -> float:

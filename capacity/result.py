@@ -92,6 +92,7 @@ class Step:
     slo_ratio: list[float | None] | None = None
     placed_by: str = ""  # the rule that chose this level's load (`capacity.response.place`), "" for a seed
     repeat_rule: str = ""  # for a bracket end: why it was (or was not) measured again
+    cut: int = 0  # requests still in flight when the level's pass was decided, cut and counted as misses
 
     def as_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "outcome": self.outcome}
@@ -128,6 +129,8 @@ class Step:
         else:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
+        if self.cut:
+            procs += f" · decided with {self.cut} in flight"
         passes = f", {self.passes} passes of the trace" if self.passes > 1 else ""
         if self.parts is not None:
             passes = f", {len(self.parts)} of {self.trace_windows} windows"

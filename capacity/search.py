@@ -120,6 +120,7 @@ class _Search:
             rule = "start"
             if scale is None or (lo is not None and scale <= lo) or (hi is not None and scale >= hi):
                 scale, rule = self.next_scale()
+                scale = self._within_range(scale)
             if scale > self.options.max_scale or scale < self.options.min_scale:
                 self.verdict = "above_max" if scale > self.options.max_scale else "below_min"
                 return
@@ -134,6 +135,19 @@ class _Search:
             else:
                 flat = 0
             scale = None
+
+    def _within_range(self, scale: float) -> float:
+        """A placed level beyond the search's range at the range's end, where that end is not yet
+        measured (a model's step past it must not end the search unmeasured)."""
+        o = self.options
+        measured = {s.scale for s in self.steps}
+        if not self.guided:
+            return scale
+        if scale < o.min_scale and o.min_scale not in measured and (self.hi is None or o.min_scale < self.hi):
+            return o.min_scale
+        if scale > o.max_scale and o.max_scale not in measured and (self.lo is None or o.max_scale > self.lo):
+            return o.max_scale
+        return scale
 
     def _attainment_above(self, scale: float) -> float | None:
         """The last measured attainment of the lowest failed level above `scale` (None: none failed

@@ -61,6 +61,7 @@ LEVEL_SECONDS = 30.0
 LEVEL_LIFETIMES = 5.0
 LEVEL_REQUESTS = 100
 SEARCH_RULES = ("guided", "classic")
+CUT_ERROR = sustain.CUT_ERROR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,11 @@ class CapacityOptions:
         if self.level_seconds < 0 or self.level_lifetimes < 0 or self.level_requests < 0:
             raise InputError("--level-seconds, --level-lifetimes and --level-requests must be >= 0 (0: no minimum), "
                              f"got {self.level_seconds:g}, {self.level_lifetimes:g}, {self.level_requests}")
+
+    @property
+    def ends_decided(self) -> bool:
+        """A passing level ends once its pass is decided (`capacity.levels.DecidedPass`): the guided rules."""
+        return self.rules == "guided"
 
     @property
     def lag_bound_s(self) -> float:
@@ -218,7 +224,7 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
                 abandoned=result.abandoned, requests=result.sent or len(result.records), planned=planned, good=good,
                 duration_s=duration_s, lag_p99_s=lag_p99(result.records),
                 client_overloaded=client_overloaded(result.records, options.slos), repeat=repeat,
-                errors=sum(not r.success and not r.client_error for r in result.records),
+                errors=sum(not r.success and not r.client_error and r.error != CUT_ERROR for r in result.records),
                 window_s=window_s, passes=passes, quarters=sustain.quarters(result.records, requests, options.slos))
     # An abandoned level's ratio is over the requests that finished (the rest were cut off): a lower
     # bound of the whole level's, which the model of `capacity.response` uses as such.

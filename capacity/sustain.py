@@ -31,6 +31,16 @@ held it to the end, tested in this order (the step names the test that decided, 
   finishes fewer requests than arrive;
 - *TTFT*: the blocks' median TTFT is not rising so fast that, at the slope's 95% lower bound, it
   would cross the TTFT threshold within one more window.
+
+**A level that ends when decided** (the guided rules, `capacity.levels.DecidedPass`). A level waits
+for its slowest requests: the last arrivals of a window may stream for a lifetime after it. Once
+every request was sent and every one in flight has its first token, a level that passes its
+attainment, last-third and percentile targets even if every request still in flight misses has its
+pass decided: those requests no longer hold it open. They are cut and recorded as misses (error
+"cut: ..."), with their first token and the life they had so far. The held tests keep their
+meaning: the queue blocks end at the window's last arrival, before the cut, and a cut request
+counts in them for its whole time in flight; the TTFT blocks read its first token, which it had.
+Its attainment is then a lower bound, and the step says how many were cut.
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the ta
 TREND_PART = 0.5  # the share of the window (its end) where the trends are measured
 TREND_BLOCKS = 8
 QUEUE_GROWTH = 0.05  # in-flight growth, as a share of the arrival rate, that counts as a rising queue
+# The error of a request cut off when its level's pass was decided (`capacity.levels.DecidedPass`).
+CUT_ERROR = "cut: the level's pass was decided"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +212,8 @@ def block_trends(records: Sequence[RequestRecord], window_s: float) -> tuple[Tre
     for a, b in zip(edges[:-1], edges[1:]):
         mids.append((a + b) / 2)
         flight.append(float(np.clip(np.minimum(end, b) - np.maximum(send, a), 0, None).sum()) / (b - a))
-        first = [r.ttft_s for r in records if a <= r.send_s < b and r.success and r.ttft_s is not None]
+        first = [r.ttft_s for r in records if a <= r.send_s < b and r.ttft_s is not None
+                 and (r.success or r.error == CUT_ERROR)]
         if first:
             ttft_mids.append((a + b) / 2)
             ttft.append(float(np.median(first)))

@@ -41,14 +41,15 @@ level; --whole-trace replays all of it). Capacity is the highest passing k, with
 
 def add_capacity_options(parser: argparse.ArgumentParser) -> None:
     """How a capacity search judges a load level and when it stops (`tune capacity`, `tune --trace --slo`)."""
-    from tracetune.capacity.step import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS
-    from tracetune.cli.options import nonnegative_float, nonnegative_int, ratio, share
+    from tracetune.capacity.step import LEVEL_LIFETIMES, LEVEL_REQUESTS, LEVEL_SECONDS, SEARCH_RULES
+    from tracetune.cli.options import nonnegative_float, nonnegative_int, precision, share
 
     parser.add_argument("--attainment", type=share, default=0.95, metavar="F",
                         help="capacity: share of requests that must meet every --slo threshold at a passing load "
                              "level (default 0.95)")
-    parser.add_argument("--precision", type=ratio, default=0.05, metavar="F",
-                        help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%)")
+    parser.add_argument("--precision", type=precision, default=0.05, metavar="F",
+                        help="capacity: stop when the bracket [pass, fail] is within this ratio (default 0.05 = 5%%; "
+                             "at least 0.005)")
     parser.add_argument("--level-seconds", type=nonnegative_float, default=LEVEL_SECONDS, metavar="S",
                         help=f"capacity: a load level lasts at least S seconds, the trace replayed end to end again "
                              f"where it is shorter (default {LEVEL_SECONDS:g})")
@@ -61,6 +62,10 @@ def add_capacity_options(parser: argparse.ArgumentParser) -> None:
                         help="capacity: replay the whole trace at every load level (a one-hour trace costs an "
                              "hour a level) instead of the windows that decide it, the default for a trace longer "
                              "than 4 windows (docs/capacity.md, 'A long trace')")
+    parser.add_argument("--search-rules", choices=SEARCH_RULES, default=SEARCH_RULES[0],
+                        help="capacity: 'guided' (default) places each level where the levels measured so far say "
+                             "the SLO is crossed and repeats only marginal bracket ends; 'classic' doubles, bisects "
+                             "and repeats both ends (docs/capacity.md)")
 
 
 def capacity_options(args: argparse.Namespace, slos: Sequence[SLO]) -> CapacityOptions:
@@ -70,7 +75,8 @@ def capacity_options(args: argparse.Namespace, slos: Sequence[SLO]) -> CapacityO
 
     return CapacityOptions(slos=tuple(slos), attainment=args.attainment, precision=args.precision,
                            level_seconds=args.level_seconds, level_lifetimes=args.level_lifetimes,
-                           level_requests=args.level_requests, whole_trace=args.whole_trace)
+                           level_requests=args.level_requests, whole_trace=args.whole_trace,
+                           rules=args.search_rules)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

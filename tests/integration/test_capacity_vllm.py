@@ -57,7 +57,12 @@ def test_tune_capacity_brackets_the_highest_passing_level(tmp_path, spread_trace
     assert low == cap["capacity_scale"] and high in failed and high > low
     assert high / low - 1 <= 0.2 + 1e-9
     assert cap["capacity_rps"] == pytest.approx(cap["capacity_scale"] * cap["base_rps"])
-    assert {s["scale"] for s in steps if s["repeat"]} >= {low, high}, "both ends of the bracket are repeated"
+    # Guided rules: each end of the bracket is repeated where its outcome is marginal, and says why.
+    for end in (low, high):
+        first = next(s for s in steps if s["scale"] == end and not s["repeat"])
+        repeated = any(s["scale"] == end and s["repeat"] for s in steps)
+        assert first["repeat_rule"].startswith("marginal" if repeated else "clear"), (end, steps)
+    assert all(s["placed_by"] for s in steps[1:]), steps
     assert "capacity" in res.stdout and "req/s" in res.stdout
 
 
