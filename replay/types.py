@@ -102,14 +102,32 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, stored: Mapping[str, object]) -> RequestRecord:
-        """A record as `to_json` wrote it (`tpot_s` is derived, not read); a field an older tracetune
-        did not write takes its default."""
+        """A record as `to_json` wrote it (`tpot_s` is derived, not read), judged by today's rules
+        (`recounted`); a field an older tracetune did not write takes its default."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in stored.items() if k in known}
         defaults: dict[str, object] = {"id": None, "scheduled_s": 0.0, "send_s": 0.0, "lag_s": 0.0, "success": False,
                                        "error": "", "ttft_s": None, "e2e_s": 0.0, "itl_s": [], "prompt_tokens": None,
                                        "output_tokens": None, "requested_tokens": 0, "finish_reason": None}
-        return cls(**{**defaults, **values})  # type: ignore[arg-type]  # JSON values, of the types to_json wrote
+        record = cls(**{**defaults, **values})  # type: ignore[arg-type]  # JSON values, of the types to_json wrote
+        return record.recounted()
+
+    def recounted(self) -> RequestRecord:
+        """This record with its output tokens counted as the streaming client counts them
+        (`openai_client.counted_tokens`: the usage, checked against the output events received,
+        and those events where the usage is missing). A tracetune before that rule stored some
+        successes with no count (a server's `usage: null`), more tokens than max_tokens or fewer
+        than the events received: read back, the first is counted from its events and the others
+        are failures with the reason, so no summary builds a throughput on them."""
+        if not self.success:
+            return self
+        from tracetune.engine_adapter.openai_client import counted_tokens
+
+        events = len(self.itl_s) + 1 if self.ttft_s is not None else 0
+        tokens, error = counted_tokens(self.output_tokens, events, self.requested_tokens or None)
+        if error:
+            return dataclasses.replace(self, success=False, error=error)
+        return self if tokens == self.output_tokens else dataclasses.replace(self, output_tokens=tokens)
 
 
 @dataclasses.dataclass

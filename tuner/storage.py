@@ -236,7 +236,8 @@ def decode_levels(blob: bytes) -> dict[str, np.ndarray]:
 
 def records_of_level(columns: dict[str, np.ndarray]) -> list[RequestRecord]:
     """A stored level (`decode_levels`' columns) as request records again, for judging it under
-    another SLO. What `encode_levels` did not keep (ids, texts, finish reasons) is left empty."""
+    another SLO, their output tokens counted as the client counts them (`RequestRecord.recounted`).
+    What `encode_levels` did not keep (ids, texts, finish reasons, max_tokens) is left empty."""
     import numpy as np
 
     from tracetune.replay.types import RequestRecord
@@ -258,7 +259,7 @@ def records_of_level(columns: dict[str, np.ndarray]) -> list[RequestRecord]:
                           ttft_s=value("ttft_s", i), e2e_s=value("e2e_s", i) or 0.0,
                           itl_s=gaps[ends[i] - columns["itl_count"][i]:ends[i]].tolist(),
                           prompt_tokens=count("prompt_tokens", i), output_tokens=count("output_tokens", i),
-                          requested_tokens=count("output_tokens", i) or 0, finish_reason=None)
+                          requested_tokens=count("output_tokens", i) or 0, finish_reason=None).recounted()
             for i in range(len(columns["success"]))]
 
 

@@ -157,7 +157,8 @@ def test_a_stream_that_stops_short_without_a_finish_reason_is_truncated(events, 
 def test_a_finish_reason_or_done_ends_a_stream_that_was_not_forced():
     stop = {"choices": [{"text": "", "finish_reason": "stop"}], "usage": {"completion_tokens": 3}}
     for events, done, forced in ((TOKENS + [stop], False, True), (TOKENS, True, False)):
-        out = run(replay(sse(*events, done=done)), prompt="p", max_tokens=8, ignore_eos=forced)
+        out = run(replay(sse(*events, done=done)), prompt="p", max_tokens=8, ignore_eos=forced,
+                  extra_body={"stop": ["\n\n"]} if forced else None)
         assert out.success and out.error == "", out.error  # a stop string ends a forced stream early
 
 

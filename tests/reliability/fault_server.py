@@ -16,6 +16,17 @@ Modes (N: the request's max_tokens):
   malformed_sse     `ok` with its second event cut off mid-object (not valid JSON)
   huge_line         one data line of 1.5 MiB that never ends (no newline)
   slow              `ok`, its first event after `delay_s`
+Answers whose every event is well formed, but whose counts are not what arrived:
+  zero_tokens       no text, a finish reason "length" and usage.completion_tokens 0
+  early_stop        2 token events, the second with finish_reason "stop" (no stop sequence was asked), usage 2
+  short_length      3 token events, the third with finish_reason "length", usage 3 (an engine's context ending
+                    it: a failure, not a stream fault)
+  empty_choices     N events of `"choices": []` with the token's text beside the list, usage N
+  done_first        `data: [DONE]` first, then the events of `ok`
+  usage_null        `ok` with `"usage": null` in its last event (no count from the server)
+  usage_below       `ok` with usage.completion_tokens 2 for its N text events
+  too_many          3N token events and usage 3N
+  too_many_no_usage 3N token events and `"usage": null`
 """
 
 from __future__ import annotations
@@ -27,19 +38,21 @@ import threading
 from aiohttp import web
 
 MODES = ("ok", "html", "truncated", "no_data_prefix", "bad_usage_string", "bad_usage_negative",
-         "bad_usage_overflow", "malformed_sse", "huge_line", "slow")
+         "bad_usage_overflow", "malformed_sse", "huge_line", "slow", "zero_tokens", "early_stop", "short_length",
+         "empty_choices", "done_first", "usage_null", "usage_below", "too_many", "too_many_no_usage")
 BAD_USAGE = {"bad_usage_string": '"2"', "bad_usage_negative": "-100", "bad_usage_overflow": "1e400"}
 HTML = b"<!doctype html><html><head><title>Welcome</title></head><body>It works!</body></html>"
 
 
-def token_events(n: int, chat: bool) -> list[str]:
-    """The JSON of N one-token completion chunks, the last one with finish_reason "length"."""
-    out = []
-    for i in range(n):
-        piece = {"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "}
-        out.append(json.dumps({"id": "f", "choices": [{"index": 0, **piece,
-                                                      "finish_reason": "length" if i == n - 1 else None}]}))
-    return out
+def piece(text: str, chat: bool) -> dict[str, object]:
+    """Output text as a choice holds it."""
+    return {"delta": {"content": text}} if chat else {"text": text}
+
+
+def token_events(n: int, chat: bool, finish: str = "length") -> list[str]:
+    """The JSON of N one-token completion chunks, the last one with finish_reason `finish`."""
+    return [json.dumps({"id": "f", "choices": [{"index": 0, **piece(f"t{i} ", chat),
+                                                "finish_reason": finish if i == n - 1 else None}]}) for i in range(n)]
 
 
 def usage_event(n: int, completion_tokens: str | None = None) -> str:
@@ -60,13 +73,33 @@ class FaultServer:
         self.base_url = ""
         self._ready = threading.Event()
 
+    def events(self, n: int, chat: bool) -> list[str]:
+        """The JSON events of one answer of the modes whose events are all well formed."""
+        no_usage = json.dumps({"id": "f", "choices": [], "usage": None})
+        match self.mode:
+            case "zero_tokens":
+                nothing = {"index": 0, **piece("", chat), "finish_reason": "length"}
+                return [json.dumps({"id": "f", "choices": [nothing]}), usage_event(n, "0")]
+            case "early_stop" | "short_length":
+                tokens = 2 if self.mode == "early_stop" else 3
+                return [*token_events(tokens, chat, "stop" if self.mode == "early_stop" else "length"),
+                        usage_event(n, str(tokens))]
+            case "empty_choices":
+                beside = [json.dumps({"id": "f", "choices": [], **piece(f"t{i} ", chat)}) for i in range(n)]
+                return [*beside, usage_event(n)]
+            case "usage_null":
+                return [*token_events(n, chat), no_usage]
+            case "too_many" | "too_many_no_usage":
+                return [*token_events(3 * n, chat), no_usage if self.mode.endswith("no_usage") else usage_event(3 * n)]
+        return [*token_events(n, chat), usage_event(n, "2" if self.mode == "usage_below" else BAD_USAGE.get(self.mode))]
+
     def lines(self, n: int, chat: bool) -> list[str]:
         """The SSE lines of one answer (each written with its blank line after it)."""
-        events = token_events(n, chat)
         if self.mode == "truncated":
-            return ["data: " + e.replace('"length"', "null") for e in events[:3]]
-        usage = usage_event(n, BAD_USAGE.get(self.mode))
-        lines = ["data: " + e for e in [*events, usage]] + ["data: [DONE]"]
+            return ["data: " + e.replace('"length"', "null") for e in token_events(n, chat)[:3]]
+        lines = ["data: " + e for e in self.events(n, chat)] + ["data: [DONE]"]
+        if self.mode == "done_first":
+            return ["data: [DONE]", *lines]
         if self.mode == "no_data_prefix":
             return [line.removeprefix("data: ") for line in lines]
         if self.mode == "malformed_sse":

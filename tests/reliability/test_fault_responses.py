@@ -1,8 +1,11 @@
 """A response counts only if it is one: `tune replay --endpoint` against a server that answers with
 an HTML page, truncated streams, lines without `data:`, bad token counts, malformed events or an
-endless line (tests/reliability/fault_server.py). No request counts as a success, each record says
-why, the summary's throughput stays finite, the command says the endpoint is not what it seems
-(exit 1) and nothing prints a traceback; a correct stream (and a slow one) still counts in full."""
+endless line, or with well-formed events whose counts are not what arrived (no tokens, a stop the
+request did not allow, text beside empty choices, events after [DONE], more tokens than max_tokens:
+tests/reliability/fault_server.py). No request counts as a success, each record says why, the
+summary's throughput stays finite, the command says the endpoint is not what it seems (exit 1) and
+nothing prints a traceback; a correct stream (and a slow one) still counts in full, and one without
+a usage is counted from its events."""
 
 from __future__ import annotations
 
@@ -31,6 +34,13 @@ FAULTS = {
     "bad_usage_overflow": "bad usage: completion_tokens Infinity is not a whole number of tokens",
     "malformed_sse": "malformed SSE event (",
     "huge_line": "SSE line too long: over 1 MiB",
+    "zero_tokens": 'truncated stream: 0 of 8 tokens forced by ignore_eos, then finish_reason "length"',
+    "early_stop": 'truncated stream: 2 of 8 tokens forced by ignore_eos, then finish_reason "stop"',
+    "empty_choices": "bad usage: completion_tokens 8, but no event carried a choice",
+    "done_first": "event after [DONE]: '{\"id\": \"f\"",
+    "usage_below": "bad usage: completion_tokens 2, but 8 events carried output text",
+    "too_many": "too many tokens: 24 (usage completion_tokens) for max_tokens 8",
+    "too_many_no_usage": "too many tokens: 24 (events that carried text, no usage) for max_tokens 8",
 }
 
 
@@ -93,6 +103,28 @@ def test_a_correct_stream_counts_every_request(tmp_path, capfd, caplog):
     assert summary["output_throughput_tps"]["value"] > 0
 
 
+def test_a_stream_without_usage_is_counted_from_its_events(tmp_path, capfd, caplog):
+    """`"usage": null` at the end: each request's tokens are the text events it received, and the
+    throughput is built on them (it was "output 0.0 tok/s" from the missing count)."""
+    with FaultServer("usage_null") as server:
+        code, out, records, summary = replay_in_process(server, tmp_path, capfd, caplog)
+    assert code == 0 and "not what it seems" not in out
+    assert all(r["success"] and r["output_tokens"] == TOKENS and r["tpot_s"] is not None for r in records), records
+    assert summary["output_throughput_tps"]["value"] == pytest.approx(N * TOKENS / summary["duration_s"], rel=1e-6)
+
+
+def test_an_engine_stopped_short_at_its_length_limit_fails_without_calling_the_endpoint_false(tmp_path, capfd, caplog):
+    """finish_reason "length" at 3 of 8 forced tokens (llama-server does so when its slot's context
+    is full): every request fails with both numbers, counted as errors, not as stream faults."""
+    with FaultServer("short_length") as server:
+        code, out, records, summary = replay_in_process(server, tmp_path, capfd, caplog)
+    assert all(not r["success"] and r["error"].startswith("short answer: 3 of 8 tokens forced by ignore_eos")
+               for r in records), records
+    assert summary["succeeded"] == 0 and summary["errors"] == N and summary["stream_faults"] == 0
+    assert summary["output_throughput_tps"]["value"] == 0.0
+    assert code == 0 and "not what it seems" not in out
+
+
 def test_a_slow_first_token_is_measured_not_rejected(tmp_path, capfd, caplog):
     with FaultServer("slow", delay_s=0.3) as server:
         code, out, records, summary = replay_in_process(server, tmp_path, capfd, caplog)
@@ -120,9 +152,10 @@ def test_the_real_command_says_so_without_a_traceback(tmp_path):
     assert (tmp_path / "out" / "requests.jsonl").read_text().count('"success": false') == N
 
 
-@pytest.mark.parametrize("mode", ["html", "ok"])
+@pytest.mark.parametrize("mode", ["html", "too_many", "ok", "usage_null"])
 def test_capacity_says_when_the_endpoint_is_not_what_it_seems(mode, tmp_path, capfd, caplog):
-    """`tune capacity --endpoint` says what `tune replay` says (exit 1), after keeping what it measured."""
+    """`tune capacity --endpoint` says what `tune replay` says (exit 1), after keeping what it measured;
+    a stream without usage is counted from its events there too."""
     with FaultServer(mode) as server, caplog.at_level(logging.WARNING):
         code = main(["capacity", "--trace", str(trace(tmp_path / "t.jsonl")), "--endpoint", server.base_url,
                      "--warmup", "0", "--client-procs", "1", "--slo", "ttft:p99<10s", "--level-seconds", "0",
@@ -137,9 +170,10 @@ def test_capacity_says_when_the_endpoint_is_not_what_it_seems(mode, tmp_path, ca
     steps = json.loads((tmp_path / "cap.json").read_text())["steps"]
     records = (tmp_path / "out" / "requests.jsonl").read_text().splitlines()
     assert len(records) == sum(step["requests"] for step in steps) > 0
-    if mode == "ok":
+    if mode in ("ok", "usage_null"):
         assert code == 0 and "not what it seems" not in out, out
+        assert all(r["success"] and r["output_tokens"] == TOKENS for r in map(json.loads, records))
         return
     assert code == 1 and all(not step["passed"] for step in steps), out
     assert (f"error: the endpoint is not what it seems: {len(records)} of {len(records)} responses were not "
-            f"OpenAI streams (first reason: {FAULTS['html']}") in out, out
+            f"OpenAI streams (first reason: {FAULTS[mode]}") in out, out

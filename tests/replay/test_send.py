@@ -82,7 +82,7 @@ def test_open_loop_does_not_wait_for_slow_responses():
 
 def test_closed_loop_caps_concurrency():
     server = SSEServer(tokens=3, gap_s=0.02)
-    t = trace(*[0.0] * 10)
+    t = trace(*[0.0] * 10, output_length=3)  # the tokens it serves: fewer than forced is a failure
     options = ReplayOptions(mode="closed", concurrency=3)
     records, _, server = run(prepare(t, options), options, server)
     assert len(records) == 10 and all(r.success for r in records)
