@@ -5,6 +5,7 @@ module turns them into argparse options and parsed flags back into the engine's 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -53,6 +54,14 @@ def started_engines() -> list[EngineKind]:
     return [kind for kind in map(engine_kind, ENGINES) if kind.command is not None]
 
 
+def engines_shown() -> str:
+    """The engines tracetune starts as `--help` lists them: each name, with what it is where its label says
+    more than its name ("vllm, llamacpp or sim (simulated engine (for tests and benchmarks))")."""
+    names = [kind.name if kind.shown.lower().replace(".", "") == kind.name else f"{kind.name} ({kind.shown})"
+             for kind in started_engines()]
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def chosen_engine(args: argparse.Namespace) -> EngineKind:
     """The engine the command's --engine names (tracetune's default engine when none is given)."""
     from tracetune.engine_adapter.registry import engine_kind
@@ -77,7 +86,8 @@ def add_engine_choice(parser: argparse.ArgumentParser | argparse._MutuallyExclus
     from tracetune.engine_adapter.registry import DEFAULT_ENGINE
 
     names = [kind.name for kind in started_engines()]
-    parser.add_argument("--engine", choices=names, default=None, help=f"start this engine (default: {DEFAULT_ENGINE})")
+    parser.add_argument("--engine", choices=names, default=None,
+                        help=f"start this engine: {engines_shown()} (default: {DEFAULT_ENGINE})")
 
 
 def _keywords(flag: EngineFlag) -> dict[str, object]:
@@ -200,11 +210,14 @@ def _value(flag: EngineFlag, value: object) -> object:
 def engine_config_from_args(args: argparse.Namespace, model_dir: Path, kind: EngineKind | None = None, *,
                             chosen: EngineKind | None = None) -> EngineConfig:
     """Build and validate `kind`'s settings from its parsed flags; errors name the flag. A flag given that
-    only an engine other than `chosen` (default: `kind`) understands is an InputError."""
+    only an engine other than `chosen` (default: `kind`) understands is an InputError, and so is a flag
+    naming the trace file, or a file or value the engine refuses (`EngineKind.check_given`)."""
     from pydantic import ValidationError
 
     kind = _kind(kind)
     check_engine_flags(args, chosen or kind)
+    given = given_flags(args, kind)
+    _not_the_trace(args, given)
     fields: dict[str, object] = {"model": model_dir}
     for flag in kind.flags:
         if flag.field == "model":
@@ -217,9 +230,25 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path, kind: Eng
         if value is not None or not parents:
             target[name] = value
     try:
-        return kind.load_config(fields)
+        config = kind.load_config(fields)
     except ValidationError as exc:
         raise InputError(validation_message(exc, flag_of_field(kind.flags))) from None
+    if kind.check_given is not None:
+        kind.check_given(config, frozenset(f.field for f in given))
+    return config
+
+
+def _not_the_trace(args: argparse.Namespace, given: list[EngineFlag]) -> None:
+    """An InputError for an engine flag given the trace file (`--gguf traffic.jsonl`)."""
+    trace = getattr(args, "trace", None)
+    if trace is None or not Path(trace).is_file():
+        return
+    for flag in given:
+        value = getattr(args, flag.dest, None)
+        for one in value if isinstance(value, list) else [value]:
+            if isinstance(one, str) and Path(one).is_file() and Path(one).samefile(trace):
+                raise InputError(f"{flag.flag} {one}: is the trace file (--trace {trace}); name the file "
+                                 f"{flag.flag} takes")
 
 
 def resolve_engine_config(args: argparse.Namespace, progress: Progress = lambda message: None,
@@ -231,8 +260,11 @@ def resolve_engine_config(args: argparse.Namespace, progress: Progress = lambda 
     from tracetune.engine_adapter.models import resolve_model
 
     kind = chosen_engine(args) if kind is None else kind
-    engine_config_from_args(args, Path(args.model or "."), kind)
-    config = engine_config_from_args(args, resolve_model(args.model, progress), kind)
+    # Every flag checked before a model is prepared; where --model names none, the bundled model's config
+    # is not read yet (os.devnull holds none), so only the second check bounds --ctx-size by it.
+    engine_config_from_args(args, Path(args.model or os.devnull), kind)
+    model = resolve_model(args.model, progress) if kind.loads_model else Path(args.model or kind.name)
+    config = engine_config_from_args(args, model, kind)
     return config if kind.prepare is None else kind.prepare(config, progress)
 
 

@@ -129,12 +129,14 @@ def stored_study_attrs(url: str, name: str, tables: set[str]) -> dict[str, objec
 def check_resume(request: TuneRequest, attrs: dict[str, object] | None, console: Console) -> None:
     """Resuming a study (its user attributes `attrs`; None for a new study) only under the rules it
     was measured under (`tuner.settings.check_rules`): an InputError naming both otherwise. A study
-    from before tracetune kept its rules resumes, with a line saying they could not be checked."""
+    from before tracetune kept its rules is checked on what it kept (objectives, SLO) and resumes, with
+    a line saying the others could not be checked."""
     from tracetune.tuner.settings import check_rules, study_rules
 
     if attrs is None:
         return
     rules = study_rules(request.settings, engine=request.engine.name, model_dir=request.model_dir)
     if not check_rules(request.settings.study_name, attrs, rules):
-        console.print(f"[yellow]![/] study {request.settings.study_name!r} predates kept rules (SLO, trace, "
-                      f"model, ...): this run's could not be checked against them", highlight=False)
+        console.print(f"[yellow]![/] study {request.settings.study_name!r} predates kept rules: its objectives and "
+                      f"SLO match this run's; its trace, model, engine, attainment and precision could not be "
+                      f"checked", highlight=False)

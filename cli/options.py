@@ -1,7 +1,7 @@
 """Options several commands share, defined once: `--trace` and `--slo` (the main job, `tune replay`,
 `tune capacity`). Each command says what differs: whether the option is required, and its help.
 Also the argparse types of numeric flags (`positive_int`, `nonnegative_int`, `port`, `positive_float`,
-`nonnegative_float`, `share`, `ratio`, all built on `number`), so every command refuses a nonsense
+`nonnegative_float`, `share`, `ratio`, `precision`, all built on `number`), so every command refuses a nonsense
 number the same way."""
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ def add_trace_option(parser: argparse.ArgumentParser, *, required: bool = False,
 
 def slo_spec(text: str) -> str:
     """`--slo`'s value, checked as the command line is read (kept as given; `replay.metrics.parse_slos`
-    reads it where it is used): a spec it cannot read is a usage error naming the flag, exit 2."""
+    reads it where it is used): a spec it cannot read, or an empty one, is a usage error naming the flag, exit 2."""
     from tracetune.errors import InputError
     from tracetune.replay.metrics import parse_slos
 
+    if not text.strip():  # would read as no SLO at all: leaving the flag out says that
+        raise argparse.ArgumentTypeError("empty; write e.g. 'ttft:p99<2s,tpot:p99<100ms', or leave --slo out "
+                                         "for no SLO")
     try:
         parse_slos(text, flag="--slo")
     except InputError as exc:
@@ -100,3 +103,19 @@ def share(text: str) -> float:
 def ratio(text: str) -> float:
     """A ratio in (0, 1), e.g. 0.05 for 5%."""
     return number(text, float, "a ratio in (0, 1), e.g. 0.05 for 5%", lambda v: 0 < v < 1)
+
+
+# Below this, a capacity bracket is narrower than the noise of a load level's attainment: repeated
+# levels disagree before the search gets there, so it never converges and spends its step budget.
+MIN_PRECISION = 0.005
+
+
+def precision(text: str) -> float:
+    """--precision: a ratio in (0, 1) of at least `MIN_PRECISION` (0.5%)."""
+    value = ratio(text)
+    if value < MIN_PRECISION:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is below {MIN_PRECISION:g} ({MIN_PRECISION:.1%}): a capacity bracket that narrow is inside "
+            f"the noise of a load level's attainment, so the search would never converge; give {MIN_PRECISION:g} "
+            f"or more (default 0.05)")
+    return value

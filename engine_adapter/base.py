@@ -29,6 +29,10 @@ OnTick = Callable[[float], None]
 StartPhases = dict[str, float | str | None]
 
 
+class NotAModelList(EngineError):
+    """`/v1/models` answered, but not with an OpenAI model list: the server is of another kind."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
     """Where a started engine serves: base URL (no `/v1`) and the model name to request."""
@@ -167,7 +171,16 @@ class HTTPEngine:
             )
 
     def served_models(self) -> list[str]:
+        """The models `/v1/models` lists; an EngineError when it fails, `NotAModelList` when it answers
+        what is not an OpenAI model list (an HTML page: another kind of server)."""
         response = self.get("/v1/models")
         if response.status_code != 200:
             raise EngineError(f"GET /v1/models answered HTTP {response.status_code}: {response.text[:300]}")
-        return [str(m["id"]) for m in response.json().get("data", [])]
+        try:
+            listed = response.json().get("data", [])
+            return [str(m["id"]) for m in listed]
+        except (ValueError, AttributeError, KeyError, TypeError):  # not JSON, or JSON of another shape
+            kind = response.headers.get("content-type", "no content type").split(";")[0]
+            start = " ".join(response.text[:80].split())
+            raise NotAModelList(f"GET /v1/models answered {kind} ({start!r}), not an OpenAI model list "
+                                f"({{\"data\": [{{\"id\": ...}}]}})") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 from tracetune.engine_adapter.config import EngineConfig
+from tracetune.errors import TuneError
 from tracetune.types import Scalar
 
 if TYPE_CHECKING:
@@ -154,6 +155,19 @@ class Preparer(Protocol):
     def __call__(self, config: EngineConfig, progress: Progress) -> EngineConfig: ...
 
 
+class GivenCheck(Protocol):
+    """The settings a command line gave (`given`: the fields its flags set) checked against the files and the
+    machine they name, before anything is prepared or started; raises errors.InputError naming the flag."""
+
+    def __call__(self, config: EngineConfig, given: frozenset[str]) -> None: ...
+
+
+class PlatformOf(Protocol):
+    """The platform an engine's servers run on here (a simulator: this machine's CPU, whatever is installed)."""
+
+    def __call__(self) -> Platform: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Deployment:
     """How an export runs the engine's server (`dashboard.export`): the program a shell runs and the
@@ -190,10 +204,11 @@ class EngineKind:
     give their knob table, the translation of search-space values, their reference config and the
     choices a platform can never run; the others are measured as they are.
 
-    What the command line reads of it: `flags` (its settings as flags), `prepare` (a config made
-    ready: draft models), `check_drafts` and `make_checkpoint` (the main job's drafts and quantized
-    checkpoints), `api_key_env` and `given_api_key` (the key its server requires). What the
-    dashboard and exports read: `config_diff`, `image`, `image_version` and `deployment`."""
+    What the command line reads of it: `flags` (its settings as flags), `check_given` (the flags
+    given, checked against what they name), `prepare` (a config made ready: draft models),
+    `check_drafts` and `make_checkpoint` (the main job's drafts and quantized checkpoints),
+    `api_key_env` and `given_api_key` (the key its server requires). What the dashboard and exports
+    read: `config_diff`, `image`, `image_version` and `deployment`."""
 
     name: str
     config_model: type[BaseModel]
@@ -207,6 +222,7 @@ class EngineKind:
     label: str = ""  # as the user reads it ("vLLM"); default: `name`
     flags: tuple[EngineFlag, ...] = ()
     prepare: Preparer | None = None
+    check_given: GivenCheck | None = None
     check_drafts: Callable[[Path, Iterable[str | Path]], None] | None = None
     make_checkpoint: CheckpointFactory | None = None
     # The environment variable the engine's server reads its required API key from (vLLM: VLLM_API_KEY).
@@ -220,6 +236,16 @@ class EngineKind:
     # Why the engine cannot run on this machine (e.g. its server is not installed, with how to install
     # it), or None when it can; unset: it always can.
     available: Callable[[], str | None] | None = None
+    # Whether its servers load the model (False: a simulator; the command line then prepares no model and
+    # the model is a name). The platform its servers run on where the engine decides it (unset: the
+    # installed vLLM's, `platform.detect_platform`). The search space the main job searches for it when
+    # --space names none (unset: tracetune's own, `search_spaces.engines.default_space`).
+    loads_model: bool = True
+    runs_on: PlatformOf | None = None
+    default_space: Path | None = None
+    # The requests one server decodes together under a config (vLLM: max_num_seqs, llama-server: its
+    # slots); None where the config leaves it to a default the engine does not state. Unset: unknown.
+    slots: Callable[[EngineConfig], int | None] | None = None
 
     @property
     def tunable(self) -> bool:
@@ -239,6 +265,14 @@ class EngineKind:
         """Why the engine cannot run on this machine (`available`), or None when it can."""
         return None if self.available is None else self.available()
 
+    def platform(self) -> Platform:
+        """The platform its servers run on here (`runs_on`, else the installed vLLM's)."""
+        if self.runs_on is not None:
+            return self.runs_on()
+        from tracetune.engine_adapter.platform import detect_platform
+
+        return detect_platform()
+
     def of(self, config: EngineConfig) -> EngineKind:
         """The engine that runs `config` (itself; a choice of engines names the one chosen)."""
         return self
@@ -246,3 +280,12 @@ class EngineKind:
     def load_config(self, data: Mapping[str, object]) -> EngineConfig:
         """Stored settings read back as this engine's settings model."""
         return cast("EngineConfig", self.config_model.model_validate(data))
+
+    def slots_of(self, data: Mapping[str, object]) -> int | None:
+        """The slots (`slots`) of a stored config, by the engine that runs it; None where not known."""
+        try:
+            config = self.load_config(data)
+        except (ValueError, TuneError):  # not this engine's settings (pydantic's error is a ValueError)
+            return None
+        kind = self.of(config)
+        return kind.slots(config) if kind.slots is not None else None

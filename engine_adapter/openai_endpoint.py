@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tracetune.engine_adapter.base import Endpoint, HTTPEngine
-from tracetune.errors import EngineError, EngineTimeoutError
+from tracetune.engine_adapter.base import Endpoint, HTTPEngine, NotAModelList
+from tracetune.errors import EngineError, EngineTimeoutError, InputError
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.base import OnTick
@@ -67,7 +67,8 @@ class OpenAIEndpoint(HTTPEngine):
         return self.endpoint
 
     def wait_healthy(self, timeout_s: float = 60.0, on_tick: OnTick | None = None) -> float:
-        """Wait until `/v1/models` answers; pick the model if none was named."""
+        """Wait until `/v1/models` answers; pick the model if none was named. An answer that is not an
+        OpenAI model list (an HTML page) is an InputError at once."""
         ep = self._require_endpoint()
         t0 = time.perf_counter()
         last_error = ""
@@ -79,6 +80,8 @@ class OpenAIEndpoint(HTTPEngine):
                         raise EngineError(f"{ep.base_url} serves no model")
                     self.endpoint = Endpoint(ep.base_url, models[0], ep.headers)
                 return time.perf_counter() - t0
+            except NotAModelList as exc:  # a server that answers, as another kind: waiting will not change it
+                raise InputError(f"--endpoint {ep.base_url}: {exc}; name an OpenAI-compatible server") from None
             except EngineError as exc:
                 last_error = str(exc)
             if on_tick:

@@ -84,10 +84,13 @@ def client_overloaded(records: Sequence[RequestRecord], slos: Sequence[SLO] = ()
 
 
 def parse_slos(spec: str | None, flag: str = "--slo") -> list[SLO]:
-    """Parse `ttft:p99<500ms,tpot:p50<50ms` into SLOs; errors name the flag and the item."""
+    """Parse `ttft:p99<500ms,tpot:p50<50ms` into SLOs; errors name the flag and the item. A threshold
+    must be above 0 (no request meets `<0s`) and a metric's statistic bound once (two bounds on it
+    would leave one unread)."""
     if not spec:
         return []
-    slos = []
+    slos: list[SLO] = []
+    written: list[str] = []
     for item in spec.split(","):
         m = _SLO_ITEM.match(item)
         if not m:
@@ -97,8 +100,19 @@ def parse_slos(spec: str | None, flag: str = "--slo") -> list[SLO]:
         metric, stat, value, unit = m.groups()
         if stat != "mean" and not 0 < float(stat[1:]) < 100:
             raise InputError(f"{flag}: percentile in {item.strip()!r} must be between 0 and 100")
+        if float(value) <= 0:
+            raise InputError(f"{flag}: the threshold in {item.strip()!r} must be above 0 (no request takes less "
+                             f"than no time)")
+        if twice := [w for s, w in zip(slos, written, strict=True) if s.metric == metric and _same_stat(s.stat, stat)]:
+            raise InputError(f"{flag}: {metric}:{stat} is bound twice ({twice[0]!r} and {item.strip()!r}); keep one")
         slos.append(SLO(metric, stat, float(value) * _UNITS[unit]))
+        written.append(item.strip())
     return slos
+
+
+def _same_stat(a: str, b: str) -> bool:
+    """Whether two statistics of an SLO are one (p99 and p99.0 are)."""
+    return a == b or ("mean" not in (a, b) and float(a[1:]) == float(b[1:]))
 
 
 def _stat(values: np.ndarray, stat: str, axis: int | None = None) -> np.floating | np.ndarray:
@@ -238,6 +252,7 @@ class Summary:
     connection_limit: int = 0
     stream_faults: int = 0  # errors whose answer was not a well-formed OpenAI stream
     first_stream_fault: str = ""  # the reason of the first of them (in trace order)
+    cost: dict[str, float] | None = None  # wall seconds of the run that measured it, by part (`tuner.measure`)
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -259,6 +274,8 @@ class Summary:
             out["capacity"] = self.capacity
         if self.acceptance is not None:
             out["acceptance"] = self.acceptance
+        if self.cost is not None:
+            out["cost"] = self.cost
         return out
 
     @classmethod
@@ -271,6 +288,7 @@ class Summary:
         goodput = stored.get("goodput_rps")
         attainment = stored.get("slo_attainment")
         engine, capacity, acceptance = stored.get("engine"), stored.get("capacity"), stored.get("acceptance")
+        cost = stored.get("cost")
         return cls(
             requests=count("requests"), succeeded=count("succeeded"), errors=count("errors"),
             error_rate=number(stored.get("error_rate") or 0.0), duration_s=number(stored.get("duration_s")),
@@ -289,7 +307,8 @@ class Summary:
             client_errors=count("client_errors"), client_overloaded=bool(stored.get("client_overloaded")),
             lag_bound_s=number(stored.get("lag_bound_s", LAG_BOUND_S)), connection_waits=count("connection_waits"),
             connection_limit=count("connection_limit"), stream_faults=count("stream_faults"),
-            first_stream_fault=text(stored.get("first_stream_fault")))
+            first_stream_fault=text(stored.get("first_stream_fault")),
+            cost={k: number(v) for k, v in mapping(cost).items()} if isinstance(cost, dict) else None)
 
     def estimate(self, metric: str, stat: str) -> Estimate | None:
         """The latency estimate of `metric` at `stat` (None where the summary does not hold it)."""

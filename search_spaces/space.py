@@ -10,12 +10,13 @@
       num_speculative_tokens: {low: 1, high: 8, when: {speculative: [ngram, draft_model]}}
     draft_models: [/models/SmolLM2-135M, derived:layers-4]   # searched when speculative=draft_model
 
-A parameter is categorical (`choices`) or numeric (`low`/`high`, optional `log`/`step`; integers
-unless `float: true`). `when` makes it exist only if earlier parameters took one of the listed
-values; conditions may only refer to parameters defined above them. Parameter and fixed names are
-knobs of the engine the space is for: its `EngineKind` gives the knob table (`kind.knobs`) and its
-reference config checks the fixed settings (`kind.reference`); tracetune's default engine when none
-is given. Errors name the file, the line and the field.
+A parameter is categorical (`choices`: numbers, strings or booleans, of one kind, `values.py`) or
+numeric (`low`/`high`, optional `log`/`step`; integers unless `float: true`). `when` makes it exist
+only if earlier parameters took one of the listed values; conditions may only refer to parameters
+defined above them. Parameter and fixed names are knobs of the engine the space is for: its
+`EngineKind` gives the knob table (`kind.knobs`) and its reference config checks the fixed settings
+(`kind.reference`); tracetune's default engine when none is given. Errors name the file, the line
+and the field.
 
 A space over a choice of engines (`--engine vllm+llamacpp`, `engine_adapter.choice`) has the knob
 `engine`; each engine's own knobs then exist only where it runs:
@@ -34,11 +35,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, cast
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -50,6 +50,7 @@ from pydantic import (
 from tracetune.engine_adapter.choice import ENGINE  # the knob naming each trial's engine in a choice of engines
 from tracetune.errors import InputError, opened_input
 from tracetune.search_spaces.engines import CPU_SPACE, DEFAULT_SPACE, default_space, one_engines_part  # noqa: F401 (re-exported)
+from tracetune.search_spaces.values import Number, Scalar, choices_problem
 from tracetune.search_spaces.yaml_source import composed, duplicate_key, line_of, printable
 
 if TYPE_CHECKING:
@@ -59,25 +60,8 @@ if TYPE_CHECKING:
     from tracetune.engine_adapter.kind import EngineKind, Knobs
 
 
-def _scalar(value: object) -> object:
-    # Checked before the union, so a list or mapping gets one clear message rather than one per member.
-    if not isinstance(value, (bool, int, float, str)):
-        raise ValueError(f"must be a boolean, number or string, got {type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"must be a finite number, got {value}")
-    return value
-
-
-def _number(value: object) -> object:
-    # pydantic's lax mode would read `true` as 1.0.
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not a boolean")
-    return value
-
-
-Scalar = Annotated[bool | int | float | str, BeforeValidator(_scalar)]
-Number = Annotated[float, BeforeValidator(_number)]
 Value = bool | int | float | str  # a value a trial gives a parameter
+
 
 def default_engine() -> EngineKind:
     """The engine a space is for when the caller names none: tracetune's default engine."""
@@ -121,8 +105,8 @@ class Param(BaseModel):
             if not self.float_ and self.step is not None and self.step != int(self.step):
                 raise ValueError(f"an integer parameter needs an integer step, got {self.step:g} "
                                  f"(set float: true for reals)")
-        elif self.choices is not None and len(set(map(repr, self.choices))) != len(self.choices):
-            raise ValueError("choices must not repeat")
+        elif self.choices is not None and (problem := choices_problem(self.choices)):
+            raise ValueError(problem)
         for other, values in (self.when or {}).items():
             if not values:
                 raise ValueError(f"when.{other} lists no values, so the parameter could never exist; "

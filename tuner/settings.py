@@ -9,7 +9,7 @@ from pathlib import Path
 from tracetune.capacity.step import CapacityOptions
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
-from tracetune.replay.metrics import SLO
+from tracetune.replay.metrics import SLO, parse_slos
 from tracetune.replay.types import ReplayOptions
 from tracetune.tuner.objectives import constraint_names
 from tracetune.tuner.trial_record import ParamValue, StudyAttr
@@ -84,6 +84,18 @@ def study_rules(settings: StudySettings, *, engine: str, model_dir: Path | str) 
             "trace_sha256": settings.trace_sha256, "engine": engine, "model": Path(str(model_dir)).name}
 
 
+def _slo_rule(slos: list[object]) -> str:
+    """The "slo" rule of SLOs an older study kept as a list, in the form `study_rules` writes (each read
+    again where it can be, so a form written otherwise compares equal; kept as written where not)."""
+    written = []
+    for slo in map(str, slos):
+        try:
+            written += [str(one) for one in parse_slos(slo, flag="the study's SLO")]
+        except InputError:
+            written.append(slo)
+    return ",".join(written)
+
+
 def _shown(name: str, value: object) -> str:
     if value is None or value == "":
         return f"no {RULE_FLAGS[name]}"
@@ -97,11 +109,13 @@ def _shown(name: str, value: object) -> str:
 def check_rules(study_name: str, attrs: Mapping[str, object], rules: Mapping[str, object]) -> bool:
     """Refuse (InputError, exit 2) to resume study `study_name`, whose user attributes are `attrs`,
     under `rules` (`study_rules`) that differ from those it was measured under, naming both. False
-    when the study predates kept rules (only its objectives could be checked), True otherwise."""
+    when the study predates kept rules (only its objectives and SLO could be checked), True otherwise."""
     kept = attrs.get(RULES_ATTR)
     stored: dict[str, object] = dict(kept) if isinstance(kept, Mapping) else {}
     if attrs.get(StudyAttr.OBJECTIVES) is not None:  # kept by every tracetune, before the other rules were
         stored["objectives"] = attrs[StudyAttr.OBJECTIVES]
+    if "slo" not in stored and isinstance(slos := attrs.get(StudyAttr.SLOS), list):  # so were its SLOs, as a list
+        stored["slo"] = _slo_rule(slos)
     # A rule kept as None was not known when the study was made (a Tuner given no trace hash): unchecked.
     differ = [name for name in RULE_FLAGS if stored.get(name) is not None and stored[name] != rules.get(name)]
     if differ:

@@ -1,6 +1,7 @@
 """llama.cpp's server (`llama-server`), the CPU engine beside vLLM: where its build is
 (`binaries.py`, made by scripts/install_llamacpp.sh), GGUF weights made from the model
-(`gguf.py`), its settings (`config.py`), command line and managed server (`server.py`), every setting checked as
+(`gguf.py`), its settings (`config.py`), those a command line gives checked before anything starts
+(`given.py`), command line and managed server (`server.py`), every setting checked as
 applied once it serves (`verify.py`), its flags and knobs described once (`settings.py`), and
 search-space values turned into settings with its defaults as reference (`translate.py`). Its
 counters' names are in `engine_adapter/metrics.py`. Other packages reach it through its
@@ -8,7 +9,7 @@ counters' names are in `engine_adapter/metrics.py`. Other packages reach it thro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.kind import EngineKind
@@ -20,6 +21,7 @@ def kind() -> EngineKind:
     from tracetune.engine_adapter.llamacpp.binaries import SERVER_IMAGE_TAG, unavailable
     from tracetune.engine_adapter.llamacpp.deploy import DEPLOYMENT
     from tracetune.engine_adapter.llamacpp.gguf import gguf_checkpoint
+    from tracetune.engine_adapter.llamacpp.given import DEFAULT_SLOTS, check_given
     from tracetune.engine_adapter.llamacpp.server import (
         API_KEY_ENV,
         LlamaCppConfig,
@@ -38,7 +40,8 @@ def kind() -> EngineKind:
 
     return EngineKind("llamacpp", LlamaCppConfig, make_server, build_command, translate=to_engine_config,
                       reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS, relocate=relocated,
-                      label="llama.cpp", flags=FLAGS, prepare=prepared, make_checkpoint=gguf_checkpoint,
-                      api_key_env=API_KEY_ENV, given_api_key=given_api_key, config_diff=config_diff,
-                      image="ghcr.io/ggml-org/llama.cpp", image_version=SERVER_IMAGE_TAG,
-                      deployment=DEPLOYMENT, available=unavailable)
+                      label="llama.cpp", flags=FLAGS, prepare=prepared, check_given=check_given,
+                      make_checkpoint=gguf_checkpoint, api_key_env=API_KEY_ENV, given_api_key=given_api_key,
+                      config_diff=config_diff, image="ghcr.io/ggml-org/llama.cpp", image_version=SERVER_IMAGE_TAG,
+                      deployment=DEPLOYMENT, available=unavailable,
+                      slots=lambda c: cast(LlamaCppConfig, c).parallel or DEFAULT_SLOTS)

@@ -6,6 +6,9 @@ each). Files are cached under `$TRACETUNE_HOME/gguf/`, keyed by the source weigh
 format and the llama.cpp build, and written atomically under a file lock like the quantized
 checkpoints (`vllm/quantize.py`): a killed conversion never leaves a file that later loads. What the
 converter and quantizer print goes to a log beside the file; progress lines go to `progress`.
+
+A GGUF file the user names (`--gguf`) is checked before anything starts (`check_gguf_file`), and its
+metadata read without loading it (`gguf_metadata`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from tracetune.engine_adapter.kind import Progress
 from tracetune.engine_adapter.llamacpp.binaries import build_label, llamacpp_dir, tool
 from tracetune.engine_adapter.models import check_model_dir, tracetune_home, weights_digest
-from tracetune.errors import ModelError
+from tracetune.errors import InputError, ModelError
 
 # Weight formats tracetune makes: the converter's (unquantized) and llama-quantize's (from F16).
 CONVERTED = ("F16", "BF16")
@@ -29,6 +32,45 @@ FORMATS = CONVERTED + QUANTIZED
 # What llama-server's /props says of a file of each format (`model_ftype`).
 FTYPE_NAMES = {"F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K_M": "Q5_K - Medium",
                "Q4_K_M": "Q4_K - Medium"}
+MAGIC = b"GGUF"  # the first four bytes of every GGUF file
+
+
+def check_gguf_file(path: Path, flag: str = "--gguf") -> Path:
+    """`path` as a GGUF file to serve: a regular file that can be read and starts with GGUF's magic
+    bytes; an InputError naming `flag` and what is wrong otherwise (llama-server would only say so
+    once started)."""
+    path = Path(path)
+    fix = f"name a .gguf file, or leave {flag} out to serve weights made from --model"
+    if not path.exists():
+        raise InputError(f"{flag} {path}: no such file; {fix}")
+    if path.is_dir():
+        raise InputError(f"{flag} {path}: is a folder, not a GGUF file; {fix}")
+    if not path.is_file():  # a device, a pipe or a socket: reading one may never end
+        raise InputError(f"{flag} {path}: is not a regular file; {fix}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot be read ({exc.strerror or exc})") from None
+    if not head:
+        raise InputError(f"{flag} {path}: is empty, not a GGUF file; {fix}")
+    if head != MAGIC:
+        raise InputError(f"{flag} {path}: not a GGUF file (it starts with {head!r}, not {MAGIC!r}); {fix}")
+    return path
+
+
+def gguf_metadata(path: Path) -> dict[str, int | float | str]:
+    """The metadata of GGUF file `path` that is one number or string (arrays, such as its vocabulary,
+    left out), read with the gguf package without loading the weights; empty where it cannot be read."""
+    try:
+        import gguf
+
+        fields = gguf.GGUFReader(str(path)).fields
+        return {name: value for name, field in fields.items()
+                if field.types and field.types[0] != gguf.GGUFValueType.ARRAY
+                and isinstance(value := field.contents(), int | float | str)}
+    except Exception:  # a header the package cannot read (a newer version, a cut file): nothing known
+        return {}
 
 
 def gguf_path(model_dir: Path, weights: str) -> Path:

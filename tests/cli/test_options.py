@@ -53,7 +53,11 @@ def test_help_shows_trace_and_slo(words, tmp_path):
 @pytest.mark.parametrize("words", COMMANDS.values(), ids=COMMANDS.keys())
 @pytest.mark.parametrize("bad, says", [("ttft<3", "cannot read 'ttft<3'"),
                                        ("ttft:p99<2s,speed:p50<1s", "cannot read 'speed:p50<1s'"),
-                                       ("ttft:p0<1s", "percentile in 'ttft:p0<1s' must be between 0 and 100")])
+                                       ("ttft:p0<1s", "percentile in 'ttft:p0<1s' must be between 0 and 100"),
+                                       ("ttft:p99<0s", "the threshold in 'ttft:p99<0s' must be above 0"),
+                                       ("", "empty; write e.g. 'ttft:p99<2s,tpot:p99<100ms', or leave --slo out"),
+                                       (" ", "empty; write e.g."),
+                                       ("ttft:p99<1s,ttft:p99<2s", "ttft:p99 is bound twice")])
 def test_a_bad_slo_is_a_usage_error_naming_the_flag(words, bad, says, capsys):
     with pytest.raises(SystemExit) as info:
         _build_parser().parse_args([*words, "--trace", "traffic.jsonl", "--slo", bad])

@@ -158,24 +158,48 @@ def test_the_tuner_refuses_other_rules_too(folder):
         tuner.run()
 
 
-def test_a_study_from_before_kept_rules_resumes_with_a_warning(folder):
+def forget_rules(folder: Path) -> None:
+    """The study as tracetune made it before it kept rules: its objectives and SLOs alone."""
     with sqlite3.connect(folder / "study.db") as conn:
         assert conn.execute("DELETE FROM study_user_attributes WHERE key = 'rules'").rowcount == 1
+
+
+def test_a_study_from_before_kept_rules_resumes_with_a_warning(folder):
+    forget_rules(folder)
     out = io.StringIO()
-    request = request_of(flags(folder, "--slo", "ttft:p99<1s"), out)  # another SLO: nothing to check it against
+    request = request_of(flags(folder, "--slo", "ttft:p95<2000ms,tpot:p95<0.1s"), out)  # its SLOs, written otherwise
     assert request.settings.study_name == STUDY
     lines = [line for line in out.getvalue().splitlines() if "could not be checked" in line]
-    assert lines == [f"! study '{STUDY}' predates kept rules (SLO, trace, model, ...): this run's could not be "
-                     f"checked against them"]
+    assert lines == [f"! study '{STUDY}' predates kept rules: its objectives and SLO match this run's; its trace, "
+                     f"model, engine, attainment and precision could not be checked"]
 
 
-def test_a_study_from_before_kept_rules_still_checks_its_objectives():
+def test_a_study_from_before_kept_rules_refuses_another_slo(folder):
+    forget_rules(folder)
+    kept = digest(folder / "study.db")
+    out = tune(flags(folder, "--slo", "ttft:p99<1s", trials=4), cwd=folder)
+    assert out.returncode == 2 and "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: study '{STUDY}' was measured under --slo ttft:p95<2000ms,tpot:p95<100ms; this run asks --slo "
+        f"ttft:p99<1000ms. Resume with the same rules, or start a new study: --study NEW")
+    assert digest(folder / "study.db") == kept and not (folder / "run").exists()
+
+
+def test_a_study_from_before_kept_rules_still_checks_its_objectives_and_slos():
     attrs = {"objectives": ["ttft_p99", "output_tps"], "slos": []}
-    rules = {"objectives": ["ttft_p99", "capacity"], "slo": "ttft:p99<1000ms"}
+    rules = {"objectives": ["ttft_p99", "capacity"], "slo": ""}
     with pytest.raises(InputError, match="measured under --objectives ttft_p99,output_tps; this run asks "
                                          "--objectives ttft_p99,capacity"):
         check_rules("old", attrs, rules)
-    assert check_rules("old", attrs, {**rules, "objectives": ["ttft_p99", "output_tps"]}) is False
+    same = {**rules, "objectives": ["ttft_p99", "output_tps"]}
+    assert check_rules("old", attrs, same) is False
+    with pytest.raises(InputError, match="measured under no --slo; this run asks --slo ttft:p99<1000ms"):
+        check_rules("old", attrs, {**same, "slo": "ttft:p99<1000ms"})
+    # kept in whatever form it was written: read again where it can be, compared as written where not
+    assert check_rules("old", {**attrs, "slos": ["ttft:p99<1s", "tpot:p50<50ms"]},
+                       {**same, "slo": "ttft:p99<1000ms,tpot:p50<50ms"}) is False
+    with pytest.raises(InputError, match="measured under --slo speed<fast; this run asks --slo ttft:p99<1000ms"):
+        check_rules("old", {**attrs, "slos": ["speed<fast"]}, {**same, "slo": "ttft:p99<1000ms"})
 
 
 def test_a_rule_kept_as_unknown_is_not_checked_and_the_others_are():

@@ -33,6 +33,23 @@ def test_bad_slos_name_the_flag(bad):
         parse_slos(bad)
 
 
+@pytest.mark.parametrize(("bad", "says"), [
+    ("ttft:p99<0s", "the threshold in 'ttft:p99<0s' must be above 0"),
+    ("tpot:mean<0.0ms", "the threshold in 'tpot:mean<0.0ms' must be above 0"),
+    ("ttft:p99<1s,ttft:p99<2s", "ttft:p99 is bound twice ('ttft:p99<1s' and 'ttft:p99<2s'); keep one"),
+    ("e2e:p90<1s, e2e:p90.0<3s", "e2e:p90.0 is bound twice ('e2e:p90<1s' and 'e2e:p90.0<3s')"),
+])
+def test_a_zero_threshold_or_a_statistic_bound_twice_is_refused(bad, says):
+    with pytest.raises(InputError) as info:
+        parse_slos(bad)
+    assert str(info.value).startswith(f"--slo: {says}"), info.value
+
+
+def test_one_metric_may_bound_several_statistics():
+    assert parse_slos("ttft:p50<1s,ttft:p99<2s,ttft:mean<1s") == [
+        SLO("ttft", "p50", 1.0), SLO("ttft", "p99", 2.0), SLO("ttft", "mean", 1.0)]
+
+
 def test_tpot_definition():
     r = rec(0, ttft=0.1, e2e=1.0, out=10)
     assert r.tpot_s == pytest.approx(0.1)

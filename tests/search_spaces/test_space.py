@@ -40,6 +40,8 @@ def test_default_space_loads_and_covers_the_knobs():
         ("parameters: {}\n", "field 'parameters'"),
         ("parameters:\n  max_num_seqs: {low: 0, high: 8, log: true}\n", "log-scaled parameter needs low > 0"),
         ("parameters:\n  max_num_seqs: {choices: [4, 4]}\n", "choices must not repeat"),
+        ("parameters:\n  max_num_seqs: {choices: [4, \"many\", 8.5]}\n", ":2: field 'parameters.max_num_seqs': Value error, choices must all be of one kind, but 4 is a number and 'many' a string"),
+        ("parameters:\n  enforce_eager: {choices: [true, 1]}\n", "choices must all be of one kind, but True is a boolean and 1 a number"),
         ("parameters: [\n", "not valid YAML"),
         ("parameters:\n  max_num_seqs: {low: 1, high: .inf}\n", ":2: field 'parameters.max_num_seqs.high': Input should be a finite number"),
         ("parameters:\n  max_num_seqs: {low: .nan, high: 4}\n", ":2: field 'parameters.max_num_seqs.low': Input should be a finite number"),
@@ -61,6 +63,18 @@ def test_bad_space_files_name_line_and_field(tmp_path, text, where):
     assert str(info.value).startswith(str(tmp_path / "space.yaml") + ":")
     assert where in str(info.value)
     assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(("choices", "problem"), [
+    ([4, 8, 16], None), ([0.5, 1], None), (["auto", "fp8"], None), ([True, False], None),
+    ([4, "8"], "but 4 is a number and '8' a string"), (["on", False], "but 'on' is a string and False a boolean"),
+    ([1, 1.0], "choices must not repeat"), ([2, 2], "choices must not repeat"),
+])
+def test_choices_are_of_one_kind_whole_numbers_and_reals_mixing(choices, problem):
+    from tracetune.search_spaces.values import choices_problem
+
+    found = choices_problem(choices)
+    assert found is None if problem is None else problem in (found or ""), found
 
 
 def test_removing_every_choice_is_a_clear_error():
