@@ -45,14 +45,13 @@ def _config_from(args: argparse.Namespace, kind: EngineKind) -> EngineConfig:
 
 def engine_command(args: argparse.Namespace, console: Console = console) -> int:
     from tracetune.cli.engine_options import chosen_engine
-    from tracetune.engine_adapter.platform import detect_platform
     from tracetune.errors import InputError
 
     kind = chosen_engine(args)
     if kind.command is None:
         raise InputError(f"{kind.shown} runs no command of tracetune's")
     config = _config_from(args, kind)
-    platform = detect_platform()
+    platform = kind.platform()
     argv, env = kind.command(config, platform, port=args.port)
     console.print(f"# platform: {platform.value}", highlight=False)
     print(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " \\")
@@ -80,7 +79,6 @@ def _ms(seconds: float | None) -> str:
 def engine_check(args: argparse.Namespace, console: Console = console) -> int:
     from tracetune.cli.engine_options import chosen_engine
     from tracetune.engine_adapter.openai_client import new_session
-    from tracetune.engine_adapter.platform import detect_platform
     from tracetune.errors import EngineError
     from tracetune.files import refuse_overwrite, write_atomic
 
@@ -89,7 +87,7 @@ def engine_check(args: argparse.Namespace, console: Console = console) -> int:
     kind = chosen_engine(args)
     config = _config_from(args, kind)
     prompt = args.prompt or _default_check_prompt()
-    platform = detect_platform()
+    platform = kind.platform()
     server, settings = kind.make(args.run_dir, platform=platform), config.model_dump()
     console.print(f"platform: [bold]{platform.value}[/]   model: [bold]{settings['model']}[/]")
     results = []

@@ -301,10 +301,10 @@ def serving_target(args: argparse.Namespace, config: EngineConfig | None, out_di
             yield engine, (Path(args.tokenizer) if args.tokenizer else None), {"endpoint": args.endpoint}
         else:
             from tracetune.cli.engine_options import chosen_engine
-            from tracetune.engine_adapter.platform import detect_platform
 
             assert config is not None, "prepare_run reads the settings of an engine started here"
-            kind, platform = chosen_engine(args), detect_platform()
+            kind = chosen_engine(args)
+            platform = kind.platform()
             engine = kind.make(out_dir, platform=platform)
             with console.status(f"starting {kind.shown}…") as status:
                 t0 = time.perf_counter()

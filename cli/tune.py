@@ -96,10 +96,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help=f"how trials are proposed after the first ones (default {DEFAULT_SAMPLER}: it measured best in "
                         f"benchmarks/search_efficiency.py)")
     p.add_argument("--seed", type=int, default=0)
-    from tracetune.cli.engine_options import engine_name
+    from tracetune.cli.engine_options import engine_name, engines_shown
 
     p.add_argument("--engine", dest="engine_type", type=engine_name, default=None, metavar="NAME",
-                   help="vllm or llamacpp (tracetune starts each config), vllm+llamacpp (each trial on either, "
+                   help=f"{engines_shown()} (tracetune starts each config), vllm+llamacpp (each trial on either, "
                         "the search space's `engine` choosing), or openai (a running endpoint: cannot be tuned). "
                         "Default: vllm+llamacpp over search_spaces/cpu.yaml on a CPU with llama.cpp installed "
                         "(no --space given), else vllm")
@@ -274,7 +274,7 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     from tracetune.cli.engine_options import drafts_given, passed_through
     from tracetune.cli.job import check_resume, check_storage, check_warm_start, stored_study_attrs
     from tracetune.engine_adapter.models import resolve_model, sha256_file
-    from tracetune.engine_adapter.platform import detect_platform
+    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, engine_kind
     from tracetune.quality.gate import DEFAULT_GATE, parse_gate
     from tracetune.replay.metrics import parse_slos
     from tracetune.replay.trace import load_trace
@@ -297,11 +297,13 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     if args.warm_start:  # the earlier study, read-only, as early
         check_warm_start(_warm_start_url(args, storage), args.warm_start, run_dir,
                          flag="--warm-start-storage" if args.warm_start_storage else "--storage")
-    platform, stored = detect_platform(), stored_study_attrs(storage, study_name, tables)
+    platform = engine_kind(args.engine_type or DEFAULT_ENGINE).platform()  # where the named engine runs
+    stored = stored_study_attrs(storage, study_name, tables)
     engine = _main_engine(args, platform, console, stored)
     args.engine_type = engine.name  # as resolved: the results read it
     space = load_space(args.space or default_space(engine), engine)
-    model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}"))
+    model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}")) if engine.loads_model \
+        else Path(args.model or engine.name)  # a simulator loads no model: a name (or a tokenizer's folder)
     base_config, base = _base(args, model_dir, engine)
     space = _with_drafts(space, drafts_given(args, engine), model_dir, engine)
     if "dummy" in (base.get("load_format"), space.fixed.get("load_format")):

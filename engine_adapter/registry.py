@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tracetune.engine_adapter.kind import EngineKind
 from tracetune.errors import InputError
@@ -44,11 +44,17 @@ def _vllm() -> EngineKind:
                       label="vLLM", flags=FLAGS, prepare=prepared, check_drafts=check_drafts,
                       make_checkpoint=quantized_checkpoint, api_key_env="VLLM_API_KEY", given_api_key=given_api_key,
                       config_diff=config_diff, image="vllm/vllm-openai", image_version=GPU_VLLM_VERSION,
-                      deployment=DEPLOYMENT)
+                      deployment=DEPLOYMENT, slots=lambda c: cast(VLLMConfig, c).max_num_seqs)
 
 
 def _llamacpp() -> EngineKind:
     from tracetune.engine_adapter.llamacpp import kind
+
+    return kind()
+
+
+def _sim() -> EngineKind:
+    from tracetune.engine_adapter.sim import kind
 
     return kind()
 
@@ -67,7 +73,8 @@ def _make_openai(run_dir: Path | None = None, *, platform: Platform | None = Non
 
 
 # name -> the function that builds its EngineKind
-ENGINES: dict[str, Callable[[], EngineKind]] = {"vllm": _vllm, "llamacpp": _llamacpp, "openai": _openai}
+ENGINES: dict[str, Callable[[], EngineKind]] = {"vllm": _vllm, "llamacpp": _llamacpp, "openai": _openai,
+                                                 "sim": _sim}
 # Engines one study may choose between, trial by trial ("vllm+llamacpp": `engine_adapter.choice`).
 CHOICE_SEPARATOR = "+"
 

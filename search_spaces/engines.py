@@ -20,10 +20,13 @@ CPU_SPACE = Path(__file__).resolve().parent / "cpu.yaml"
 
 
 def default_space(kind: EngineKind) -> Path:
-    """The space the main job searches for `kind` when --space names none: the default one for vLLM,
-    the CPU one (both engines; one engine's part of it for that engine alone) otherwise."""
+    """The space the main job searches for `kind` when --space names none: the engine's own where it
+    names one (`EngineKind.default_space`), the default one for vLLM, the CPU one (both engines; one
+    engine's part of it for that engine alone) otherwise."""
     from tracetune.engine_adapter.registry import DEFAULT_ENGINE
 
+    if kind.default_space is not None:
+        return kind.default_space
     return DEFAULT_SPACE if kind.name == DEFAULT_ENGINE else CPU_SPACE
 
 

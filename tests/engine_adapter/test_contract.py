@@ -53,10 +53,15 @@ def _scripted_openai(monkeypatch, tmp_path, kind):
         proc.wait(timeout=10)
 
 
+def _sim(monkeypatch, tmp_path, kind):
+    """The simulated engine is scripted already: its own server runs (no model, no build)."""
+    yield kind.config_model(max_num_seqs=2)
+
+
 # How each registered engine meets the scripted server instead of its real one (a generator of the
 # config to launch with). An engine added to the registry without an entry here fails
 # `test_every_registered_engine_has_a_scripted_variant`.
-SCRIPTED = {"vllm": _scripted_vllm, "llamacpp": _scripted_llamacpp, "openai": _scripted_openai}
+SCRIPTED = {"vllm": _scripted_vllm, "llamacpp": _scripted_llamacpp, "openai": _scripted_openai, "sim": _sim}
 
 
 def test_every_registered_engine_has_a_scripted_variant():
@@ -86,5 +91,5 @@ def test_engine_contract_on_a_scripted_server(name, tmp_path, monkeypatch):
 def test_an_unknown_engine_is_named_with_the_known_ones():
     from tracetune.errors import InputError
 
-    with pytest.raises(InputError, match="unknown engine 'sglang'; tracetune knows: llamacpp, openai, vllm"):
+    with pytest.raises(InputError, match="unknown engine 'sglang'; tracetune knows: llamacpp, openai, sim, vllm"):
         engine_kind("sglang")
