@@ -194,6 +194,9 @@ class LevelRunner:
         cut = 0
         if decided.at is not None and result.abandoned:
             result, cut = decided.completed(result, requests)
+            if self.on_record is not None:  # the requests cut are recorded as the others were
+                for record in result.records[-cut:] if cut else []:
+                    self.on_record(scale, record)
         step = judge(result, scale, requests, self.options, duration, repeat=repeat,
                      misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
         step.client_procs, step.cut = procs, cut
