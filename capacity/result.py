@@ -93,6 +93,7 @@ class Step:
     placed_by: str = ""  # the rule that chose this level's load (`capacity.response.place`), "" for a seed
     repeat_rule: str = ""  # for a bracket end: why it was (or was not) measured again
     cut: int = 0  # requests still in flight when the level's pass was decided, cut and counted as misses
+    cause: str = ""  # a failed level: why, in words with its numbers (`capacity.causes`); "" unexplained
 
     def as_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "outcome": self.outcome}
@@ -271,6 +272,12 @@ class CapacityResult:
         top = "-)" if high is None else f"{high / gpus:.3g}]"
         return f"[{low / gpus:.3g}, {top} req/s" + (" per GPU" if per_gpu else "")
 
+    def failed_at(self) -> Step | None:
+        """The failed level that bounds the capacity from above: the last measured at `bracket_high`
+        (None: no level failed above)."""
+        failed = [s for s in self.steps if s.scale == self.bracket_high and not s.passed]
+        return failed[-1] if failed else None
+
     def caveats(self) -> list[str]:
         """What a reader must know before trusting the number: unstable, client-limited, ..."""
         out = ["unstable (a repeated level disagreed with its first measurement)"] if self.unstable else []
@@ -321,6 +328,12 @@ def bracket_rps(cap: Stored | None) -> tuple[float, float | None]:
 def bracket_text(cap: Stored | None, *, per_gpu: bool = False) -> str:
     """A stored result's bracket in words (`CapacityResult.bracket_text`; "" without one)."""
     return CapacityResult.from_dict(cap).bracket_text(per_gpu=per_gpu) if cap else ""
+
+
+def failure_cause(cap: Stored | None) -> str:
+    """A stored result's cause of the failed level that bounds it (`CapacityResult.failed_at`; "" without one)."""
+    step = CapacityResult.from_dict(cap).failed_at() if cap else None
+    return step.cause if step is not None else ""
 
 
 def caveats(cap: Stored | None) -> list[str]:

@@ -146,6 +146,7 @@ class ConsoleReporter(NullReporter):
         values = " · ".join(f"{k} {fmt_objective(k, v)}" for k, v in objectives.items())
         feasible = "feasible" if all(c <= 0 for c in constraints) else "[yellow]violates constraints[/]"
         self.console.print(f"  trial {number}: {values} · {feasible} · {wall_s:.0f}s (engine start {startup_s:.0f}s)")
+        self._failed_level(summary)
         self._cost(summary, wall_s)
         self._end_task()
 
@@ -154,9 +155,17 @@ class ConsoleReporter(NullReporter):
         self._end_task()
 
     def on_trial_pruned(self, *, number: int, reason: str, wall_s: float, summary: Summary | None = None) -> None:
-        self.print(f"  trial {number}: [yellow]pruned[/] after {wall_s:.0f}s · {reason[:300]}")
+        self.print(f"  trial {number}: [yellow]pruned[/] after {wall_s:.0f}s · {reason[:600]}")  # with its cause
         self._cost(summary, wall_s)
         self._end_task()
+
+    def _failed_level(self, summary: Summary) -> None:
+        """Why the level that bounds the capacity failed, where its cause was found (`capacity.causes`)."""
+        from tracetune.capacity.result import CapacityResult
+
+        step = CapacityResult.from_dict(summary.capacity).failed_at() if summary.capacity else None
+        if step is not None and step.cause:
+            self.print(f"    fails {step.scale:.3g}x the trace's rate: {step.cause}")
 
     def _cost(self, summary: Summary | None, wall_s: float) -> None:
         """Where a trial's time went, and the time left for the trials still to run at that pace."""

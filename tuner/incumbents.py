@@ -63,3 +63,12 @@ def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stor
     return (f"pruned: fails {high:.3g}x the trace's rate (confirmed by a repeat), where "
             f"{who} {verb} at least as good on {', '.join(others) or 'every other objective'}: it cannot "
             f"be on the front; capacity {bracket_text(capacity)}, not searched further")
+
+
+def with_cause(reason: str, capacity: Stored) -> str:
+    """`reason` followed by why the level that bounds the capacity failed (`capacity.causes`), where a
+    cause was found."""
+    from tracetune.capacity.result import CapacityResult, failure_cause
+
+    cause, high = failure_cause(capacity), CapacityResult.from_dict(capacity).bracket_high
+    return f"{reason}. At {high:.3g}x: {cause}" if cause and high is not None else reason

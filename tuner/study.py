@@ -91,7 +91,8 @@ class Tuner:
         self.coord = Coordinator(self.store, study_name=settings.study_name, heartbeat_s=settings.heartbeat_s,
                                  reporter=self.reporter)
         self.worker = self.coord.worker
-        self.ending = TrialEnd(settings, self.store, self.reporter, self.redact)  # records every trial's outcome
+        self.ending = TrialEnd(settings, self.store, self.reporter, self.redact,  # records every trial's outcome
+                               engine=self.engine)
         self.ref = ReferenceRun(settings, store=self.store, coord=self.coord, runner=runner, reporter=self.reporter)
         self._rival: Candidate | None = None  # what the running trial's capacity search may stop at (prune_level)
         self.prior = CapacityPrior(space)  # where each trial's capacity search starts (tuner.capacity_prior)

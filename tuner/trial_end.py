@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from tracetune.stored import listed, mapping
 from tracetune.tuner.objectives import FAILED_VIOLATION, feasible, penalty_values, set_constraints
 from tracetune.tuner.reporter import Reporter
 from tracetune.tuner.runner import Measurement
@@ -33,6 +34,8 @@ from tracetune.tuner.trial_record import ParamValue, TrialRecord
 
 if TYPE_CHECKING:
     import optuna
+
+    from tracetune.engine_adapter.kind import EngineKind
 
 
 @dataclasses.dataclass
@@ -89,22 +92,47 @@ Outcome = Measured | Reused | Infeasible
 class TrialEnd:
     """Records trials' outcomes for one study: its results rows, its trials' attributes, its reporter."""
 
-    def __init__(self, settings: StudySettings, store: ResultStore, reporter: Reporter, redact: Redactor) -> None:
+    def __init__(self, settings: StudySettings, store: ResultStore, reporter: Reporter, redact: Redactor,
+                 engine: EngineKind | None = None) -> None:
         self.settings = settings
         self.store = store
         self.reporter = reporter
         self.redact = redact
+        self.engine = engine  # the study's engine kind: the slots of a config (None: none known)
 
     def record(self, trial: optuna.trial.Trial, attempt: Attempt, outcome: Outcome,
                reference_values: list[float] | None) -> list[float]:
         """Store `outcome`'s row, set its attributes, tell the reporter; the values the sampler is told."""
         wall_s = time.perf_counter() - attempt.t0
+        outcome = self._explained(trial, attempt, outcome)
         self._store(attempt, outcome, wall_s)
         self._attributes(trial, outcome)
         self._report(attempt, outcome, wall_s)
         if isinstance(outcome, Infeasible):
             return penalty_values(trial.study, self.settings.objectives, reference_values)
         return outcome.objectives
+
+    def _explained(self, trial: optuna.trial.Trial, attempt: Attempt, outcome: Outcome) -> Outcome:
+        """A measured trial's failed load levels with their causes (`capacity.causes`) on its stored
+        capacity steps; a pruned trial's reason then ends with the cause of the level it failed."""
+        if not isinstance(outcome, Measured) or not outcome.measurement.levels:
+            return outcome
+        summary = outcome.measurement.summary
+        if not summary.capacity:
+            return outcome
+        from tracetune.capacity.causes import explain_steps
+        from tracetune.engine_adapter.metrics import EngineMetrics
+        from tracetune.tuner.incumbents import with_cause
+
+        steps = [mapping(s) for s in listed(summary.capacity.get("steps"))]
+        engine = EngineMetrics.from_dict(summary.engine) if summary.engine else None
+        causes = explain_steps(steps, outcome.measurement.levels, self.settings.slos,
+                               slots=self._slots(attempt.config), trace_rate_engine=engine)
+        summary.capacity = {**summary.capacity, "steps": [{**s, "cause": c or s.get("cause") or ""}
+                                                          for s, c in zip(steps, causes)]}
+        if outcome.status != Status.PRUNED:
+            return outcome
+        return dataclasses.replace(outcome, reason=with_cause(outcome.reason or "", summary.capacity))
 
     def _store(self, attempt: Attempt, outcome: Outcome, wall_s: float) -> None:
         name, number = self.settings.study_name, attempt.number
@@ -173,3 +201,7 @@ class TrialEnd:
                                                                            outcome.objectives)),
                                         constraints=outcome.constraints, summary=measurement.summary,
                                         quality=measurement.quality, wall_s=wall_s, startup_s=measurement.startup_s)
+
+    def _slots(self, config: Mapping[str, object] | None) -> int | None:
+        """The slots of a trial's config, as the study's engine says them; None: not known."""
+        return self.engine.slots_of(config) if self.engine is not None and config else None

@@ -169,11 +169,12 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
 
 
 def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True, events: Events | None = None,
-                   rules: str = "classic"):
+                   rules: str = "classic", level_records=None):
     """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
     (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
     early stop and everything the Tuner does with them are real. `rules`: the search's (classic by
-    default: these tests pin its levels; the guided rules' are tested where named)."""
+    default: these tests pin its levels; the guided rules' are tested where named). `level_records(scale,
+    passed)`: each level's request records, handed to the study as the levels measured (none by default)."""
     from tracetune.capacity.search import search_capacity
     from tracetune.capacity.step import CapacityOptions, Step
     from tracetune.replay.metrics import parse_slos
@@ -185,9 +186,13 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
         ttft, true_k = truth(None if label == "reference" else config)
         summary, quality = fake_summary(ttft, 10.0), fake_quality(0.0)
 
+        measured = []
+
         def level(scale, repeat):
             levels.setdefault(label, []).append(scale)
             ok = scale <= true_k
+            if level_records is not None:
+                measured.append((scale, repeat, level_records(scale, ok)))
             return Step(scale=scale, rps=2.0 * scale, output_tps=64.0 * scale, attainment=1.0 if ok else 0.5,
                         passed=ok, abandoned=not ok, requests=20, planned=20, good=20 if ok else 10, duration_s=1.0,
                         repeat=repeat)
@@ -196,7 +201,7 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
         result = search_capacity(level, capacity, seed_steps=[level(1.0, False)], base_rates=(2.0, 64.0),
                                  prune_at=prune_at)
         summary.capacity = result.as_dict()
-        return Measurement(summary=summary, quality=quality, startup_s=1.0,
+        return Measurement(summary=summary, quality=quality, startup_s=1.0, levels=tuple(measured),
                            reference=REFERENCE if label == "reference" else None)
 
     runner = type("CapacityRunner", (), {"measure": staticmethod(measure)})()
@@ -234,6 +239,28 @@ def test_a_trial_that_cannot_reach_the_front_is_pruned_early_with_its_steps_kept
     stored = {r["trial_number"]: r for r in ResultStore(tuner.settings.storage_url).trials("s")}
     assert stored[0]["status"] == "pruned" and stored[0]["summary"]["capacity"]["verdict"] == "pruned"
     assert [s["scale"] for s in stored[2]["summary"]["capacity"]["steps"]] == [1.0, rival, rival]
+
+
+def test_a_pruned_trials_stored_reason_names_why_its_level_failed(tmp_path):
+    """max_num_seqs 1 fails 2x, where vLLM's defaults pass: at 2x about 14 requests are in flight for its one
+    slot, their TTFT 5 s against 2 s; the stored reason, the console's line and the stored steps say so."""
+    from tests.capacity.test_causes import records
+
+    truth = {None: (0.5, 2.0), 1: (0.6, 1.2)}
+    events = Events()
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=1, enqueue=[{"max_num_seqs": 1}],
+                           events=events, level_records=lambda scale, ok: records(ttft_s=0.3 if ok else 5.0))
+    study = tuner.run()
+    trial = next(t for t in study.trials if t.number == 0)
+    assert trial.user_attrs["status"] == "pruned"
+    said = "At 2x: at least 14 requests in flight for 1 slot: TTFT is the wait for a slot (TTFT p50 5 s"
+    assert said in trial.user_attrs["failure_reason"]
+    assert said in next(f["reason"] for e, f in events if e == "trial_pruned")
+    stored = ResultStore(tuner.settings.storage_url).trials("s", 0)[0]
+    assert stored["failure_reason"] == trial.user_attrs["failure_reason"]
+    steps = stored["summary"]["capacity"]["steps"]
+    slot_wait = "at least 14 requests in flight for 1 slot"  # an abandoned level kept its finished requests
+    assert [s["cause"].split(":")[0] for s in steps] == ["", slot_wait, slot_wait]  # 1x passed; 2x, its repeat failed
 
 
 def test_guided_rules_prune_on_a_clear_fail_without_a_repeat(tmp_path):
