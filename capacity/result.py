@@ -131,7 +131,7 @@ class Step:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
         if self.cut:
-            procs += f" · decided with {self.cut} in flight"
+            procs += f" · ended with {self.cut} in flight, its attainment certain"
         passes = f", {self.passes} passes of the trace" if self.passes > 1 else ""
         if self.parts is not None:
             passes = f", {len(self.parts)} of {self.trace_windows} windows"
@@ -284,6 +284,15 @@ class CapacityResult:
         note = VERDICT_NOTES.get(self.verdict)
         return out + [note] if note else out
 
+    def confirmation(self) -> str:
+        """How the failing level at the top of the bracket stands: "confirmed by a repeat", or a
+        clear fail the guided rules did not repeat (`capacity.response.repeat_rule`)."""
+        top = [s for s in self.steps if self.bracket_high is not None and math.isclose(s.scale, self.bracket_high)]
+        if any(s.repeat for s in top) or not top:
+            return "confirmed by a repeat"
+        clear = any(s.repeat_rule.startswith("clear") for s in top)
+        return "a clear fail, so not repeated" if clear else "not repeated"
+
     def headline(self) -> str:
         """One line for people: capacity with its bracket and how sure it is."""
         if self.capacity_scale is None and self.verdict == Verdict.CLIENT_OVERLOADED:
@@ -298,7 +307,7 @@ class CapacityResult:
             low = f"{self.capacity_rps:.3g}" if self.capacity_scale else "0"
             high = self.bracket_high * self.base_rps
             return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({high:.3g} "
-                    f"req/s, confirmed by a repeat), where a configuration at least as good on every other objective "
+                    f"req/s, {self.confirmation()}), where a configuration at least as good on every other objective "
                     f"passes: capacity [{low}, {high:.3g}] req/s, not searched further")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "

@@ -14,8 +14,9 @@ is measured once more, and if the client falls behind again the search stops the
 (the capacity is then a lower bound).
 
 Early stop (`prune_at`): where a tuner already knows a configuration at least as good on every other
-objective that passes level L, a new configuration that fails L (confirmed by a repeat) cannot be on
-the front; its search ends there with verdict *pruned* and the bracket it has, [highest pass, L].
+objective that passes level L, a new configuration that fails L (confirmed by a repeat, or a clear
+fail under the guided rules) cannot be on the front; its search ends there with verdict *pruned* and
+the bracket it has, [highest pass, L].
 
 Rules (`CapacityOptions.rules`): "guided" (the default) places each level where the model of
 `capacity.response` says the SLO is crossed (bracketing and bisection as above where it cannot

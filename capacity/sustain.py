@@ -61,7 +61,7 @@ TREND_PART = 0.5  # the share of the window (its end) where the trends are measu
 TREND_BLOCKS = 8
 QUEUE_GROWTH = 0.05  # in-flight growth, as a share of the arrival rate, that counts as a rising queue
 # The error of a request cut off when its level's pass was decided (`capacity.levels.DecidedPass`).
-CUT_ERROR = "cut: the level's pass was decided"
+CUT_ERROR = "cut: the level's attainment was certain"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,8 +59,9 @@ def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stor
            else f"trial {rival.label}")
     others = [n for n in objectives if n != "capacity"]
     verb = "pass and are" if who == "vLLM's defaults" else "passes and is"
-    high = CapacityResult.from_dict(capacity).bracket_high
-    return (f"pruned: fails {high:.3g}x the trace's rate (confirmed by a repeat), where "
+    result = CapacityResult.from_dict(capacity)
+    high = result.bracket_high
+    return (f"pruned: fails {high:.3g}x the trace's rate ({result.confirmation()}), where "
             f"{who} {verb} at least as good on {', '.join(others) or 'every other objective'}: it cannot "
             f"be on the front; capacity {bracket_text(capacity)}, not searched further")
 

@@ -17,7 +17,10 @@ written atomically like the default model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,7 +70,19 @@ def _fill_weight_qparams(model) -> int:
 
 
 def quantize_to(model_dir: Path, scheme: str, out_dir: Path) -> int:
-    """Write a compressed-tensors `scheme` checkpoint of `model_dir` to `out_dir`; return layers quantized."""
+    """Write a compressed-tensors `scheme` checkpoint of `model_dir` to `out_dir`; return layers quantized.
+    The libraries' progress bars (loading, compressing, writing shards) stay out of a study's output:
+    their stderr is kept and shown only if making the checkpoint fails."""
+    kept = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(kept):
+            return _quantize_to(model_dir, scheme, out_dir)
+    except Exception:
+        sys.stderr.write(kept.getvalue()[-4000:])
+        raise
+
+
+def _quantize_to(model_dir: Path, scheme: str, out_dir: Path) -> int:
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme

@@ -45,7 +45,7 @@ def test_a_decided_pass_cuts_the_tail_and_keeps_the_verdict_and_its_tests():
     assert guided.attainment <= classic.attainment and guided.errors == 0
     # The held tests read the same queue: every cut request counted for its time in flight.
     assert guided.in_flight_trend == classic.in_flight_trend
-    assert "decided with" in guided.line()
+    assert "ended with 1 in flight, its attainment certain" in guided.line()
 
 
 def test_a_failing_level_is_never_decided_as_a_pass():

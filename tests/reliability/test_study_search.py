@@ -276,6 +276,7 @@ def test_guided_rules_prune_on_a_clear_fail_without_a_repeat(tmp_path):
     stored = {r["trial_number"]: r for r in ResultStore(tuner.settings.storage_url).trials("s")}
     prune_level = stored[0]["summary"]["capacity"]["steps"][-1]
     assert prune_level["repeat_rule"].startswith("clear fail")
+    assert "(a clear fail, so not repeated)" in trial.user_attrs["failure_reason"]
 
 
 def test_no_prune_searches_every_trial_to_the_end(tmp_path):
