@@ -39,11 +39,11 @@ from typing import Any
 from tracetune.capacity.levels import LevelRunner
 from tracetune.capacity.step import CapacityOptions
 from tracetune.capacity.virtual import VirtualSend
+from tracetune.engine_adapter.registry import engine_kind
 from tracetune.engine_adapter.sim.config import SimConfig, loss_nats, model_of
 from tracetune.engine_adapter.sim.model import SimModel
 from tracetune.replay.metrics import parse_slos
 from tracetune.replay.types import PreparedRequest, ReplayOptions
-from tracetune.engine_adapter.registry import engine_kind
 from tracetune.search_spaces.space import SearchSpace, load_space
 from tracetune.tuner.capacity_prior import CapacityPrior
 
