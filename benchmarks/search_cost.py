@@ -34,6 +34,7 @@ from typing import Any
 
 from queue_model import QueueModel  # beside this script, on the path when it runs
 from representative import bursty
+from study_cost import Noisy, chat_trace
 
 from tracetune.capacity.levels import LevelRunner
 from tracetune.capacity.step import CapacityOptions
@@ -44,26 +45,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ("classic", "guided")
 ZOO = [QueueModel(slots, ttft, tpot) for slots, ttft, tpot in
        ((2, 0.02, 0.005), (4, 0.05, 0.01), (8, 0.02, 0.005), (8, 0.1, 0.02), (16, 0.3, 0.06), (4, 0.2, 0.04))]
-
-
-@dataclasses.dataclass
-class Noisy:
-    """The model with each replay's times scaled by one factor in [1 - noise, 1 + noise]."""
-
-    model: QueueModel
-    noise: float
-    rng: random.Random
-
-    def send(self, *args: Any, **kwargs: Any) -> Any:
-        f = 1 + self.rng.uniform(-self.noise, self.noise)
-        m = self.model
-        return QueueModel(m.slots, m.ttft_s * f, m.tpot_s * f).send(*args, **kwargs)
-
-
-def chat_trace() -> list[PreparedRequest]:
-    lines = [json.loads(x) for x in (ROOT / "examples" / "chat.jsonl").read_text().splitlines() if x.strip()]
-    return [PreparedRequest(index=i, id=None, scheduled_s=float(d["timestamp"]), max_tokens=int(d["output_length"]),
-                            input_tokens=float(len(d["prompt"].split()))) for i, d in enumerate(lines)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +79,7 @@ def truth(case: Case, model: QueueModel) -> float:
 
 
 def search(case: Case, model: QueueModel, rules: str, noise: float, seed: int) -> dict[str, Any]:
-    r = runner(case, Noisy(model, noise, random.Random(seed)).send if noise else model.send, rules)
+    r = runner(case, Noisy(model, noise, random.Random(seed)) if noise else model.send, rules)
     seed_step = r.level(1.0, abandon=False)  # a study measures the trace's rate in full first
     result = r.search(seed_steps=[seed_step])
     replay_s = sum(res.duration_s for _, res in r.measured)
