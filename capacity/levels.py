@@ -33,6 +33,7 @@ from tracetune.replay.types import InFlight, PreparedRequest, ReplayOptions, Rep
 
 if TYPE_CHECKING:
     from tracetune.replay.client_procs import ClientPool
+    from tracetune.replay.machine import Share, Watch
 
 
 class LevelEngine(MetricsSource, Protocol):
@@ -40,6 +41,18 @@ class LevelEngine(MetricsSource, Protocol):
     (`engine_adapter.base.Engine` meets it)."""
 
     def reset_prefix_cache(self) -> None: ...
+
+
+def machine_watch(options: CapacityOptions, process_group: int | None, engine_cores: int, *,
+                  watched: bool = True) -> Watch | None:
+    """The levels' account of this machine's cores (`replay.machine.Watch`) for an engine tracetune started
+    (its process group), or None: the check is off, the engine is not ours (its processes cannot be told
+    from other work) or its speed does not depend on the cores (`watched` False: a simulator)."""
+    from tracetune.replay.machine import Watch
+
+    if not options.machine_check or not watched or process_group is None:
+        return None
+    return Watch(process_group, engine_cores)
 
 
 def settle(engine: LevelEngine, *, reset_prefix_cache: bool, timeout_s: float = 30.0) -> None:
@@ -82,6 +95,10 @@ class LevelRunner:
     engine_cores: int = 0  # cores the engine needs on this machine (left out of the client's)
     lifetime_s: float = 0.0  # a request's lifetime the windows are sized for (the SLO's bound, or measured)
     send: Callable[..., ReplayResult] = replay  # replays one schedule (`replay.send.replay`'s signature)
+    # Accounts the machine's cores over each replay (`replay.machine`): a level other work took the
+    # engine's cores from is marked (`Step.machine_busy`), and the next level waits for quiet. None: not watched.
+    watch: Watch | None = None
+    _spans: list[Share] = dataclasses.field(default_factory=list, init=False, repr=False)
     _pool: ClientPool | None = dataclasses.field(default=None, init=False, repr=False)
     _warmed: bool = dataclasses.field(default=False, init=False, repr=False)
 
@@ -152,6 +169,8 @@ class LevelRunner:
         windows of it `capacity.segments` picks. A passing level whose requests lived longer than the
         window was sized for (the SLO bounds no lifetime, or the engine is slower) is measured once
         more, over a window sized by its measured median E2E latency."""
+        waited = self._wait_quiet()
+        self._spans = []
         windows = self.windows(scale)
         if windows is None:
             window = self.window(scale)
@@ -166,6 +185,7 @@ class LevelRunner:
             self.lifetime_s = lifetime
         if short:
             step.passed, step.decided_by = False, "window short"
+        self._judge_machine(step, waited)
         self._record(scale, step, result)
         if short:
             step = self.level(scale, repeat, abandon=abandon)
@@ -214,11 +234,35 @@ class LevelRunner:
         procs = self._procs(requests, repeat)
         t0 = time.perf_counter()
         on_record = self.on_record
+        if self.watch is not None:
+            self.watch.start()
         result = self.send(self.base_url, self.model, [*warmup, *requests], opts, engine=self.engine,
                            headers=self.headers, on_progress=self.on_progress, stop_when=stop_when,
                            pool=self._pool_of(procs),
                            on_record=None if on_record is None else lambda r: on_record(scale, r))
+        span = self.watch.stop() if self.watch is not None else None
+        if span is not None:
+            self._spans.append(span)
         return result, time.perf_counter() - t0, procs
+
+    def _wait_quiet(self) -> float:
+        """After a level the machine was busy for: wait until it is quiet (`replay.machine.Watch.wait_quiet`);
+        the seconds waited."""
+        last = self.measured[-1][0] if self.measured else None
+        if self.watch is None or last is None or not last.machine_busy:
+            return 0.0
+        return self.watch.wait_quiet()
+
+    def _judge_machine(self, step: Step, waited_s: float) -> None:
+        """The level's machine: its busiest replay's cores, and whether other work took the engine's."""
+        from tracetune.replay.machine import busy_reason
+
+        step.quiet_wait_s = waited_s
+        if self.watch is None or not self._spans:
+            return
+        busiest = max(self._spans, key=lambda span: span.others)
+        step.machine = busiest.as_dict()
+        step.machine_busy = busy_reason(busiest, self.watch.engine_cores)
 
     def _replay_parts(self, scale: float, windows: segments.Windows, repeat: bool,
                       abandon: bool | None) -> tuple[Step, ReplayResult]:
@@ -282,7 +326,7 @@ class LevelRunner:
         return PartOutcome(part, step, records, own), result
 
     def _record(self, scale: float, step: Step, result: ReplayResult) -> None:
-        if scale not in self.results or not (step.client_overloaded and not step.passed):
+        if scale not in self.results or not step.not_counted:
             self.results[scale] = result  # the latest replay of this level the client kept up with
         self.measured.append((step, result))
         if self.on_level is not None:

@@ -46,6 +46,7 @@ class Verdict(enum.StrEnum):
     CLIENT_OVERLOADED = "client_overloaded"
     MAX_STEPS = "max_steps"
     PRUNED = "pruned"
+    MACHINE_BUSY = "machine_busy"  # a level failed while other work took the engine's cores, again when retried
 
 
 # The failed tests whose words need no numbers (`Step.why`).
@@ -94,6 +95,17 @@ class Step:
     repeat_rule: str = ""  # for a bracket end: why it was (or was not) measured again
     cut: int = 0  # requests still in flight when the level's pass was decided, cut and counted as misses
     cause: str = ""  # a failed level: why, in words with its numbers (`capacity.causes`); "" unexplained
+    # Who used the machine's cores while the level ran (`replay.machine.Share.as_dict`; None: not accounted),
+    # and why it measured the machine rather than the engine ("" when it did not: `replay.machine.busy_reason`).
+    machine: dict[str, float] | None = None
+    machine_busy: str = ""
+    quiet_wait_s: float = 0.0  # waited before the level for the machine to be quiet again
+
+    @property
+    def not_counted(self) -> bool:
+        """A failed level that measured its client or its machine rather than the engine: it says
+        nothing about the configuration (`capacity.search` measures it again)."""
+        return not self.passed and (self.client_overloaded or bool(self.machine_busy))
 
     def as_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "outcome": self.outcome}
@@ -119,7 +131,9 @@ class Step:
 
     def line(self, label: str = "") -> str:
         """This level in one line, for progress output."""
-        if self.client_overloaded and not self.passed:
+        if self.machine_busy and not self.passed:  # a busy machine starves the client too
+            verdict = f"{self.machine_busy}: not counted"
+        elif self.client_overloaded and not self.passed:
             verdict = f"client overloaded (schedule lag p99 {self.lag_p99_s * 1000:.0f} ms): not counted"
         else:
             verdict = f"{self.outcome}: {self.why()}" if self.decided_by else "pass" if self.passed else "fail"
@@ -132,6 +146,10 @@ class Step:
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
         if self.cut:
             procs += f" · ended with {self.cut} in flight, its attainment certain"
+        if self.machine_busy and self.passed:
+            procs += " · passed on a busy machine (other work took cores)"
+        if self.quiet_wait_s:
+            procs += f" · after {self.quiet_wait_s:.0f}s waiting for a quiet machine"
         passes = f", {self.passes} passes of the trace" if self.passes > 1 else ""
         if self.parts is not None:
             passes = f", {len(self.parts)} of {self.trace_windows} windows"
@@ -176,6 +194,7 @@ VERDICT_NOTES = {
     Verdict.MAX_STEPS: "step budget spent",
     Verdict.PRUNED: "pruned: below a configuration at least as good on the other objectives "
                     "(a bracket, not searched further)",
+    Verdict.MACHINE_BUSY: "machine busy: other work took the engine's cores (a lower bound)",
 }
 
 
@@ -299,6 +318,12 @@ class CapacityResult:
             return (f"capacity not measurable: the client could not keep the schedule at "
                     f"{self.bracket_high:g}x the trace's rate (schedule lag p99 "
                     f"{max(s.lag_p99_s for s in self.steps) * 1000:.0f} ms)")
+        if self.verdict == Verdict.MACHINE_BUSY:
+            busy = [s for s in self.steps if s.machine_busy and not s.passed]
+            low = f"at least {self.capacity_rps:.3g} req/s" if self.capacity_scale else "not measurable"
+            return (f"capacity {low}: other work on this machine took the engine's cores at "
+                    f"{self.bracket_high:g}x the trace's rate, again after waiting for quiet "
+                    f"({busy[-1].machine_busy if busy else 'machine busy'})")
         if self.capacity_scale is None and self.verdict == Verdict.LOAD_INDEPENDENT:
             return (f"capacity 0: fails at every load tried, down to {min(s.scale for s in self.steps):g}x the "
                     f"trace's rate, and lowering the load did not help: the misses do not come from the rate "

@@ -11,7 +11,12 @@ its outcome is certain (more requests certainly missed than the target allows, o
 over its last third), so only passing levels pay their whole window. A failed level
 whose client could not keep the schedule (`client_overloaded`) says nothing about the engine: it
 is measured once more, and if the client falls behind again the search stops there and says so
-(the capacity is then a lower bound).
+(the capacity is then a lower bound). A failed level during which other work took the engine's
+cores (`replay.machine`, `Step.machine_busy`) says nothing about the engine either: it is measured
+again once the machine is quiet (`capacity.levels` waits), up to `BUSY_RETRIES` times; still busy,
+the search stops there with verdict *machine_busy* (a lower bound, never the configuration's
+capacity). A level that passed while the machine was busy counts: the engine held the load with
+fewer cores.
 
 Early stop (`prune_at`): where a tuner already knows a configuration at least as good on every other
 objective that passes level L, a new configuration that fails L (confirmed by a repeat, or a clear
@@ -35,6 +40,7 @@ from tracetune.capacity import response
 from tracetune.capacity.step import CapacityOptions, CapacityResult, Step, Verdict
 
 Measure = Callable[[float, bool], Step]  # (scale, is_repeat) -> Step
+BUSY_RETRIES = 2  # a level failed on a busy machine is measured at most this many times more
 
 
 class _Search:
@@ -46,6 +52,7 @@ class _Search:
         self.steps: list[Step] = []
         self.outcome: dict[float, bool] = {}
         self.overloaded: list[Step] = []
+        self.busy: list[Step] = []  # failed on a busy machine, every retry too: the search stops
         self.unstable = False
         self.verdict = "ok"
         self.bisect_next = False  # the last model-placed level did not halve the bracket
@@ -61,8 +68,15 @@ class _Search:
         hi = self.hi
         return max((k for k, ok in self.outcome.items() if ok and (hi is None or k < hi)), default=None)
 
+    @property
+    def stopped(self) -> bool:
+        """The last level measured the client or the machine, again when retried: the search ends."""
+        return bool(self.overloaded or self.busy)
+
     def add(self, step: Step) -> None:
-        if step.client_overloaded and not step.passed:
+        if step.machine_busy and not step.passed:  # a busy machine also starves the client: it comes first
+            self.busy.append(step)
+        elif step.client_overloaded and not step.passed:
             self.overloaded.append(step)
         else:
             self.outcome[step.scale] = step.passed
@@ -75,10 +89,16 @@ class _Search:
         step = self.measure(scale, repeat)
         step.placed_by = "repeat" if repeat else placed_by
         self.steps.append(step)
-        if retry and step.client_overloaded and not step.passed and not repeat:
+        if retry and step.client_overloaded and not step.passed and not repeat and not step.machine_busy:
             # A failure the client may have caused says nothing yet: measure the level once more.
             step = self.measure(scale, False)
             step.placed_by = "client retry"
+            self.steps.append(step)
+        for _ in range(BUSY_RETRIES):
+            if not (step.machine_busy and not step.passed):
+                break
+            step = self.measure(scale, repeat)  # the levels wait for a quiet machine first
+            step.placed_by = "busy retry"
             self.steps.append(step)
         return step
 
@@ -116,7 +136,7 @@ class _Search:
         early when two failing levels in a row did not raise the attainment: the misses do not come
         from the load (e.g. bursts of the trace the config cannot serve within the SLO at any rate)."""
         flat = 0
-        while not self.overloaded and (self.lo is None or self.hi is None) and self.budget_left():
+        while not self.stopped and (self.lo is None or self.hi is None) and self.budget_left():
             lo, hi = self.lo, self.hi
             rule = "start"
             if scale is None or (lo is not None and scale <= lo) or (hi is not None and scale >= hi):
@@ -162,7 +182,7 @@ class _Search:
     def bisect(self) -> None:
         """Levels inside the bracket (geometric midpoints; guided: where the model puts the crossing)
         until the bracket is within the precision."""
-        while (not self.overloaded and self.lo is not None and self.hi is not None
+        while (not self.stopped and self.lo is not None and self.hi is not None
                and self.hi / self.lo - 1 > self.options.precision + 1e-9 and self.budget_left()):
             width = self.width()
             scale, rule = self.next_scale()
@@ -180,7 +200,7 @@ class _Search:
         else:
             step = self.run(level, placed_by="prune")
             self.add(step)
-            if step.passed or self.overloaded:
+            if step.passed or self.stopped:
                 return False
             scale = level
         if self.options.confirm and self.needs_repeat(scale) and self.confirm(scale):
@@ -191,7 +211,7 @@ class _Search:
     def needs_repeat(self, scale: float) -> bool:
         """Classic: always. Guided: where the level's outcome is marginal (`capacity.response.repeat_rule`);
         the rule is named on the level."""
-        last = [s for s in self.steps if math.isclose(s.scale, scale) and not (s.client_overloaded and not s.passed)]
+        last = [s for s in self.steps if math.isclose(s.scale, scale) and not s.not_counted]
         if not self.guided or not last:
             return True
         needed, why = response.repeat_rule(last[-1], self.options.attainment)
@@ -202,10 +222,14 @@ class _Search:
         """Measure a boundary level again; on disagreement a third time, the majority decides and
         the result is flagged unstable. True when the level's outcome changed."""
         first = self.outcome[scale]
-        votes = [first, self.run(scale, repeat=True).passed]
-        if votes[1] != first:
-            self.unstable = True
-            votes.append(self.run(scale, repeat=True).passed)
+        votes = [first]
+        while len(votes) < 2 or (len(votes) == 2 and votes[1] != first):
+            step = self.run(scale, repeat=True)
+            if step.not_counted:  # measured the client or the machine again: the search ends here
+                self.add(step)
+                return False
+            votes.append(step.passed)
+        self.unstable = self.unstable or len(votes) == 3
         self.outcome[scale] = votes.count(True) >= 2
         return self.outcome[scale] != first
 
@@ -223,6 +247,8 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
     for step in seed_steps:
         if step.client_overloaded and not step.passed:  # the client may have failed it: measured once more
             search.add(search.run(step.scale, retry=False))
+        elif step.machine_busy:  # its numbers are the trial's objectives: measured again on a quiet machine
+            search.add(search.run(step.scale, retry=False, placed_by="busy retry"))
         else:
             search.add(step)
     if prune_at is None or not search.prune(prune_at):
@@ -237,7 +263,7 @@ def _search(search: _Search, options: CapacityOptions) -> None:
     while True:
         search.bracket(scale)
         search.bisect()
-        if search.overloaded or not options.confirm or search.verdict in ("below_min", "max_steps", "load_independent"):
+        if search.stopped or not options.confirm or search.verdict in ("below_min", "max_steps", "load_independent"):
             break
         ends = [k for k in (search.lo, search.hi) if k is not None and k not in confirmed]
         changed = False
@@ -256,9 +282,9 @@ def _search(search: _Search, options: CapacityOptions) -> None:
 def _result(search: _Search, options: CapacityOptions, gpus: int, base_rates: tuple[float, float],
             search_s: float) -> CapacityResult:
     hi = search.hi
-    if search.overloaded:
-        search.verdict = "client_overloaded"
-        hi = min([s.scale for s in search.overloaded] + ([hi] if hi is not None else []))
+    if search.stopped:
+        search.verdict = "machine_busy" if search.busy else "client_overloaded"
+        hi = min([s.scale for s in (*search.overloaded, *search.busy)] + ([hi] if hi is not None else []))
     lo = max((k for k, ok in search.outcome.items() if ok and k < hi), default=None) if hi is not None else search.lo
     return CapacityResult(
         attainment_target=options.attainment, precision=options.precision, slos=[str(s) for s in options.slos],

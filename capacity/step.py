@@ -86,6 +86,9 @@ class CapacityOptions:
     # How levels are placed and repeated (`capacity.search`): "guided" by the model of the response
     # to load, repeats only where marginal; "classic": doubling, bisection, both ends repeated.
     rules: str = "guided"
+    # Account the machine's cores over each level (`replay.machine`): a level other work took the engine's
+    # cores from is marked busy and never counted as the configuration's failure (`capacity.search`).
+    machine_check: bool = True
 
     def __post_init__(self) -> None:
         if not self.slos:

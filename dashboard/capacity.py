@@ -48,14 +48,18 @@ class LevelKind(enum.StrEnum):
     FAILED = "failed"
     ABANDONED = "abandoned"
     CLIENT_LIMITED = "client-limited"
+    MACHINE_BUSY = "machine busy"
 
 
 _KIND = {Outcome.PASS: LevelKind.PASSED, Outcome.FAIL: LevelKind.FAILED, Outcome.ABANDONED: LevelKind.ABANDONED}
 
 
 def step_kind(step: Step) -> LevelKind:
-    """passed | failed | abandoned | client-limited: how a load level ended (a level that did not pass
-    because the client could not keep its schedule is client-limited, whatever its outcome)."""
+    """passed | failed | abandoned | client-limited | machine busy: how a load level ended (a level that
+    did not pass because the client could not keep its schedule is client-limited, one during which other
+    work took the engine's cores is machine busy, whatever its outcome)."""
+    if step.outcome is not Outcome.PASS and step.machine_busy:  # a busy machine starves the client too
+        return LevelKind.MACHINE_BUSY
     if step.outcome is not Outcome.PASS and step.client_overloaded:
         return LevelKind.CLIENT_LIMITED
     return _KIND[step.outcome]
@@ -85,7 +89,8 @@ def steps(cap: CapacityResult | None) -> list[Level]:
                     f"attainment {step.attainment:.0%} ({step.good}/{step.planned} good)")
         hover = (f"step {i + 1}: load {step.scale:.3g}x = {step.rps:.3g} req/s"
                  f"<br>{attained}<br>{kind}" + (" (repeat)" if step.repeat else "")
-                 + f"<br>schedule lag p99 {step.lag_p99_s * 1000:.0f} ms")
+                 + f"<br>schedule lag p99 {step.lag_p99_s * 1000:.0f} ms"
+                 + (f"<br>{step.machine_busy}" if step.machine_busy else ""))
         out.append(Level(i, step.scale, step.rps, step.attainment, kind, step.repeat, hover))
     return out
 

@@ -316,6 +316,7 @@ STEP_STYLE = {
     "failed": dict(symbol="x", size=11),
     "abandoned": dict(symbol="triangle-down-open", size=12),
     "client-limited": dict(symbol="diamond-open", size=12),
+    "machine busy": dict(symbol="square-open", size=12),
 }
 REFERENCE_CURVE = "reference (vLLM's defaults)"
 

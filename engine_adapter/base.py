@@ -89,6 +89,10 @@ class Engine(Protocol):
     def reset_prefix_cache(self) -> None:
         """Empty the engine's prefix cache so the next phase starts cold."""
 
+    def process_group(self) -> int | None:
+        """The process group of its server and everything the server started (None for an engine
+        tracetune did not start, or before a start): whose CPU time is the engine's."""
+
     def stop(self) -> None:
         """Stop the engine and everything it started. Idempotent."""
 
@@ -133,6 +137,11 @@ class HTTPEngine:
 
     def exit_code(self) -> int | None:
         return None
+
+    def process_group(self) -> int | None:
+        """Its managed server's process group (`ServerProcess` starts each in a session of its own)."""
+        process = getattr(self, "process", None)
+        return None if process is None else process.pid
 
     def _require_endpoint(self) -> Endpoint:
         if self.endpoint is None:

@@ -371,6 +371,9 @@ class ChosenEngine:
     def exit_code(self) -> int | None:
         return None if self.running is None else self.running.exit_code()
 
+    def process_group(self) -> int | None:
+        return None if self.running is None else self.running.process_group()
+
     async def stream(self, session: Session, **request: Unpack[StreamRequest]) -> StreamedCompletion:
         return await self._started().stream(session, **request)
 

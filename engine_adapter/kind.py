@@ -190,6 +190,9 @@ class Deployment:
     measurement_args: Mapping[str, int] = dataclasses.field(default_factory=dict)  # flag -> values it takes
     # How the files a config serves are made again from the model (lines for people), when tracetune made them.
     remake: Callable[[EngineConfig], list[str]] | None = None
+    # The image holds everything a trial runs (the server, its tools, the engine's Python libraries), so a
+    # fleet worker's image (`tracetune.fleet`) is this image with tracetune installed; else one must be named.
+    runs_trials: bool = False
 
 
 def plain_diff(config: Mapping[str, object], reference: Mapping[str, object]) -> dict[str, object]:
@@ -246,6 +249,9 @@ class EngineKind:
     # The requests one server decodes together under a config (vLLM: max_num_seqs, llama-server: its
     # slots); None where the config leaves it to a default the engine does not state. Unset: unknown.
     slots: Callable[[EngineConfig], int | None] | None = None
+    # Whether its speed depends on this machine's cores, so that a level other work took them from is
+    # marked busy (`replay.machine`); False for a simulator, whose clock is its model's.
+    watch_machine: bool = True
 
     @property
     def tunable(self) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracetune.capacity.levels import LevelRunner, settle
+from tracetune.capacity.levels import LevelRunner, machine_watch, settle
 from tracetune.engine_adapter.base import Engine
 from tracetune.engine_adapter.platform import Platform
 from tracetune.engine_adapter.registry import EngineKind
@@ -49,6 +49,18 @@ def client_overload_reason(summary: Summary) -> str:
             f"> {summary.lag_bound_s * 1000:.0f} ms, {summary.client_errors} client-side failures) even with every "
             f"core the engine leaves; this is not the engine's failure. Run the client on a machine with more "
             f"free cores (--client-procs N) or replay a slower part of the trace")
+
+
+def machine_busy_reason(summary: Summary) -> str:
+    """Why a trial is unmeasurable when other work on this machine took its engine's cores, or ""
+    when it did not (its capacity search's verdict, `capacity.search`)."""
+    from tracetune.capacity.result import CapacityResult, Verdict
+
+    if not summary.capacity or summary.capacity.get("verdict") != Verdict.MACHINE_BUSY:
+        return ""
+    return (f"unmeasurable: {CapacityResult.from_dict(summary.capacity).headline()}; this is not the "
+            f"configuration's failure. Stop the other work on this machine (or measure on a quiet one) "
+            f"and resume the study")
 
 
 def _endpoint(server: Engine) -> Endpoint:
@@ -252,7 +264,9 @@ class EngineRunner:
                              before_level=lambda: settle(server, reset_prefix_cache=True),
                              on_progress=self.on_replay_progress, client_procs=self.settings.client_procs,
                              engine_cores=engine_cores,
-                             on_level=lambda step: self.reporter.on_capacity_step(label=label, step=step))
+                             on_level=lambda step: self.reporter.on_capacity_step(label=label, step=step),
+                             watch=machine_watch(options, server.process_group(), engine_cores,
+                                                 watched=self.engine.watch_machine))
         self.reporter.on_capacity_window(text=runner.describe())
         return runner
 

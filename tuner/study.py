@@ -46,7 +46,7 @@ from tracetune.tuner.capacity_prior import CapacityPrior
 from tracetune.tuner.coordination import Coordinator, config_key, counted, running, skipped
 from tracetune.tuner.front import Candidate, Plateau, not_meaningful
 from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason
-from tracetune.tuner.measure import client_overload_reason
+from tracetune.tuner.measure import client_overload_reason, machine_busy_reason
 from tracetune.tuner.objectives import constraint_values, objective_value
 from tracetune.tuner.optuna_study import open_study, queue_first_trials, report_retries
 from tracetune.tuner.reference_run import ReferenceRun
@@ -186,14 +186,15 @@ class Tuner:
         summary, quality, settings = measured.summary, measured.quality, self.settings
         objectives = [objective_value(name, summary, quality) for name in settings.objectives]
         constraints = constraint_values(summary, quality, settings.slos, settings.max_quality_loss)
-        overloaded = summary.client_overloaded  # stored with everything it saw, under its own status
+        busy = machine_busy_reason(summary)  # other work took the engine's cores, again when retried
+        overloaded = summary.client_overloaded or bool(busy)  # stored with everything it saw, under its own status
         pruned = not overloaded and (summary.capacity or {}).get("verdict") == Verdict.PRUNED
         why = None if overloaded or pruned else not_meaningful(config) or None  # measured, never on the front
         if any(math.isnan(v) for v in objectives):
             return Infeasible(Status.FAILED, "an objective could not be measured (NaN)", measurement=measured,
                               not_meaningful=why)
         if overloaded:
-            return Infeasible(Status.UNMEASURABLE, client_overload_reason(summary), measurement=measured)
+            return Infeasible(Status.UNMEASURABLE, busy or client_overload_reason(summary), measurement=measured)
         if pruned:
             assert summary.capacity is not None
             return Measured(measured, objectives, constraints, status=Status.PRUNED,

@@ -33,4 +33,4 @@ def kind() -> EngineKind:
     return EngineKind("sim", SimConfig, make_engine, build_command, translate=to_engine_config,
                       reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS,
                       label="simulated engine (for tests and benchmarks)", flags=FLAGS, loads_model=False,
-                      runs_on=this_machine, default_space=SPACE)
+                      runs_on=this_machine, default_space=SPACE, watch_machine=False)

@@ -7,6 +7,7 @@ second server with a draft, speculation counted per response and probed with nat
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -138,6 +139,54 @@ def test_drafts_are_counted_per_response_and_probed_with_natural_stops(default_m
     assert 0 < acceptance.natural.drafted < acceptance.forced.drafted
     assert 0 < acceptance.natural.accepted <= acceptance.forced.accepted
     assert acceptance.past_end_tokens > 0 and len(acceptance.natural.tpot_s) == 2
+
+
+BURN = "import time\nend = time.monotonic() + 90\nwhile time.monotonic() < end: pass  # {tag}"
+
+
+def test_a_level_on_a_busy_machine_is_marked_and_measured_again_once_quiet(engine):
+    """Real competing processes: one program per core burning it (started detached, as another user's
+    would be) while a capacity level runs on this llama-server. The level is marked machine busy and not
+    counted; once the programs end, the level is measured again on the quiet machine and counts. The
+    engine's own speed shows why: its tokens were slower on the busy machine."""
+    from tracetune.capacity.levels import LevelRunner, settle
+    from tracetune.capacity.step import CapacityOptions
+    from tracetune.replay.client_procs import cores, engine_cores
+    from tracetune.replay.machine import Watch
+    from tracetune.replay.metrics import parse_slos
+    from tracetune.replay.types import ReplayOptions
+
+    tag = f"tracetune-test-burner-{os.getpid()}"
+    for _ in range(cores()):
+        subprocess.run(["setsid", "-f", sys.executable, "-c", BURN.format(tag=tag)], check=True)
+    requests = [PreparedRequest(index=i, id=None, scheduled_s=0.5 * i, max_tokens=6,
+                                prompt=f"Question {i}: what is the sea made of?") for i in range(6)]
+    # A TPOT no engine meets: every level fails (abandoned at its first answer), so only the machine
+    # decides whether it is counted.
+    options = CapacityOptions(slos=tuple(parse_slos("tpot:p50<1ms")), level_seconds=0, level_lifetimes=0,
+                              level_requests=0, max_steps=2)
+    watch = Watch(engine.process_group(), engine_cores("cpu", 1), quiet_span_s=2, quiet_limit_s=30)
+
+    def on_level(step):
+        if step.machine_busy:
+            subprocess.run(["pkill", "-f", tag])
+
+    endpoint = engine.endpoint
+    runner = LevelRunner(endpoint.base_url, endpoint.model, requests, ReplayOptions(), options, engine=engine,
+                         before_level=lambda: settle(engine, reset_prefix_cache=True), on_level=on_level,
+                         watch=watch)
+    try:
+        result = runner.search()
+    finally:
+        subprocess.run(["pkill", "-f", tag])
+    print(*(s.line() for s in result.steps), result.headline(), sep="\n")
+    busy, quiet = result.steps
+    assert busy.machine_busy.startswith("machine busy: other work took") and not busy.passed
+    assert busy.machine is not None and busy.machine["others"] > 0.5 * cores()
+    assert quiet.placed_by == "busy retry" and quiet.quiet_wait_s >= 2 and quiet.machine_busy == ""
+    assert result.bracket_high == 1.0  # the quiet level's failure counts; the busy one's did not
+    tpot = [min(r.tpot_s for r in res.records if r.tpot_s) for _, res in runner.measured]
+    assert tpot[0] > 1.5 * tpot[1], tpot  # what the busy machine did to the engine's own tokens
 
 
 def test_stops(engine):
