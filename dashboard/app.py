@@ -78,7 +78,8 @@ def main() -> None:
         current = views.load(url, name)
         measured = sum(1 for t in current.trials if t.measured)
         st.header(f"{page} · study {current.name}")
-        st.caption(f"{len(current.trials)} trials, {measured} measured, {len(current.front)} on the front"
+        workers = f" · {len(current.workers)} workers" if current.several_workers else ""
+        st.caption(f"{len(current.trials)} trials, {measured} measured, {len(current.front)} on the front{workers}"
                    + (" · running" if current.running else "") + f" · read {time.strftime('%H:%M:%S')}")
         views.RENDER[page](current)
 

@@ -32,7 +32,14 @@ from tracetune.dashboard.standing import (  # noqa: F401
 )
 from tracetune.dashboard.storage import optuna_storage, read_results, resolve_study, silent_for
 from tracetune.dashboard.study_view import StudyView
-from tracetune.dashboard.trial import CATEGORIES, TrialView, config_diff, diff_text, trial_status  # noqa: F401
+from tracetune.dashboard.trial import (  # noqa: F401
+    CATEGORIES,
+    TrialView,
+    config_diff,
+    diff_text,
+    trial_status,
+    worker_note,
+)
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate, floor_estimates, floor_text, random_weights, shown_quality
 from tracetune.replay.metrics import Summary
@@ -116,9 +123,11 @@ def load_study(url: str, name: str | None = None) -> StudyView:
         row = rows.get(ft.number) or StoredRun(ft.number, "")
         ua = TrialRecord.of(ft)
         state = ft.state.name
+        # A queued trial has no worker: a re-queued one still carries the attributes of the one that died.
+        worker = "" if state == "WAITING" else ua.worker_name or ""
         status, reason = trial_status(state, ua.status or row.status or None,
-                                      row.failure_reason or ua.failure_reason,
-                                      silent_s=silent.get(ft.number), started_s=started.get(ft.number), grace_s=grace)
+                                      row.failure_reason or ua.failure_reason, silent_s=silent.get(ft.number),
+                                      started_s=started.get(ft.number), grace_s=grace, worker=worker)
         # Trials without a measurement may be COMPLETE with penalty values for the sampler: never show those.
         values = dict(zip(objectives, ft.values)) if ft.values and state == "COMPLETE" and status == "measured" else {}
         config = row.config or ua.config
@@ -130,7 +139,8 @@ def load_study(url: str, name: str | None = None) -> StudyView:
             config=config, diff=config_diff(config, ref_config, engine_name) if config and ref_config else {},
             summary=row.summary, quality=shown_quality(config, row.quality), engine=row.engine,
             requests_jsonl=row.requests_jsonl, failure_reason=reason, not_meaningful=ua.not_meaningful,
-            log_tail=row.log_tail or ua.log_tail, startup_s=row.startup_s, wall_s=row.wall_s))
+            log_tail=row.log_tail or ua.log_tail, startup_s=row.startup_s, wall_s=row.wall_s, worker=worker,
+            heartbeat_age_s=silent.get(ft.number)))
     probe = None if random_weights(ref_config) else (reference.get("probe") if reference else None)
     floor = floor_estimates(probe)
     view = StudyView(name=name, storage=url, objectives=objectives, directions=directions,

@@ -80,6 +80,18 @@ class StudyView:
         return [slo for spec in self.slos for slo in parse_slos(spec, flag="study SLO")]
 
     @property
+    def workers(self) -> list[str]:
+        """The names of the workers that measured its trials, or are measuring them (`tuner.worker_name`):
+        more than one, and the pages say which worker measured what (`several_workers`)."""
+        return sorted({t.worker for t in self.trials if t.worker})
+
+    @property
+    def several_workers(self) -> bool:
+        """More than one worker measured its trials: the Trials table gets a worker column. A study one
+        worker ran reads as it did before workers were named."""
+        return len(self.workers) > 1
+
+    @property
     def running(self) -> bool:
         """A worker is measuring a trial now (its heartbeat is recent); queued trials wait for one."""
         return any(t.status == "running" for t in self.trials)

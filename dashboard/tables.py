@@ -86,9 +86,10 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
     """One row per trial: the decision columns first (`decision_columns`: number, category, each
     objective, quality cost, the difference from the reference, why it stands where it does), then
     capacity, throughput/latency extras, speculation (the replay's counters; the acceptance probe's
-    natural-stop figure and caveats where a trial has one), intervals, sample sizes, start-up time."""
+    natural-stop figure and caveats where a trial has one), intervals, sample sizes, start-up time; in a
+    study of several workers, which one measured it (`TrialView.worker_text`)."""
     rows = []
-    with_capacity = has_capacity(study)
+    with_capacity, several_workers = has_capacity(study), study.several_workers
     drafted = any(speculation(t.counters)[0] is not None for t in study.candidates)
     probed = any(t.acceptance is not None for t in study.candidates)
     for t in (study.trials if trials is None else trials):
@@ -100,6 +101,8 @@ def trial_table(study: StudyView, trials: Sequence[TrialView] | None = None) -> 
                                          "sampled: " + ", ".join(f"{k}={v}" for k, v in t.params.items()))
         row["why"] = why(study, t)[:300]
         row["status"] = t.status
+        if several_workers:
+            row["worker"] = t.worker_text
         if with_capacity:
             row.setdefault("capacity", t.metric("capacity"))
             row.update(capacity.table_columns(t.summary if t.measured else None))
@@ -128,9 +131,11 @@ def probe_columns(t: TrialView) -> Row:
 
 
 def decision_columns(study: StudyView) -> list[str]:
-    """The Trials view's default columns: what a choice is made by (at most 8 with three objectives)."""
+    """The Trials view's default columns: what a choice is made by (at most 8 with three objectives), and
+    which worker measured each trial when several did."""
     # "why" beside the category it explains: last, it was off-screen on a 1440 px wide page
-    return ["trial", "category", "why", *study.objectives, "quality vs defaults", "differs from reference"]
+    return ["trial", "category", "why", *study.objectives, "quality vs defaults", "differs from reference",
+            *(["worker"] if study.several_workers else [])]
 
 
 def why(study: StudyView, t: TrialView) -> str:

@@ -69,6 +69,8 @@ class TrialView:
     log_tail: str | None = None
     startup_s: float | None = None
     wall_s: float | None = None
+    worker: str = ""  # the worker that measured it, or is measuring it (`tuner.worker_name`); "": unknown, queued
+    heartbeat_age_s: float | None = None  # running: seconds since its worker's last heartbeat (None: none yet)
     on_front: bool = False
     beaten_by_reference: bool = False  # vLLM's defaults are at least as good on every objective
     tied: bool = False  # dominated, but only by differences inside the 95% intervals (`clearly_dominates`)
@@ -144,6 +146,15 @@ class TrialView:
         return acceptance.caveats() if acceptance is not None else []
 
     @property
+    def worker_text(self) -> str:
+        """Its worker as a table cell: the name, with its last heartbeat while running ("-": unknown)."""
+        if not self.worker:
+            return "-"
+        if self.status == "running" and self.heartbeat_age_s is not None:
+            return f"{self.worker} · beat {_age_text(self.heartbeat_age_s)} ago"
+        return self.worker
+
+    @property
     def sample_sizes(self) -> str:
         """How many requests the latencies and how many probe texts the quality rest on."""
         parts = []
@@ -156,23 +167,25 @@ class TrialView:
 
 
 def _age_text(seconds: float) -> str:
+    seconds = max(seconds, 0.0)  # two clocks a moment apart: a heartbeat is never in the future
     if seconds < 3600:
         return f"{seconds:.0f} s"
     return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} days"
 
 
 def trial_status(state: str, stored: str | None, reason: str | None, *, silent_s: float | None,
-                 started_s: float | None, grace_s: float) -> tuple[str, str | None]:
+                 started_s: float | None, grace_s: float, worker: str = "") -> tuple[str, str | None]:
     """A trial's status and reason as the page shows them. RUNNING is running only while its worker
-    beats (Optuna's heartbeat, or, without one, since it started) within `grace_s`; otherwise its
-    worker is gone and the trial interrupted. WAITING is queued: no worker measures it until the
-    study runs again."""
+    (named `worker`, when known) beats (Optuna's heartbeat, or, without one, since it started) within
+    `grace_s`; otherwise its worker is gone and the trial interrupted. WAITING is queued: no worker
+    measures it until the study runs again."""
     if state == "RUNNING":
+        its = f"its worker {worker}" if worker else "its worker"
         if silent_s is not None and silent_s > grace_s:
-            return "interrupted", (f"interrupted: its worker stopped sending heartbeats {_age_text(silent_s)} ago "
+            return "interrupted", (f"interrupted: {its} stopped sending heartbeats {_age_text(silent_s)} ago "
                                    f"(stopped or crashed); resuming the study runs it again")
         if silent_s is None and started_s is not None and started_s > grace_s:
-            return "interrupted", (f"interrupted: started {_age_text(started_s)} ago and no heartbeat from its worker "
+            return "interrupted", (f"interrupted: started {_age_text(started_s)} ago and no heartbeat from {its} "
                                    f"since (stopped or crashed); resuming the study runs it again")
         return "running", reason
     if state == "WAITING":
@@ -181,3 +194,16 @@ def trial_status(state: str, stored: str | None, reason: str | None, *, silent_s
     if stored is None:
         return "interrupted", reason or "interrupted: the tuner stopped during this trial (it is run again on resume)"
     return stored, reason
+
+
+def worker_note(t: TrialView, grace_s: float) -> str:
+    """Which worker measured the trial, or is measuring it and when it last beat, for its detail page
+    ("": no worker known, e.g. a queued trial or one from before workers were named)."""
+    if t.status == "running":
+        who = f"worker {t.worker}" if t.worker else "its worker"
+        beat = (f"its last heartbeat {_age_text(t.heartbeat_age_s)} ago" if t.heartbeat_age_s is not None
+                else "no heartbeat yet")
+        return f"running: {who} is measuring it now ({beat}; a worker silent for {grace_s:.0f} s is taken for gone)"
+    if not t.worker:
+        return ""
+    return f"measured by worker {t.worker}" if t.measured else f"its worker: {t.worker}"

@@ -205,6 +205,7 @@ def _column_config(frame) -> dict:
               "why": st.column_config.TextColumn(width="large"),
               "quality vs defaults": st.column_config.TextColumn(width="medium"),
               "speculation caveat": st.column_config.TextColumn(width="large"),
+              "worker": st.column_config.TextColumn(width="medium"),
               "startup_s": st.column_config.NumberColumn("engine start (s)", format="%.0f")}
     for col in frame.columns:
         if col.endswith("(ms)"):
@@ -279,6 +280,8 @@ def page_detail(study: data.StudyView) -> None:
         if t.beaten_by_reference:
             st.warning(f"vLLM's defaults beat trial {t.number} on every objective: keep the defaults over it.")
     _status_note(study, t)
+    if t.worker and t.status != "running":  # a running trial's note names its worker
+        st.caption(data.worker_note(t, 2 * study.heartbeat_s))
     if t.measured:
         tiles.speculation_warnings(t)
     if not t.is_reference:
@@ -316,8 +319,7 @@ def _status_note(study: data.StudyView, t: data.TrialView) -> None:
             st.warning(f"{phrase[:1].upper()}{phrase[1:]} {study.gate_words}: {metrics.quality_text(t.quality)}.",
                        icon=":material/report:")
     elif t.status == "running":
-        st.info("running: its worker sent a heartbeat within the last "
-                f"{2 * study.heartbeat_s:.0f} s and is measuring it now")
+        st.info(data.worker_note(t, 2 * study.heartbeat_s))
     elif t.status in ("interrupted", "queued"):
         st.warning(t.failure_reason or t.status)
     else:

@@ -57,6 +57,7 @@ from tracetune.tuner.settings import StudySettings
 from tracetune.tuner.storage import ResultStore, Status
 from tracetune.tuner.trial_end import Attempt, Infeasible, Measured, Outcome, Reused, TrialEnd
 from tracetune.tuner.trial_record import TrialRecord
+from tracetune.tuner.worker_name import worker_name
 
 if TYPE_CHECKING:
     import optuna
@@ -91,6 +92,7 @@ class Tuner:
         self.coord = Coordinator(self.store, study_name=settings.study_name, heartbeat_s=settings.heartbeat_s,
                                  reporter=self.reporter)
         self.worker = self.coord.worker
+        self.worker_name = worker_name()  # kept on each trial it measures: the dashboard shows who measured what
         self.ending = TrialEnd(settings, self.store, self.reporter, self.redact,  # records every trial's outcome
                                engine=self.engine)
         self.ref = ReferenceRun(settings, store=self.store, coord=self.coord, runner=runner, reporter=self.reporter)
@@ -118,7 +120,7 @@ class Tuner:
         starts), then recorded in one place (`TrialEnd.record`)."""
         defaults = TrialRecord.of(trial).defaults_of  # another engine's own defaults (`queue_first_trials`)
         attempt = Attempt(trial.number, self._sample(trial, defaults))
-        TrialRecord(values=attempt.values, worker=self.worker).write(trial)
+        TrialRecord(values=attempt.values, worker=self.worker, worker_name=self.worker_name).write(trial)
         try:
             config = self._config(attempt.values, defaults)
         except Rejected as exc:

@@ -29,6 +29,7 @@ class Attr(enum.StrEnum):
 
     VALUES = "values"                              # the sampled parameter values, by the search space's names
     WORKER = "worker"                              # the worker measuring it (`tuner.coordination.worker_id`)
+    WORKER_NAME = "worker_name"                    # that worker's readable name (`tuner.worker_name`)
     CONFIG = "config"                              # the engine configuration, as JSON, secrets redacted
     FAILURE_REASON = "failure_reason"              # why it failed, was pruned, or is kept off the front
     FEASIBLE = "feasible"                          # on the front's side of every constraint
@@ -83,6 +84,7 @@ class TrialRecord:
 
     values: Mapping[str, ParamValue] | None = None
     worker: str | None = None
+    worker_name: str | None = None  # None: a trial from before names were kept (shown as unknown)
     config: dict[str, object] | None = None
     failure_reason: str | None = None
     feasible: bool | None = None  # None: not written; read as feasible (`is_feasible`)
@@ -102,6 +104,7 @@ class TrialRecord:
         feasible = attrs.get(Attr.FEASIBLE)
         return cls(values=dict(values) if isinstance(values, Mapping) else None,
                    worker=_text(attrs.get(Attr.WORKER)),
+                   worker_name=_text(attrs.get(Attr.WORKER_NAME)),
                    config=dict(config) if isinstance(config, Mapping) else None,
                    failure_reason=_text(attrs.get(Attr.FAILURE_REASON)),
                    feasible=None if feasible is None else bool(feasible),

@@ -150,9 +150,10 @@ def beat(url: str, number: int, *, seconds_ago: float, name: str = "synth") -> N
 
 
 def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_seqs: int, name: str = "synth",
-                       acceptance: dict | None = None) -> int:
+                       acceptance: dict | None = None, worker: str | None = None) -> int:
     """Append a measured trial the way a running tuner does (for live-refresh tests); returns its number.
-    With `acceptance` (`speculation_probe`), it speculates (ngram) and its summary keeps that probe."""
+    With `acceptance` (`speculation_probe`), it speculates (ngram) and its summary keeps that probe; with
+    `worker`, the worker's name is kept on it (`tuner.worker_name`)."""
     import optuna
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
@@ -175,7 +176,8 @@ def add_measured_trial(url: str, ttft: float, tps: float, loss: float, max_num_s
     study.add_trial(create_trial(state=TrialState.COMPLETE, values=[ttft, tps, loss], params=params,
                                  distributions={"max_num_seqs": IntDistribution(1, 128)},
                                  user_attrs={"values": params, "status": "measured", "constraints": constraints,
-                                             "feasible": all(c <= 0 for c in constraints), "config": cfg}))
+                                             "feasible": all(c <= 0 for c in constraints), "config": cfg}
+                                 | ({"worker_name": worker} if worker is not None else {})))
     return number
 
 

@@ -13,7 +13,7 @@ from tracetune.tuner.trial_record import Attr, TrialRecord
 def test_a_record_written_on_a_trial_reads_back_the_same():
     study = optuna.create_study()
     trial = study.ask()
-    written = TrialRecord(values={"max_num_seqs": 8, "speculative": "ngram"}, worker="host:1:ab",
+    written = TrialRecord(values={"max_num_seqs": 8, "speculative": "ngram"}, worker="host:1:ab", worker_name="pod-1",
                           config={"max_num_seqs": 8}, failure_reason="12% of requests failed", feasible=False,
                           constraints=[0.5, -1.0], duplicate_of=3, not_meaningful="random weights",
                           status=Status.DUPLICATE)
@@ -56,6 +56,7 @@ def test_older_studies_read_as_they_were_written(attrs, feasible, counts, measur
     assert record.counts is counts
     assert record.measured is measured
     assert record.ended is ("status" in attrs)
+    assert record.worker_name is None  # from before workers were named: the dashboard shows no worker
 
 
 def test_a_status_this_version_does_not_know_stays_its_string():
