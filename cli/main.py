@@ -35,6 +35,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("trace", "profile"): ("workload", "profile_command"),
     ("dashboard",): ("dashboard", "dashboard_command"),
     ("export",): ("dashboard", "export_command"),
+    ("fleet",): ("fleet", "fleet_command"),
 }
 # Commands that take --trace themselves (elsewhere it belongs to the main job).
 TAKE_TRACE = ("replay", "capacity")
@@ -53,6 +54,7 @@ examples:
   tune capacity --trace examples/traffic.jsonl --eager --slo "ttft:p99<2s,tpot:p99<200ms" --json cap.json
   tune dashboard                           # browse the latest study: Pareto front, trials, export
   tune export --best --format k8s -o deploy.yaml
+  tune fleet --workers 8 --out fleet/ -- --trace t.jsonl --storage postgresql://tuner@db/tracetune --trials 64
 """  # noqa: E501 (literal example commands, printed verbatim by RawDescriptionHelpFormatter)
 
 
@@ -119,6 +121,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from tracetune.cli.dashboard import add_parsers as add_dashboard_parsers
 
     add_dashboard_parsers(sub)
+    from tracetune.cli.fleet import add_parser as add_fleet_parser
+
+    add_fleet_parser(sub)
 
     command = engine_sub.add_parser(
         "command", help="print the server command and environment a config runs (starts nothing)",

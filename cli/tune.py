@@ -148,7 +148,7 @@ def _add_trial_options(p: argparse.ArgumentParser) -> None:
                         "unset parameters are sampled)")
 
 
-def _default_study_name(trace: Path) -> str:
+def default_study_name(trace: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", trace.stem) or "study"
 
 
@@ -290,7 +290,7 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     from tracetune.cli.workload import trace_report
 
     trace_profile = trace_report(trace, _replay_options(args), console)
-    study_name = args.study or _default_study_name(args.trace)
+    study_name = args.study or default_study_name(args.trace)
     run_dir = args.run_dir or Path("runs") / study_name
     storage = _storage_url(args.storage, run_dir)
     tables = check_storage(storage, run_dir)  # before the run folder is made or a model prepared

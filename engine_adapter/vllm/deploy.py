@@ -20,5 +20,6 @@ DEPLOYMENT = Deployment(
             "'http://localhost:{port}/health', timeout=5)"),
     shared_memory=True,
     records_version=True,
+    runs_trials=True,  # Python, vLLM, torch and compressed-tensors (the 8-bit checkpoints tracetune makes)
     measurement_env=frozenset({"VLLM_SERVER_DEV_MODE", "VLLM_USE_FLASHINFER_SAMPLER", "LD_PRELOAD"}),
 )
