@@ -118,14 +118,15 @@ def cause(records: Sequence[RequestRecord], slos: Sequence[SLO], *, slots: int |
 def explain_steps(steps: Sequence[Stored], levels: Sequence[Level], slos: Sequence[SLO], *,
                   slots: int | None = None, trace_rate_engine: EngineMetrics | None = None) -> list[str]:
     """The cause of each failed step of a search ("" for a passed one, one whose client was
-    overloaded, or one without records), from the levels it measured (`levels`, in search order:
-    a level measured again at once, its window too short, counts by its last measurement).
+    overloaded or whose machine was busy, or one without records), from the levels it measured
+    (`levels`, in search order: a level measured again at once, its window too short, counts by its
+    last measurement).
     `trace_rate_engine`: the engine's counters over the trace's own rate, read for the last step there."""
     records = _records_of(steps, levels)
     last_at_one = max((i for i, s in enumerate(steps) if number(s.get("scale")) == 1.0), default=-1)
     out = []
     for i, (step, kept) in enumerate(zip(steps, records)):
-        if step.get("passed") or step.get("client_overloaded") or not kept:
+        if step.get("passed") or step.get("client_overloaded") or step.get("machine_busy") or not kept:
             out.append("")
             continue
         found = cause(kept, slos, slots=slots, engine=trace_rate_engine if i == last_at_one else None,

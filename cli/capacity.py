@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tracetune.capacity.levels import LevelRunner
     from tracetune.capacity.step import CapacityOptions, CapacityResult, Step
     from tracetune.cli.run_files import Interrupt, RecordLog
+    from tracetune.engine_adapter.kind import EngineConfig, EngineKind
     from tracetune.replay.metrics import SLO
     from tracetune.replay.types import ReplayOptions, RequestRecord
 
@@ -211,7 +212,8 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
         def before_level() -> None:
             settle(engine, reset_prefix_cache=ours)
 
-        shown = engine_info.get("endpoint") or engine_kind(engine_info.get("engine") or DEFAULT_ENGINE).shown
+        kind = engine_kind(engine_info.get("engine") or DEFAULT_ENGINE)
+        shown = engine_info.get("endpoint") or kind.shown
         console.print(f"searching the capacity of {shown} at SLO {args.slo} "
                       f"(attainment >= {options.attainment:.0%}, precision {options.precision:.0%})", highlight=False)
         endpoint = engine.endpoint
@@ -224,13 +226,17 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
                 before_level=before_level, on_level=on_level, on_progress=on_progress, on_record=run.record,
                 client_procs=args.client_procs, engine_cores=cores,
                 watch=machine_watch(options, engine.process_group() if ours else None, cores,
-                                    watched=engine_kind(engine_info.get("engine") or DEFAULT_ENGINE).watch_machine))
+                                    watched=kind.watch_machine))
             run.payload = {"trace": str(args.trace), **engine_info, "slo": args.slo,
                            "attainment_target": options.attainment, "precision": options.precision}
             progress_print(runner.describe())
             result = runner.search(gpus=config.gpus() if config is not None else 1)
+            _explain(result, runner, kind, config)
             check = whole_trace_check(runner, result, progress_print) if args.check_whole else None
     console.print(f"[bold]{result.headline()}[/]", highlight=False)
+    failed = result.failed_at()
+    if failed is not None and failed.cause:
+        console.print(f"  fails {failed.scale:.3g}x the trace's rate: {failed.cause}", highlight=False)
     if check is not None:
         console.print(check.line("whole-trace check"), highlight=False)
     if args.json is not None:
@@ -241,6 +247,18 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
     else:
         console.print(f"wrote {run.log.path}")
     return _endpoint_checked(args, run, replay_options, console)
+
+
+def _explain(result: CapacityResult, runner: LevelRunner, kind: EngineKind, config: EngineConfig | None) -> None:
+    """Each failed level's cause (`capacity.causes`), from its records and the configuration's slots
+    as its engine states them (none for an endpoint tracetune did not start)."""
+    from tracetune.capacity.causes import explain_steps
+
+    slots = kind.slots(config) if config is not None and kind.slots is not None else None
+    levels = [(step.scale, step.repeat, replayed.records) for step, replayed in runner.measured]
+    causes = explain_steps([s.as_dict() for s in result.steps], levels, runner.options.slos, slots=slots)
+    for step, found in zip(result.steps, causes):
+        step.cause = found or step.cause
 
 
 def _endpoint_checked(args: argparse.Namespace, run: CapacityRun, replay_options: ReplayOptions, console) -> int:

@@ -12,6 +12,7 @@ from tracetune.errors import TuneError
 from tracetune.quality.probe import Reference, StoredQuality, quality_key
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.coordination import Coordinator
+from tracetune.tuner.measure import machine_busy_reason
 from tracetune.tuner.objectives import objective_value
 from tracetune.tuner.reporter import Reporter
 from tracetune.tuner.runner import QualityProbe, TrialRunner
@@ -60,6 +61,9 @@ class ReferenceRun:
         config_json = json.loads(config.model_dump_json())
         with self.coord.measuring("reference", REFERENCE_RUN):
             measured = self.runner.measure(config, "reference", probe=self.probe())
+            busy = machine_busy_reason(measured.summary)
+            if busy:  # every trial is compared with it: a lower bound is no reference (nothing stored)
+                raise TuneError(f"the reference could not be measured: {busy}")
             self.reference = measured.reference
             assert self.reference is not None, "the reference's run measures its continuations"
             self.store.save_reference(name, config=config_json, probe=self.reference.to_json(),

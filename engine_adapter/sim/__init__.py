@@ -14,7 +14,7 @@ tracetune.engine_adapter.sim.server`), the managed process (`engine.py`), its fl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.kind import EngineKind
@@ -33,4 +33,5 @@ def kind() -> EngineKind:
     return EngineKind("sim", SimConfig, make_engine, build_command, translate=to_engine_config,
                       reference=reference_config, unrunnable=unrunnable_choices, knobs=KNOBS,
                       label="simulated engine (for tests and benchmarks)", flags=FLAGS, loads_model=False,
-                      runs_on=this_machine, default_space=SPACE, watch_machine=False)
+                      runs_on=this_machine, default_space=SPACE, watch_machine=False,
+                      slots=lambda config: cast(SimConfig, config).max_num_seqs)

@@ -254,3 +254,25 @@ def test_a_short_study_runs_end_to_end_on_the_simulated_engine(tmp_path):
     truth = true_capacity(requests, options, model_of(SimConfig(max_num_seqs=32, dtype="fp8", tpot_ms=5))).rps
     assert truth / 2 <= measured["capacity"] <= truth * 1.2, (measured, truth)
     assert (tmp_path / "run" / "best.json").is_file() and (tmp_path / "run" / "pareto.json").is_file()
+
+
+@pytest.mark.slow
+def test_tune_capacity_says_why_a_level_failed(tmp_path):
+    """`tune capacity` names the cause of the level bounding the capacity (`capacity.causes`), with the
+    configuration's slots as the simulated engine states them."""
+    import json
+    import os
+    import subprocess
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in SMALL_TRACE))
+    args = ["capacity", "--engine", "sim", "--trace", str(trace), "--slo", "ttft:p95<300ms", "--max-num-seqs", "1",
+            "--sim-tpot-ms", "5", "--level-seconds", "1", "--level-lifetimes", "1", "--level-requests", "20",
+            "--precision", "0.5", "--out", str(tmp_path / "run"), "--json", str(tmp_path / "cap.json")]
+    out = subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stored = json.loads((tmp_path / "cap.json").read_text())
+    failed = [s for s in stored["steps"] if not s["passed"]]
+    assert failed and all(s["cause"] for s in failed), failed
+    assert "for 1 slot" in failed[-1]["cause"] and f"the trace's rate: {failed[-1]['cause']}" in out.stdout
