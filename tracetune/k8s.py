@@ -1,7 +1,7 @@
 """Kubernetes as tracetune writes it for any package: the names and quantities the API accepts, GPU
 placement as NVIDIA's GPU operator labels and taints nodes, `$` as Kubernetes expands it, and YAML
-people read. The fleet manifests (`tracetune.fleet`) use these; the exports (`dashboard.export`)
-keep their own copies for now."""
+people read. The fleet manifests (`tracetune.fleet`) and the exports (`dashboard.export`) use these (the
+exports write their YAML as they always have, ASCII with escapes: `dashboard.export.text`)."""
 
 from __future__ import annotations
 

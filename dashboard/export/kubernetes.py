@@ -9,6 +9,7 @@ from tracetune.dashboard.export.notes import header, trial_id
 from tracetune.dashboard.export.options import ExportOptions, deployment_name
 from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, ServeSpec, exported_engine, serve_spec
 from tracetune.dashboard.export.text import dollars, yaml_text
+from tracetune.k8s import GPU_NODE_SELECTOR, GPU_TOLERATIONS
 
 # A Kubernetes object as written: nested mappings and lists of plain values.
 Manifest = dict[str, object]
@@ -50,11 +51,6 @@ def volumes(options: ExportOptions, spec: ServeSpec) -> list[Manifest]:
     shm: list[Manifest] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{options.shm_gib}Gi"}}]
     return [{"name": "models", "persistentVolumeClaim": {"claimName": options.models_pvc, "readOnly": True}},
             *(shm if shared else [])]
-
-
-# Where a GPU pod may run: the taint and label NVIDIA's GPU operator sets (adjust to your cluster's).
-GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 
 
 def placement(options: ExportOptions) -> Manifest:

@@ -1,20 +1,14 @@
-"""Writing an export's text safely: `#` comments that stay one line, `$` as compose and Kubernetes
-read it, and YAML people read (written by its library, so any value round-trips exactly)."""
+"""Writing an export's text safely: `#` comments that stay one line and `$` as compose and Kubernetes
+read it (`tracetune.k8s`), and YAML people read (written by its library, so any value round-trips
+exactly; ASCII with escapes, as exports have always been written)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
+from tracetune.k8s import comment_safe, dollars
 
-def comment_safe(text: object) -> str:
-    """Text that stays inside one `#` comment line (control characters, newlines included, removed)."""
-    return re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85]+", " ", str(text))
-
-
-def dollars(text: str) -> str:
-    """compose and Kubernetes expand `$VAR`/`$(VAR)`; `$$` is their literal `$`."""
-    return text.replace("$", "$$")
+__all__ = ["comment_safe", "dollars", "yaml_text"]
 
 
 def yaml_text(docs: Sequence[object]) -> str:
