@@ -5,6 +5,7 @@ toward --trials, and recovering the trials of workers that are gone (`Coordinato
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import enum
 import hashlib
@@ -22,8 +23,8 @@ from sqlalchemy.exc import IntegrityError
 
 from tracetune.errors import InputError
 from tracetune.tuner.reporter import Reporter
-from tracetune.tuner.storage import ResultStore, claims, normalize_url, utc_now
-from tracetune.tuner.trial_record import TrialRecord
+from tracetune.tuner.storage import ResultStore, claims, normalize_url, refused, utc_now
+from tracetune.tuner.trial_record import Attr, TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -87,7 +88,7 @@ def make_storage(url: str, heartbeat_s: int) -> RDBStorage:
 
     import optuna
 
-    url = normalize_url(url)
+    given, url = url, normalize_url(url)
     engine_kwargs: dict[str, object] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine_kwargs = {"connect_args": {"timeout": 60}}
@@ -101,14 +102,38 @@ def make_storage(url: str, heartbeat_s: int) -> RDBStorage:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(
                     url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2))
-        except SQLAlchemyError:
+                    heartbeat_stale_trial_callback=Requeue(max_retry=2))
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
             # Workers starting together on a new database race to create Optuna's tables; the
-            # loser sees "already exists" and simply connects again.
+            # loser sees "already exists" and simply connects again. A server at its connection
+            # limit (Optuna wraps that refusal in StorageInternalError) may free one meanwhile.
             if attempt == 5:
-                raise
+                raise refused(given, error) from None
             time.sleep(0.2 + random.random())
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class Requeue:
+    """Optuna's retry of a failed trial (`RetryHeartbeatStaleTrialCallback`: a WAITING trial with the
+    same parameters and `failed_trial`, up to `max_retry` times), less the failed trial's worker.
+    Optuna's retry copies every user attribute: the dead worker's id would stay on the retry until the
+    worker that takes it up writes its own, and in between another worker's `recover` would read a
+    RUNNING trial of a dead worker and fail it under the live one (seen at 16 workers: the live
+    worker measured on, crashed when it reported, and the configuration was queued again)."""
+
+    def __init__(self, max_retry: int | None) -> None:
+        import warnings
+
+        import optuna
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        trial = copy.copy(trial)
+        trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in (Attr.WORKER, Attr.WORKER_NAME)}
+        self._retry(study, trial)
 
 
 def config_key(config_json: Mapping[str, object]) -> str:
@@ -327,13 +352,9 @@ class Coordinator:
         """A Ctrl-C'd (or SIGTERMed) trial is FAIL in Optuna: queue it again, with the same
         parameters, so the next run measures it. Interruptions are not the configuration's
         fault, so unlike dead workers' trials these are re-queued every time."""
-        import warnings
-
         import optuna
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            requeue = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
+        requeue = Requeue(max_retry=None)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
             record = TrialRecord.of(t)
             if record.worker == self.worker and not record.ended:

@@ -42,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from tracetune.engine_adapter.metrics import EngineMetrics
+from tracetune.errors import TuneError
 from tracetune.quality.probe import StoredQuality
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.secrets import Redactor
@@ -271,6 +272,24 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def refused(url: str, error: BaseException) -> TuneError:
+    """What a worker stops with when the study's database keeps refusing it (its connection limit
+    reached, the server gone): the database's own reason and the URL, its password masked. A
+    PostgreSQL server refuses connections past max_connections (100 by default), and every worker
+    keeps 3 open, 4 at peak (docs/workers.md)."""
+    from tracetune.tuner.secrets import display_url
+
+    while error.__cause__ is not None:
+        error = error.__cause__
+    reason = (str(getattr(error, "orig", None) or error).strip().splitlines() or ["no reason given"])[0]
+    hint = ""
+    if "too many" in reason:
+        hint = (": every worker keeps 3 connections open, 4 at peak; raise the server's max_connections "
+                "to at least 4 x workers, or run fewer workers")
+    return TuneError(f"--storage {display_url(url)}: the study database refused this worker "
+                     f"({display_url(reason)}){hint}")
+
+
 def utc_now() -> dt.datetime:
     """Now, as the tables store time: naive UTC."""
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
@@ -291,11 +310,11 @@ class ResultStore:
             try:
                 metadata.create_all(self.engine)
                 break
-            except SQLAlchemyError:
+            except SQLAlchemyError as error:
                 # Workers starting together on a new database race to create the tables; the
                 # loser sees "already exists" and checks again.
                 if attempt == 5:
-                    raise
+                    raise refused(url, error) from None
                 time.sleep(0.2 + random.random())
 
     def save_trial(self, study_name: str, trial_number: int, status: str, *, values: dict | None = None,
