@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from tracetune.errors import InputError
-from tracetune.k8s import DNS_LABEL, QUANTITY
+from tracetune.k8s import DNS_LABEL, SERVER_CORES_PER_GPU, SERVER_MEMORY_GIB_PER_GPU, check_quantity
 
 # Kubernetes refuses a ConfigMap whose data (each key's length plus its value's bytes) exceeds 1 MiB
 # (`core.MaxSecretSize`, checked by ValidateConfigMap); etcd's own object limit is 1.5 MiB.
@@ -62,8 +62,7 @@ class FleetOptions:
             if value is not None and not DNS_LABEL.match(value):
                 raise InputError(f"{flag} {value!r} must be a DNS-1123 name (lowercase letters, digits and '-')")
         for flag, quantity in (("--cpu", self.cpu), ("--memory", self.memory), ("--postgres-disk", self.postgres_disk)):
-            if quantity is not None and not QUANTITY.match(quantity):
-                raise InputError(f"{flag} {quantity!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi")
+            check_quantity(flag, quantity)
 
     def requests(self, shared_memory: bool) -> dict[str, str]:
         """CPU and memory one worker requests: the flags, else the server's share as an export requests it
@@ -71,7 +70,8 @@ class FleetOptions:
         and the quality probe, which run beside the server in the same pod."""
         gpus = max(self.gpus_per_worker, 1)
         shm = self.shm_gib if shared_memory else 0
-        return {"cpu": self.cpu or str(4 * gpus + 2), "memory": self.memory or f"{16 * gpus + 4 + shm}Gi"}
+        return {"cpu": self.cpu or str(SERVER_CORES_PER_GPU * gpus + 2),
+                "memory": self.memory or f"{SERVER_MEMORY_GIB_PER_GPU * gpus + 4 + shm}Gi"}
 
     @property
     def max_connections(self) -> int:

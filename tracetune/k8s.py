@@ -18,6 +18,19 @@ GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
+# What a server asks per GPU (one without GPUs asks as for one): an export's replica, a fleet worker's engine.
+SERVER_CORES_PER_GPU = 4
+SERVER_MEMORY_GIB_PER_GPU = 16
+
+
+def check_quantity(flag: str, quantity: str | None) -> None:
+    """A resource flag's value is a Kubernetes quantity (None: not given); an InputError otherwise."""
+    from tracetune.errors import InputError
+
+    if quantity is not None and not QUANTITY.match(quantity):
+        raise InputError(f"{flag} {quantity!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi")
+
+
 def k8s_name(text: str, limit: int = 63) -> str:
     """A DNS-1123 label made from any text (lowercase, [a-z0-9-], at most `limit` characters)."""
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")

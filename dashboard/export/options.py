@@ -4,11 +4,11 @@ checked when made, and the DNS-1123 names Kubernetes and compose accept."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.pick import PickRule
 from tracetune.errors import InputError
+from tracetune.k8s import DNS_LABEL, SERVER_CORES_PER_GPU, SERVER_MEMORY_GIB_PER_GPU, check_quantity, k8s_name
 
 DEFAULT_PORT = 8000
 
@@ -38,16 +38,15 @@ class ExportOptions:
             if value < low or (flag == "--port" and value > 65535):
                 bounds = "between 1 and 65535" if flag == "--port" else f">= {low}"
                 raise InputError(f"{flag} must be {bounds}, got {value}")
-        if self.name is not None and not _DNS_LABEL.match(self.name):
+        if self.name is not None and not DNS_LABEL.match(self.name):
             raise InputError(f"--name {self.name!r} must be a DNS-1123 label (lowercase letters, digits and '-', "
                              f"starting and ending with a letter or digit, at most 63 characters)")
-        if self.namespace is not None and not _DNS_LABEL.match(self.namespace):
+        if self.namespace is not None and not DNS_LABEL.match(self.namespace):
             raise InputError(f"--namespace {self.namespace!r} must be a DNS-1123 label")
-        if not _DNS_LABEL.match(self.models_pvc):
+        if not DNS_LABEL.match(self.models_pvc):
             raise InputError(f"--models-pvc {self.models_pvc!r} must be a DNS-1123 name")
         for flag, quantity in (("--cpu", self.cpu), ("--memory", self.memory)):
-            if quantity is not None and not _QUANTITY.match(quantity):
-                raise InputError(f"{flag} {quantity!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi")
+            check_quantity(flag, quantity)
 
     def requests(self, shared_memory: bool = True) -> dict[str, str]:
         """CPU and memory one replica requests: the flags, else 4 cores and 16Gi per GPU (or for a
@@ -55,18 +54,8 @@ class ExportOptions:
         against the pod's memory)."""
         gpus = max(self.gpus, 1)
         shm = self.shm_gib if shared_memory else 0
-        return {"cpu": self.cpu or str(4 * gpus), "memory": self.memory or f"{16 * gpus + shm}Gi"}
-
-
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def k8s_name(text: str) -> str:
-    """A DNS-1123 label made from any text (lowercase, [a-z0-9-], at most 63 characters)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    name = re.sub(r"-{2,}", "-", name)[:63].strip("-")
-    return name or "tracetune"
+        return {"cpu": self.cpu or str(SERVER_CORES_PER_GPU * gpus),
+                "memory": self.memory or f"{SERVER_MEMORY_GIB_PER_GPU * gpus + shm}Gi"}
 
 
 def deployment_name(study: StudyView, trial: TrialView, options: ExportOptions) -> str:
