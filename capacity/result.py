@@ -297,6 +297,12 @@ class CapacityResult:
         failed = [s for s in self.steps if s.scale == self.bracket_high and not s.passed]
         return failed[-1] if failed else None
 
+    def failure_text(self) -> str:
+        """Why the level bounding the capacity failed, with its load: "fails 1.33x the trace's rate:
+        about 15 requests in flight for 8 slots: ..." ("" without such a level, or its cause)."""
+        step = self.failed_at()
+        return f"fails {step.scale:.3g}x the trace's rate: {step.cause}" if step is not None and step.cause else ""
+
     def caveats(self) -> list[str]:
         """What a reader must know before trusting the number: unstable, client-limited, ..."""
         out = ["unstable (a repeated level disagreed with its first measurement)"] if self.unstable else []

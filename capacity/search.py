@@ -245,10 +245,10 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
     search = _Search(measure, options)
     search.steps.extend(seed_steps)
     for step in seed_steps:
-        if step.client_overloaded and not step.passed:  # the client may have failed it: measured once more
-            search.add(search.run(step.scale, retry=False))
-        elif step.machine_busy:  # its numbers are the trial's objectives: measured again on a quiet machine
+        if step.machine_busy:  # its numbers are the trial's objectives: measured again on a quiet machine
             search.add(search.run(step.scale, retry=False, placed_by="busy retry"))
+        elif step.client_overloaded and not step.passed:  # the client may have failed it: measured once more
+            search.add(search.run(step.scale, retry=False))
         else:
             search.add(step)
     if prune_at is None or not search.prune(prune_at):

@@ -234,9 +234,8 @@ def _capacity(args: argparse.Namespace, console, run: CapacityRun) -> int:
             _explain(result, runner, kind, config)
             check = whole_trace_check(runner, result, progress_print) if args.check_whole else None
     console.print(f"[bold]{result.headline()}[/]", highlight=False)
-    failed = result.failed_at()
-    if failed is not None and failed.cause:
-        console.print(f"  fails {failed.scale:.3g}x the trace's rate: {failed.cause}", highlight=False)
+    if result.failure_text():
+        console.print(f"  {result.failure_text()}", highlight=False)
     if check is not None:
         console.print(check.line("whole-trace check"), highlight=False)
     if args.json is not None:

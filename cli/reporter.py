@@ -163,9 +163,9 @@ class ConsoleReporter(NullReporter):
         """Why the level that bounds the capacity failed, where its cause was found (`capacity.causes`)."""
         from tracetune.capacity.result import CapacityResult
 
-        step = CapacityResult.from_dict(summary.capacity).failed_at() if summary.capacity else None
-        if step is not None and step.cause:
-            self.print(f"    fails {step.scale:.3g}x the trace's rate: {step.cause}")
+        failure = CapacityResult.from_dict(summary.capacity).failure_text() if summary.capacity else ""
+        if failure:
+            self.print(f"    {failure}")
 
     def _cost(self, summary: Summary | None, wall_s: float) -> None:
         """Where a trial's time went, and the time left for the trials still to run at that pace."""

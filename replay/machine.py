@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -170,13 +169,13 @@ class Watch:
         after = snapshot(self.engine_group)
         return None if before is None or after is None else share(before, after)
 
-    def wait_quiet(self, sleep: Callable[[float], None] = time.sleep) -> float:
+    def wait_quiet(self) -> float:
         """Wait, span after span of `quiet_span_s`, until one is not busy or `quiet_limit_s` passed;
         the seconds waited."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < self.quiet_limit_s:
             self.start()
-            sleep(self.quiet_span_s)
+            time.sleep(self.quiet_span_s)
             span = self.stop()
             if span is None or not busy_reason(span, self.engine_cores):
                 break

@@ -189,13 +189,14 @@ class Tuner:
         objectives = [objective_value(name, summary, quality) for name in settings.objectives]
         constraints = constraint_values(summary, quality, settings.slos, settings.max_quality_loss)
         busy = machine_busy_reason(summary)  # other work took the engine's cores, again when retried
-        overloaded = summary.client_overloaded or bool(busy)  # stored with everything it saw, under its own status
-        pruned = not overloaded and (summary.capacity or {}).get("verdict") == Verdict.PRUNED
-        why = None if overloaded or pruned else not_meaningful(config) or None  # measured, never on the front
+        # It measured the client or the machine: stored with everything it saw, under its own status.
+        unmeasurable = summary.client_overloaded or bool(busy)
+        pruned = not unmeasurable and (summary.capacity or {}).get("verdict") == Verdict.PRUNED
+        why = None if unmeasurable or pruned else not_meaningful(config) or None  # measured, never on the front
         if any(math.isnan(v) for v in objectives):
             return Infeasible(Status.FAILED, "an objective could not be measured (NaN)", measurement=measured,
                               not_meaningful=why)
-        if overloaded:
+        if unmeasurable:
             return Infeasible(Status.UNMEASURABLE, busy or client_overload_reason(summary), measurement=measured)
         if pruned:
             assert summary.capacity is not None
