@@ -51,7 +51,9 @@ if [ -z "${TRACETUNE_EXTRA:-}" ]; then
 fi
 
 stamp=.venv/.tracetune-install
-want="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)-${TRACETUNE_EXTRA}"
+# The checkout's own path too: an editable install runs the folder it was made from, so a moved clone
+# (or a .venv shared with another clone) installs again rather than running the other folder's code.
+want="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)-${TRACETUNE_EXTRA}-$(pwd -P)"
 if [ -x .venv/bin/tune ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "tracetune already installed in .venv ($TRACETUNE_EXTRA)"
   install_llamacpp

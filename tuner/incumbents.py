@@ -1,6 +1,7 @@
 """The front as it stands while a study runs, vLLM's defaults competing: which trials are on it (for
 --patience) and where a trial's capacity search may stop early (--prune): at the capacity of the
-strongest incumbent at least as good on every other objective."""
+strongest incumbent at least as good on every other objective; and at the trace's own rate when the
+trial misses the study's SLOs there, which keeps it off the front whatever its capacity."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import Summary
 from tracetune.stored import Stored
 from tracetune.tuner.front import REFERENCE, Candidate, decide, measured_trials, strongest_rival
-from tracetune.tuner.objectives import OBJECTIVES, objective_value
+from tracetune.tuner.objectives import OBJECTIVES, constraint_values, objective_value
 from tracetune.tuner.settings import StudySettings
 
 if TYPE_CHECKING:
@@ -34,10 +35,13 @@ def front_labels(study: optuna.Study, objectives: list[str],
 
 def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: list[float] | None,
                 summary: Summary, quality: QualityResult | None, gpus: int,
-                base_rps: float) -> tuple[float, Candidate] | None:
+                base_rps: float) -> tuple[float, Candidate | None] | None:
     """The load level at which a trial's capacity search stops early (`capacity.step`), and the rival
     it cannot beat: the strongest incumbent (vLLM's defaults included) at least as good as this trial on
-    every other objective; failing its capacity, the trial cannot be on the front. None: nothing to stop at."""
+    every other objective; failing its capacity, the trial cannot be on the front. A trial that missed
+    the study's SLOs at the trace's rate (`slo_misses`) is off the front whatever its capacity: its
+    search stops at least as low as where it fails the trace's rate (1x; the rival None when no
+    incumbent would have stopped it). None: nothing to stop at."""
     objectives = settings.objectives
     if not settings.prune or settings.capacity is None or "capacity" not in objectives or base_rps <= 0:
         return None
@@ -46,24 +50,44 @@ def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: 
     reference, trials = candidates(study, reference_values)
     rival = strongest_rival(mine, ([reference] if reference else []) + trials,
                             [OBJECTIVES[name] for name in objectives], index)
-    if rival is None or not rival.values[index] > 0:
-        return None
-    return min(rival.values[index] * gpus / base_rps, settings.capacity.max_scale), rival
+    level = None if rival is None or not rival.values[index] > 0 else rival.values[index] * gpus / base_rps
+    if slo_misses(summary, settings):
+        # A level at or above 1x stops the search where the trace's rate failed (`capacity.search`'s prune).
+        return min(max(level or 1.0, 1.0), settings.capacity.max_scale), rival if level else None
+    return None if level is None or rival is None else (min(level, settings.capacity.max_scale), rival)
 
 
-def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stored) -> str:
-    """Why a trial's capacity search stopped early, naming the configuration (`rival`) it cannot beat."""
+def slo_misses(summary: Summary, settings: StudySettings) -> list[str]:
+    """The study's constraints a trial broke at the trace's rate, other than the quality gate, in words
+    (`tuner.objectives.constraint_values`): any such trial is infeasible, never on the front."""
+    values = constraint_values(summary, None, settings.slos, None)
+    missed = [f"{slo} ({_ms(value + slo.threshold_s)})" for slo, value in zip(settings.slos, values) if value > 0]
+    failed = summary.error_rate or 0.0
+    return ([f"{failed:.0%} of requests failed"] if failed > 0 else []) + missed
+
+
+def _ms(seconds: float) -> str:
+    return "not measured" if not math.isfinite(seconds) else f"{seconds * 1000:.0f} ms"
+
+
+def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stored,
+                  missed: list[str] | None = None) -> str:
+    """Why a trial's capacity search stopped early, naming the configuration (`rival`) it cannot beat,
+    or the study's SLOs it `missed` at the trace's rate (`slo_misses`) where it stopped there."""
     from tracetune.capacity.step import CapacityResult, bracket_text
 
+    result = CapacityResult.from_dict(capacity)
+    high = result.bracket_high
+    assert high is not None, "a pruned search ends at a failed level"
+    head = f"pruned: fails {high:.3g}x the trace's rate ({result.confirmation()}), "
+    tail = f": it cannot be on the front; capacity {bracket_text(capacity)}, not searched further"
+    if missed and high <= 1.0 + 1e-9:
+        return f"{head}and misses the study's SLOs there: {', '.join(missed)}{tail}"
     who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
            else f"trial {rival.label}")
     others = [n for n in objectives if n != "capacity"]
     verb = "pass and are" if who == "vLLM's defaults" else "passes and is"
-    result = CapacityResult.from_dict(capacity)
-    high = result.bracket_high
-    return (f"pruned: fails {high:.3g}x the trace's rate ({result.confirmation()}), where "
-            f"{who} {verb} at least as good on {', '.join(others) or 'every other objective'}: it cannot "
-            f"be on the front; capacity {bracket_text(capacity)}, not searched further")
+    return f"{head}where {who} {verb} at least as good on {', '.join(others) or 'every other objective'}{tail}"
 
 
 def with_cause(reason: str, capacity: Stored) -> str:

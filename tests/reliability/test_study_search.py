@@ -169,12 +169,13 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
 
 
 def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True, events: Events | None = None,
-                   rules: str = "classic", level_records=None):
+                   rules: str = "classic", level_records=None, loss=lambda config: 0.0):
     """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
     (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
     early stop and everything the Tuner does with them are real. `rules`: the search's (classic by
     default: these tests pin its levels; the guided rules' are tested where named). `level_records(scale,
-    passed)`: each level's request records, handed to the study as the levels measured (none by default)."""
+    passed)`: each level's request records, handed to the study as the levels measured (none by default).
+    `loss(config)`: a trial's quality loss (the reference's is 0)."""
     from tracetune.capacity.search import search_capacity
     from tracetune.capacity.step import CapacityOptions, Step
     from tracetune.replay.metrics import parse_slos
@@ -184,7 +185,7 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
 
     def measure(config, label, *, probe, start=1.0, prune=None):
         ttft, true_k = truth(None if label == "reference" else config)
-        summary, quality = fake_summary(ttft, 10.0), fake_quality(0.0)
+        summary, quality = fake_summary(ttft, 10.0), fake_quality(0.0 if label == "reference" else loss(config))
 
         measured = []
 
@@ -286,3 +287,33 @@ def test_no_prune_searches_every_trial_to_the_end(tmp_path):
     study = tuner.run()
     assert study.trials[0].user_attrs["status"] == "measured"
     assert len(tuner.levels["trial-0000"]) > 3
+
+
+def test_a_trial_that_misses_the_slo_at_the_traces_rate_stops_where_it_fails_it(tmp_path):
+    """max_num_seqs 1 misses the study's SLO at the trace's rate (TTFT p99 3 s against 2 s) and fails 1x;
+    its quality measured a hair better than the defaults', so no incumbent is at least as good on every other
+    objective. It is infeasible whatever its capacity: the search stops at 1x (and its repeat) instead of
+    going down. 2 misses the SLO too but passes 1x (capacity 1.5x): searched as usual."""
+    truth = {None: (0.5, 2.0), 1: (3.0, 0.3), 2: (3.0, 1.5)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=2,
+                           enqueue=[{"max_num_seqs": 1}, {"max_num_seqs": 2}], loss=lambda config: -0.0004)
+    study = tuner.run()
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert [t.user_attrs["status"] for t in trials] == ["pruned", "measured"]
+    assert tuner.levels["trial-0000"] == [1.0, 1.0]  # the trace's rate and its repeat, nothing below
+    reason = trials[0].user_attrs["failure_reason"]
+    assert "pruned: fails 1x the trace's rate (confirmed by a repeat), and misses the study's SLOs there: " \
+        "ttft:p99<2000ms (3000 ms): it cannot be on the front" in reason, reason
+    assert len(tuner.levels["trial-0001"]) > 3 and max(tuner.levels["trial-0001"]) > 1.0
+    assert tuner.front_labels(study) == {"reference"}
+
+
+def test_without_the_slo_stop_the_same_trial_is_searched_below_the_traces_rate(tmp_path):
+    """The control of the test above: with the SLO met at 1x (TTFT 1 s), nothing stops the search of a trial
+    no incumbent rivals; it goes below the trace's rate to find 0.3x."""
+    truth = {None: (0.5, 2.0), 1: (1.0, 0.3)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=1,
+                           enqueue=[{"max_num_seqs": 1}], loss=lambda config: -0.0004)
+    study = tuner.run()
+    assert study.trials[0].user_attrs["status"] == "measured"
+    assert min(tuner.levels["trial-0000"]) < 0.5
