@@ -19,6 +19,7 @@ from tracetune.capacity.step import (
     CUT_ERROR,
     CapacityOptions,
     CapacityResult,
+    DecidedBy,
     MissCounter,
     Step,
     allowed_misses,
@@ -184,7 +185,7 @@ class LevelRunner:
         if lifetime > self.lifetime_s and step.passed:
             self.lifetime_s = lifetime
         if short:
-            step.passed, step.decided_by = False, "window short"
+            step.passed, step.decided_by = False, DecidedBy.WINDOW_SHORT
         self._judge_machine(step, waited)
         self._record(scale, step, result)
         if short:

@@ -11,7 +11,7 @@ import numpy as np
 
 from tracetune.capacity import segments
 from tracetune.capacity.response import slo_ratio
-from tracetune.capacity.step import CapacityOptions, Step
+from tracetune.capacity.step import CapacityOptions, DecidedBy, Step
 from tracetune.replay.metrics import SLO, slo_value
 from tracetune.replay.types import PreparedRequest, RequestRecord
 
@@ -109,13 +109,13 @@ def judge_parts(scale: float, done: Sequence[PartOutcome], windows: segments.Win
     ratio = slo_ratio(weighted, options.slos, options.attainment)
     step.slo_ratio = ratio.as_list() if ratio is not None else None
     if abandoned:
-        step.decided_by = "misses"
+        step.decided_by = DecidedBy.MISSES
     elif attainment < options.attainment or high < options.attainment:
-        step.decided_by = "attainment"
+        step.decided_by = DecidedBy.ATTAINMENT
     elif last_third < options.attainment:
-        step.decided_by = "last third"
+        step.decided_by = DecidedBy.LAST_THIRD
     elif not weighted_targets_met(weighted, options.slos):
-        step.decided_by = "percentile target"
+        step.decided_by = DecidedBy.PERCENTILE_TARGET
     else:
-        step.passed, step.decided_by = True, "held"
+        step.passed, step.decided_by = True, DecidedBy.HELD
     return step

@@ -54,7 +54,7 @@ class _Search:
         self.overloaded: list[Step] = []
         self.busy: list[Step] = []  # failed on a busy machine, every retry too: the search stops
         self.unstable = False
-        self.verdict = "ok"
+        self.verdict: Verdict = Verdict.OK
         self.bisect_next = False  # the last model-placed level did not halve the bracket
 
     @property
@@ -126,7 +126,7 @@ class _Search:
 
     def budget_left(self) -> bool:
         if len(self.steps) >= self.options.max_steps:
-            self.verdict = "max_steps"
+            self.verdict = Verdict.MAX_STEPS
             return False
         return True
 
@@ -143,7 +143,7 @@ class _Search:
                 scale, rule = self.next_scale()
                 scale = self._within_range(scale)
             if scale > self.options.max_scale or scale < self.options.min_scale:
-                self.verdict = "above_max" if scale > self.options.max_scale else "below_min"
+                self.verdict = Verdict.ABOVE_MAX if scale > self.options.max_scale else Verdict.BELOW_MIN
                 return
             before = self._attainment_above(scale)
             step = self.run(scale, placed_by=rule)
@@ -151,7 +151,7 @@ class _Search:
             if not step.passed and before is not None and step.attainment <= before + 1.0 / max(step.planned, 1):
                 flat += 1
                 if flat >= 2:
-                    self.verdict = "load_independent"
+                    self.verdict = Verdict.LOAD_INDEPENDENT
                     return
             else:
                 flat = 0
@@ -205,7 +205,7 @@ class _Search:
             scale = level
         if self.options.confirm and self.needs_repeat(scale) and self.confirm(scale):
             return False  # the failure did not hold up: search as usual
-        self.verdict = "pruned"
+        self.verdict = Verdict.PRUNED
         return True
 
     def needs_repeat(self, scale: float) -> bool:
@@ -263,7 +263,8 @@ def _search(search: _Search, options: CapacityOptions) -> None:
     while True:
         search.bracket(scale)
         search.bisect()
-        if search.stopped or not options.confirm or search.verdict in ("below_min", "max_steps", "load_independent"):
+        ended = (Verdict.BELOW_MIN, Verdict.MAX_STEPS, Verdict.LOAD_INDEPENDENT)
+        if search.stopped or not options.confirm or search.verdict in ended:
             break
         ends = [k for k in (search.lo, search.hi) if k is not None and k not in confirmed]
         changed = False
@@ -272,7 +273,7 @@ def _search(search: _Search, options: CapacityOptions) -> None:
             changed = (search.needs_repeat(end) and search.confirm(end)) or changed
         if not changed:
             break
-        search.verdict = "ok"
+        search.verdict = Verdict.OK
         if search.guided:
             scale = None
         else:
@@ -283,7 +284,7 @@ def _result(search: _Search, options: CapacityOptions, gpus: int, base_rates: tu
             search_s: float) -> CapacityResult:
     hi = search.hi
     if search.stopped:
-        search.verdict = "machine_busy" if search.busy else "client_overloaded"
+        search.verdict = Verdict.MACHINE_BUSY if search.busy else Verdict.CLIENT_OVERLOADED
         hi = min([s.scale for s in (*search.overloaded, *search.busy)] + ([hi] if hi is not None else []))
     lo = max((k for k, ok in search.outcome.items() if ok and k < hi), default=None) if hi is not None else search.lo
     return CapacityResult(

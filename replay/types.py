@@ -7,12 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Literal
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
-from tracetune.files import open_atomic
 from tracetune.types import JsonDict
 
 
@@ -145,12 +143,6 @@ class ReplayResult:
     # Requests that waited for a connection: the client's open-file limit capped its connections.
     connection_waits: int = 0
     connection_limit: int = 0
-
-    def write_records(self, path: Path) -> None:
-        """Every record as JSONL, whole or not at all (a reader never sees half a file)."""
-        with open_atomic(path) as f:
-            for record in self.records:
-                f.write(record.to_json() + "\n")
 
 
 @dataclasses.dataclass

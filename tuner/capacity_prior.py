@@ -22,6 +22,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from tracetune.capacity.result import Verdict
 from tracetune.search_spaces.space import Param, SearchSpace
 from tracetune.types import Scalar
 
@@ -78,7 +79,7 @@ def stands_for(capacity: Mapping[str, object] | None, min_scale: float) -> float
     low = _number(capacity.get("capacity_scale"))
     bracket = capacity.get("bracket_scale")
     high = _number(bracket[1]) if isinstance(bracket, list) and len(bracket) > 1 else None
-    if capacity.get("verdict") == "pruned" and high:
+    if capacity.get("verdict") == Verdict.PRUNED and high:
         return math.sqrt(max(low or 0.0, min_scale) * high)
     return low if low else None
 

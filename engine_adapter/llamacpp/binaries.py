@@ -20,9 +20,8 @@ from tracetune.errors import InputError
 
 # The llama-cpp-python release whose vendored llama.cpp scripts/install_llamacpp.sh builds.
 LLAMACPP_PYTHON_VERSION = "0.3.36"
-# The llama.cpp commit vendored in it, and the official server image built from that commit
-# (llama.cpp b11312 is commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f; images are tagged server-b<N>).
-LLAMACPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+# The official server image built from the llama.cpp commit vendored in it (llama.cpp b11312 is commit
+# 0c1e57098bba43ac29e6e3b677cdceebdd22334f; images are tagged server-b<N>).
 SERVER_IMAGE_TAG = "server-b11312"
 INSTALL_HINT = "run bash scripts/install_llamacpp.sh (about 11-17 min of compiling, once)"
 TOOLS = ("llama-server", "llama-quantize")
