@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from tracetune.replay.trace import Trace
     from tracetune.replay.types import PreparedRequest, ReplayOptions, RequestRecord
 
+# = replay.importers.FORMATS (not imported: fast --help; tests/cli check they agree)
+TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
+
 REPLAY_EPILOG = """\
 examples:
   tune replay --trace examples/traffic.jsonl --engine vllm --eager --prefix-caching
@@ -147,7 +150,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_profile_parser(tsub)
     cv = tsub.add_parser("convert", help="convert a public trace to the native format",
                          epilog=CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cv.add_argument("--from", dest="fmt", required=True, choices=["mooncake", "azure", "burstgpt", "sharegpt"])
+    cv.add_argument("--from", dest="fmt", required=True, choices=TRACE_FORMATS)
     cv.add_argument("input", type=Path)
     cv.add_argument("output", type=Path)
     cv.add_argument("--model", metavar="DIR", help="model whose tokenizer counts tokens (default: bundled)")

@@ -20,7 +20,7 @@ import io
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +29,6 @@ from tracetune.replay.synth import PromptSynthesizer, Tokenizer, implied_reuse_r
 from tracetune.replay.trace import MAX_TOKENS, Message, TraceRecord
 from tracetune.types import Json, JsonDict
 
-FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
 MOONCAKE_BLOCK_TOKENS = 512
 Overlong = Literal["truncate", "drop", "scale", "error"]
 
@@ -313,16 +312,29 @@ def read_sharegpt(path: Path, options: ConvertOptions) -> Iterator[RawRequest]:
         t += rng.expovariate(options.rate)
 
 
-def _read(fmt: str, path: Path, options: ConvertOptions) -> Iterator[RawRequest]:
-    if fmt == "mooncake":
-        return read_mooncake(path)
-    if fmt == "azure":
-        return read_azure(path)
-    if fmt == "burstgpt":
-        return read_burstgpt(path)
-    if fmt == "sharegpt":
-        return read_sharegpt(path, options)
-    raise InputError(f"unknown trace format {fmt!r}; use one of {list(FORMATS)}")
+@dataclasses.dataclass(frozen=True)
+class Importer:
+    """A public trace format: its reader, and the tokens per hash block of its prefix ids (None: the
+    format records none)."""
+
+    read: Callable[[Path, ConvertOptions], Iterator[RawRequest]]
+    block_tokens: int | None = None
+
+
+# Every format `tune trace convert --from` takes (cli/replay.py names them without importing this module).
+IMPORTERS: dict[str, Importer] = {
+    "mooncake": Importer(lambda path, options: read_mooncake(path), MOONCAKE_BLOCK_TOKENS),
+    "azure": Importer(lambda path, options: read_azure(path)),
+    "burstgpt": Importer(lambda path, options: read_burstgpt(path)),
+    "sharegpt": Importer(read_sharegpt),
+}
+FORMATS = tuple(IMPORTERS)
+
+
+def importer(fmt: str) -> Importer:
+    if fmt not in IMPORTERS:
+        raise InputError(f"unknown trace format {fmt!r}; use one of {list(FORMATS)}")
+    return IMPORTERS[fmt]
 
 
 def read_requests(fmt: str, path: Path, options: ConvertOptions) -> tuple[list[RawRequest], ConvertReport]:
@@ -333,7 +345,7 @@ def read_requests(fmt: str, path: Path, options: ConvertOptions) -> tuple[list[R
         raise InputError(f"{path}: no such file")
     report = ConvertReport(source=str(path), format=fmt)
     raw: list[RawRequest] = []
-    for request in _read(fmt, path, options):
+    for request in importer(fmt).read(path, options):
         report.read += 1
         if request.output_length == 0:
             report.skipped += 1
@@ -367,7 +379,8 @@ def convert(fmt: str, path: Path, tokenizer: Tokenizer, options: ConvertOptions,
     if options.overlong == "scale" and longest * scale > options.max_input_tokens:
         scale = options.max_input_tokens / longest
     report.length_scale = scale
-    block = max(1, round(MOONCAKE_BLOCK_TOKENS * scale)) if fmt == "mooncake" else None
+    hashed = importer(fmt).block_tokens
+    block = max(1, round(hashed * scale)) if hashed is not None else None
     report.block_tokens = block
 
     if synthesizer is None and any(r.input_length is not None for r in raw):

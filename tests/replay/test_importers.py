@@ -172,3 +172,16 @@ def test_synthesizer_prompts_are_exact_and_deterministic(tokenizer):
         assert count(tokenizer, synth.prompt(n, unique_key=n)) == n
     assert synth.prompt(100, hash_ids=[1, 2, 3, 4], unique_key="a") == \
         PromptSynthesizer(tokenizer, block_tokens=32).prompt(100, hash_ids=[1, 2, 3, 4], unique_key="a")
+
+
+def test_the_cli_offers_every_registered_format_and_only_mooncake_hashes_blocks(tmp_path):
+    from tracetune.cli.replay import TRACE_FORMATS
+    from tracetune.errors import InputError
+    from tracetune.replay.importers import FORMATS, IMPORTERS, ConvertOptions, read_requests
+
+    assert TRACE_FORMATS == FORMATS == tuple(IMPORTERS)
+    assert [f for f, imp in IMPORTERS.items() if imp.block_tokens] == ["mooncake"]
+    path = tmp_path / "t.in"
+    path.write_text("{}\n")
+    with pytest.raises(InputError, match="unknown trace format 'vcr'; use one of"):
+        read_requests("vcr", path, ConvertOptions(max_input_tokens=100))
