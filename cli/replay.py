@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     from tracetune.replay.trace import Trace
     from tracetune.replay.types import PreparedRequest, ReplayOptions, RequestRecord
 
-# = replay.importers.FORMATS (not imported: fast --help; tests/cli check they agree)
-TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")
+TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")  # = replay.importers.FORMATS (a test checks)
 
 REPLAY_EPILOG = """\
 examples:
