@@ -11,7 +11,6 @@ verbosity 4, where llama.cpp states what it applied (`verify.py` checks every kn
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,14 +18,13 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from tracetune.engine_adapter.base import Endpoint, HTTPEngine, OnTick, StartPhases
 from tracetune.engine_adapter.llamacpp.binaries import llamacpp_dir, tool
 from tracetune.engine_adapter.llamacpp.config import DERIVED_PREFIX, QUANTIZED_CACHE, LlamaCppConfig
 from tracetune.engine_adapter.llamacpp.gguf import FORMATS, gguf_checkpoint, gguf_path
 from tracetune.engine_adapter.llamacpp.verify import unapplied
+from tracetune.engine_adapter.managed import ManagedServer
 from tracetune.engine_adapter.platform import Platform, cpu_flags
-from tracetune.engine_adapter.process import ServerProcess, free_port
-from tracetune.errors import EngineError, EngineStartError, InputError
+from tracetune.errors import EngineError, InputError
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.config import EngineConfig
@@ -149,92 +147,48 @@ def made_ready(config: LlamaCppConfig, progress: Callable[[str], None] = lambda 
             raise EngineError(f"draft model {draft} does not exist")
 
 
-class LlamaServer(HTTPEngine):
+class LlamaServer(ManagedServer[LlamaCppConfig]):
     """A llama-server process managed by tracetune."""
 
     name = "llamacpp"
     quality_probe = True  # by forced tokens: it returns no prompt log-probabilities (`quality.scoring`)
     scoring = "forced_tokens"
-    managed = True
+    shown = "llama-server"
+    already_running = "this LlamaServer is already running"
+    never_started = "llama-server was never started"
+    started_but = "llama-server started but did not apply its settings: "
+    port_taken = "bind"
+    start_timeout_s = 300.0
 
     def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
                  platform: Platform | None = None) -> None:
-        super().__init__()
-        self.run_dir = Path(run_dir).resolve()  # the server runs in its log folder: relative paths would move
-        self.host = host
-        self.port = port
+        super().__init__(run_dir, host=host, port=port)
         self.platform = platform or Platform.CPU
-        self.process: ServerProcess | None = None
-        self.config: LlamaCppConfig | None = None
-        self._starts = itertools.count(1)
 
-    @property
-    def log_path(self) -> Path | None:
-        return self.process.log_path if self.process else None
+    def settings(self, config: EngineConfig) -> LlamaCppConfig:
+        return own(config)
 
-    def log_tail(self) -> str:
-        return self.process.log_tail() if self.process else ""
-
-    def start_phases(self) -> StartPhases:
-        return {}
-
-    def exit_code(self) -> int | None:
-        return self.process.exit_code() if self.process else None
-
-    def start(self, config: EngineConfig) -> Endpoint:
-        config = own(config)
-        if self.process is not None and self.process.exit_code() is None:
-            raise EngineError("this LlamaServer is already running; stop() it before starting another config")
+    def prepare(self, config: LlamaCppConfig) -> None:
         llamacpp_dir()  # InputError saying how to build it, before anything is made
         made_ready(config)
-        port = self.port or free_port(self.host)
-        start = next(self._starts)
+
+    def command(self, config: LlamaCppConfig, port: int, start: int) -> tuple[list[str], dict[str, str]]:
         slot_dir = self.run_dir / f"llamacpp-slots-{start}-{port}"
         slot_dir.mkdir(parents=True, exist_ok=True)
-        argv, extra_env = build_command(config, self.platform, host=self.host, port=port, slot_dir=slot_dir)
-        log_path = self.run_dir / f"engine-{start}-{port}.log"
-        with open(log_path, "w") as log:
-            log.write("$ " + " ".join(argv) + "\n")
-        self.config = config
-        self.process = ServerProcess(argv, env={**os.environ, **extra_env}, log_path=log_path,
-                                     health_url=f"http://{self.host}:{port}/health",
-                                     name=f"llama-server (port {port})")
-        self.process.start()
-        key = given_api_key(config) or os.environ.get(API_KEY_ENV)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=config.name(), headers=headers)
-        return self.endpoint
+        return build_command(config, self.platform, host=self.host, port=port, slot_dir=slot_dir)
 
-    def wait_healthy(self, timeout_s: float = 300.0, on_tick: OnTick | None = None) -> float:
-        if self.process is None or self.config is None:
-            raise EngineError("llama-server was never started")
-        waited = self.process.wait_healthy(timeout_s, on_tick=on_tick)
-        problems = unapplied(self.config, self._json("/props"), self._json("/slots"),
-                             self.process.log_path.read_text(errors="replace"))
-        if problems:
-            tail = self.process.log_tail()
-            self.stop()
-            raise EngineError("llama-server started but did not apply its settings: " + "; ".join(problems),
-                              log_tail=tail)
-        return waited
+    def headers(self, config: LlamaCppConfig) -> dict[str, str]:
+        key = given_api_key(config) or os.environ.get(API_KEY_ENV)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def started_problems(self, config: LlamaCppConfig) -> list[str]:
+        return unapplied(config, self._json("/props"), self._json("/slots"), self.log_text())
 
     def _json(self, path: str) -> object:
         response = self.get(path)
         if response.status_code != 200:
             raise EngineError(f"GET {path} answered HTTP {response.status_code}: {response.text[:300]}")
         return response.json()
-
-    def launch(self, config: EngineConfig, timeout_s: float = 300.0, on_tick: OnTick | None = None,
-               attempts: int = 3) -> float:
-        """start() + wait_healthy(), retrying on a port someone else grabbed meanwhile."""
-        for attempt in range(attempts):
-            self.start(config)
-            try:
-                return self.wait_healthy(timeout_s, on_tick=on_tick)
-            except EngineStartError as exc:
-                if "bind" not in exc.log_tail.lower() or self.port or attempt == attempts - 1:
-                    raise
-        raise AssertionError("unreachable")
 
     def reset_prefix_cache(self) -> None:
         """Erase every slot's cached prompt (POST /slots/{id}?action=erase)."""
@@ -250,16 +204,6 @@ class LlamaServer(HTTPEngine):
             if response.status_code != 200:
                 raise EngineError(f"POST /slots/{slot}?action=erase answered HTTP {response.status_code}: "
                                   f"{response.text[:300]}")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
-    def __enter__(self) -> LlamaServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def make_server(run_dir: Path | None = None, *, platform: Platform | None = None,

@@ -3,15 +3,12 @@ this Python) -> a managed process, started, checked and stopped as every engine'
 
 from __future__ import annotations
 
-import itertools
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracetune.engine_adapter.base import Endpoint, HTTPEngine, OnTick
+from tracetune.engine_adapter.managed import ManagedServer
 from tracetune.engine_adapter.platform import Platform
-from tracetune.engine_adapter.process import ServerProcess, free_port
 from tracetune.engine_adapter.sim.config import SimConfig
 from tracetune.errors import EngineError
 
@@ -43,56 +40,24 @@ def this_machine() -> Platform:
     return Platform.CPU
 
 
-class SimEngine(HTTPEngine):
+class SimEngine(ManagedServer[SimConfig]):
     """A simulated server process managed by tracetune (`server.py`)."""
 
     name = "sim"
     quality_probe = True  # prompt log-probabilities, as vLLM returns them (`lm.py`)
     scoring = "prompt_logprobs"
-    managed = True
+    shown = "simulated engine"
+    already_running = "this simulated engine is already running"
+    never_started = "the simulated engine was never started"
+    port_taken = "address already in use"  # aiohttp's words when its port is taken
+    start_timeout_s = 60.0
+    poll_s = 0.1
 
-    def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None) -> None:
-        super().__init__()
-        self.run_dir = Path(run_dir).resolve()
-        self.host = host
-        self.port = port
-        self.process: ServerProcess | None = None
-        self._starts = itertools.count(1)
+    def settings(self, config: EngineConfig) -> SimConfig:
+        return own(config)
 
-    @property
-    def log_path(self) -> Path | None:
-        return self.process.log_path if self.process else None
-
-    def log_tail(self) -> str:
-        return self.process.log_tail() if self.process else ""
-
-    def exit_code(self) -> int | None:
-        return self.process.exit_code() if self.process else None
-
-    def start(self, config: EngineConfig) -> Endpoint:
-        config = own(config)
-        if self.process is not None and self.process.exit_code() is None:
-            raise EngineError("this simulated engine is already running; stop() it before starting another config")
-        port = self.port or free_port(self.host)
-        argv, extra_env = build_command(config, Platform.CPU, host=self.host, port=port)
-        log_path = self.run_dir / f"engine-{next(self._starts)}-{port}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text("$ " + " ".join(argv) + "\n")
-        self.process = ServerProcess(argv, env={**os.environ, **extra_env}, log_path=log_path,
-                                     health_url=f"http://{self.host}:{port}/health",
-                                     name=f"simulated engine (port {port})")
-        self.process.start()
-        self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=config.name())
-        return self.endpoint
-
-    def wait_healthy(self, timeout_s: float = 60.0, on_tick: OnTick | None = None) -> float:
-        if self.process is None:
-            raise EngineError("the simulated engine was never started")
-        return self.process.wait_healthy(timeout_s, on_tick=on_tick, poll_s=0.1)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
+    def command(self, config: SimConfig, port: int, start: int) -> tuple[list[str], dict[str, str]]:
+        return build_command(config, Platform.CPU, host=self.host, port=port)
 
 
 def make_engine(run_dir: Path | None = None, *, platform: Platform | None = None,

@@ -9,7 +9,6 @@ empty config *is* "vLLM defaults".
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
 import os
 import re
@@ -20,10 +19,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tracetune.engine_adapter.base import Endpoint, HTTPEngine, OnTick, StartPhases
+from tracetune.engine_adapter.base import StartPhases
+from tracetune.engine_adapter.managed import ManagedServer
 from tracetune.engine_adapter.platform import Platform, cpu_flags, detect_platform, visible_gpus
-from tracetune.engine_adapter.process import ServerProcess, free_port
-from tracetune.errors import EngineError, EngineStartError, InputError
+from tracetune.errors import EngineError, InputError
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.config import EngineConfig
@@ -335,99 +334,38 @@ def check_log(log_text: str, platform: Platform, *, expect_quantized: bool = Fal
     return problems
 
 
-class VLLMServer(HTTPEngine):
+class VLLMServer(ManagedServer[VLLMConfig]):
     """A vLLM server process managed by tracetune."""
 
     name = "vllm"
     quality_probe = True
-    managed = True
+    shown = "vLLM server"
+    already_running = "this VLLMServer is already running"
+    never_started = "vLLM server was never started"
+    started_but = "The engine started but its log shows a problem: "
+    port_taken = "address already in use"
+    start_timeout_s = 600.0
 
-    def __init__(
-        self,
-        run_dir: Path,
-        *,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        platform: Platform | None = None,
-    ) -> None:
-        super().__init__()
-        self.run_dir = Path(run_dir)
-        self.host = host
-        self.port = port
+    def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 platform: Platform | None = None) -> None:
+        super().__init__(run_dir, host=host, port=port)
         self.platform = platform or detect_platform()
-        self.process: ServerProcess | None = None
-        self.config: VLLMConfig | None = None
-        self._starts = itertools.count(1)
 
-    @property
-    def log_path(self) -> Path | None:
-        return self.process.log_path if self.process else None
+    def settings(self, config: EngineConfig) -> VLLMConfig:
+        return own(config)
 
-    def log_tail(self) -> str:
-        return self.process.log_tail() if self.process else ""
+    def command(self, config: VLLMConfig, port: int, start: int) -> tuple[list[str], dict[str, str]]:
+        return build_command(config, self.platform, host=self.host, port=port)
+
+    def started_problems(self, config: VLLMConfig) -> list[str]:
+        return check_log(self.log_text(), self.platform,
+                         expect_quantized=checkpoint_quantization(config.model) == "compressed-tensors")
 
     def start_phases(self) -> StartPhases:
         """`start_phases` of the current engine's log ({} before a start)."""
         if self.process is None or not self.process.log_path.exists():
             return {}
         return start_phases(self.process.log_path.read_text(errors="replace"))
-
-    def exit_code(self) -> int | None:
-        return self.process.exit_code() if self.process else None
-
-    def start(self, config: EngineConfig) -> Endpoint:
-        config = own(config)
-        if self.process is not None and self.process.exit_code() is None:
-            raise EngineError("this VLLMServer is already running; stop() it before starting another config")
-        port = self.port or free_port(self.host)
-        argv, extra_env = build_command(config, self.platform, host=self.host, port=port)
-        log_path = self.run_dir / f"engine-{next(self._starts)}-{port}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as log:
-            log.write("$ " + " ".join(argv) + "\n")
-        self.config = config
-        self.process = ServerProcess(
-            argv, env={**os.environ, **extra_env}, log_path=log_path,
-            health_url=f"http://{self.host}:{port}/health", name=f"vLLM server (port {port})",
-        )
-        self.process.start()
-        self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=config.name())
-        return self.endpoint
-
-    def wait_healthy(self, timeout_s: float = 600.0, on_tick: OnTick | None = None) -> float:
-        if self.process is None or self.config is None:
-            raise EngineError("vLLM server was never started")
-        waited = self.process.wait_healthy(timeout_s, on_tick=on_tick)
-        problems = check_log(self.process.log_path.read_text(errors="replace"), self.platform,
-                             expect_quantized=checkpoint_quantization(self.config.model) == "compressed-tensors")
-        if problems:
-            tail = self.process.log_tail()
-            self.stop()
-            raise EngineError("The engine started but its log shows a problem: " + "; ".join(problems),
-                              log_tail=tail)
-        return waited
-
-    def launch(self, config: EngineConfig, timeout_s: float = 600.0, on_tick: OnTick | None = None,
-               attempts: int = 3) -> float:
-        """start() + wait_healthy(), retrying on a port someone else grabbed meanwhile."""
-        for attempt in range(attempts):
-            self.start(config)
-            try:
-                return self.wait_healthy(timeout_s, on_tick=on_tick)
-            except EngineStartError as exc:
-                if "address already in use" not in exc.log_tail.lower() or self.port or attempt == attempts - 1:
-                    raise
-        raise AssertionError("unreachable")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
-    def __enter__(self) -> VLLMServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def make_server(run_dir: Path | None = None, *, platform: Platform | None = None,
