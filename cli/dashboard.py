@@ -29,15 +29,16 @@ can reach the port can read the study). The sidebar's storage box, which opens a
 server can reach, is off when --host is not a loopback address, and with --no-storage-picker.
 """
 
+# ({defaults}: the default engine's reference, `EngineKind.defaults_label`)
 EXPORT_EPILOG = """\
 examples:
   tune export --best --format command
   tune export --storage sqlite:///runs/traffic/study.db --study traffic --trial 3 --format k8s -o deploy.yaml
   tune export --pick "max:output_tps where ttft_p99<500ms" --format compose -o compose.yaml
   tune export --pick "min:ttft_p99 where quality_loss<0.01 and output_tps>20" --format helm-values
-  tune export --reference --format k8s             # vLLM's defaults, when no trial beats them
+  tune export --reference --format k8s             # {defaults}, when no trial beats them
 
---pick chooses among the feasible trials on the Pareto front and vLLM's defaults (ties go to the
+--pick chooses among the feasible trials on the Pareto front and {defaults} (ties go to the
 defaults): max:METRIC or min:METRIC, then optionally 'where' and conditions joined by 'and'
 (latencies in seconds, or with ms/s/us). stderr says the choice's quality cost (perplexity change,
 KLD, top-1) and whether the study's quality gate holds it; the export's comments say the same.
@@ -63,6 +64,9 @@ weights (load_format dummy) is refused unless --allow-dummy-weights says it is m
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from tracetune.engine_adapter.registry import engine_kind
+
+    defaults = engine_kind().defaults_label  # no study is known yet: the default engine's reference
     dash = sub.add_parser("dashboard", help="browse a study: Pareto front, trials, drill-down, compare, export",
                           epilog=DASHBOARD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     dash.add_argument("--storage", metavar="URL",
@@ -77,7 +81,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     exp = sub.add_parser("export", help="write a trial's config as a server command, compose service, "
                                         "Kubernetes manifests, Helm values or JSON",
-                         epilog=EXPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=EXPORT_EPILOG.format(defaults=defaults),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     exp.add_argument("--storage", metavar="URL", help="study database (default: the newest runs/*/study.db)")
     exp.add_argument("--study", metavar="NAME", help="study name (default: the only study in the storage)")
     which = exp.add_mutually_exclusive_group(required=True)
@@ -86,7 +91,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="the front's best on the first objective to maximize (as best.json)")
     which.add_argument("--pick", metavar="EXPR", help="a rule over the front, e.g. 'max:output_tps where ttft_p99<0.5'")
     which.add_argument("--reference", action="store_true",
-                       help="vLLM's defaults as the study measured them (the answer when no trial beats them)")
+                       help=f"{defaults} as the study measured them (the answer when no trial beats them)")
     exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt",
                      type=lambda name: FORMAT_ALIASES.get(name, name),
                      help="command: the server's shell command (vllm serve or llama-server; vllm-cmd is its "
@@ -219,8 +224,8 @@ def export_command(args: argparse.Namespace, console) -> int:
     text = export(study, trial, args.fmt, options)
     notes = Console(stderr=True, highlight=False)  # stdout may be the export itself
     if args.pick and trial.is_reference:
-        notes.print(f"--pick {options.chosen_by}: vLLM's defaults meet it and no trial on the front does better; "
-                    f"exporting the defaults")
+        notes.print(f"--pick {options.chosen_by}: {study.reference_name} meet it and no trial on the front does "
+                    f"better; exporting the defaults")
     for line in choice_notes(study, trial, options.chosen_by):
         notes.print(line, markup=False)
     if out is None:

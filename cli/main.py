@@ -58,6 +58,17 @@ examples:
 """  # noqa: E501 (literal example commands, printed verbatim by RawDescriptionHelpFormatter)
 
 
+def _description() -> str:
+    """What `tune --help` says first: the main job, its reference named by the default engine (no study is
+    known yet: `EngineKind.defaults_label`)."""
+    from tracetune.engine_adapter.registry import engine_kind
+
+    return ("tracetune: auto-tune LLM serving configurations on real engines and real traffic. The main job, "
+            "`tune --trace FILE`, searches engine configurations for the trace: the Pareto front of latency, "
+            f"capacity (or throughput) and quality, {engine_kind().defaults_label} competing. Its options are "
+            "below; each COMMAND has its own --help.")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from tracetune.cli import tune
     from tracetune.cli.engine_options import add_engine_choice, add_engine_options
@@ -65,10 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tune",
         usage="tune --trace FILE [options]   (the main job: tune vLLM for this trace)\n       tune COMMAND ...",
-        description="tracetune: auto-tune LLM serving configurations on real engines and real traffic. The main "
-                    "job, `tune --trace FILE`, searches engine configurations for the trace: the Pareto front of "
-                    "latency, capacity (or throughput) and quality, vLLM's defaults competing. Its options are "
-                    "below; each COMMAND has its own --help.",
+        description=_description(),
         epilog=EPILOG + "\n" + tune.TUNE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         # No abbreviations at the root: its main-job options would otherwise claim a command's own

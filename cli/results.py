@@ -1,6 +1,6 @@
-"""What the main job prints and writes when the study ends: the Pareto front with vLLM's defaults
-competing, the verdict, the quality floor and self-check, failures grouped by cause, and
-best.json / pareto.json."""
+"""What the main job prints and writes when the study ends: the Pareto front with the reference (the
+engine's defaults) competing, the verdict, the quality floor and self-check, failures grouped by
+cause, and best.json / pareto.json."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _row(label: int | str, values: dict[str, float], result: dict, ref_config: d
 
 
 def report_results(tuner, study, args, console, run_dir: Path) -> None:
-    """The front (vLLM's defaults competing like any trial), the verdict in plain words, failures
+    """The front (the engine's defaults competing like any trial), the verdict in plain words, failures
     grouped by reason, and best.json / pareto.json."""
     from tracetune.tuner.front import REFERENCE, Candidate, decide, pareto_trials, trials_outside_constraints
     from tracetune.tuner.objectives import reference_feasible
@@ -75,7 +75,8 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
                       beyond_gate=_beyond_gate(study, results, tuner.settings.max_quality_loss),
                       reference_breach=_breach(reference, tuner.settings.slos),
                       quality_words=_quality_words(results, tuner.settings.max_quality_loss),
-                      speculation_words=_speculation_words(results))
+                      speculation_words=_speculation_words(results), reference_name=tuner.engine.defaults_label)
+    defaults = decision.reference_name
     rows = []
     for c in decision.front:
         result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
@@ -85,15 +86,15 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
     for r in rows:
         if r["trial"] in engine_defaults:
             r["shown"] = f"{r['trial']} ({engine_defaults[r['trial']]})"
-    console.print(_front_table(rows, objectives, name, len(study.trials), args))
-    for line in config_lines(rows):
+    console.print(_front_table(rows, objectives, name, len(study.trials), args, reference_name=defaults))
+    for line in config_lines(rows, reference_name=defaults):
         console.print(line, highlight=False, markup=False)
     for number, label in engine_defaults.items():
         if number not in {r["trial"] for r in rows}:
             console.print(f"  {label} (trial {number}): not on the front{_objectives_text(study, number, objectives)}",
                           highlight=False)
     _print_quality_floor(reference, results, console)
-    _print_cross_engine_floor(engine_defaults, results, console)
+    _print_cross_engine_floor(engine_defaults, results, console, defaults)
     for r in rows:
         if caveats := stored_caveats(r["summary"]):
             console.print(f"  {r.get('shown') or r['trial']}: acceptance caveat: {caveats}", highlight=False,
@@ -102,7 +103,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
     if standings := _engine_standings(study, results, reference, decision, tuner):
         console.print(standings, highlight=False, markup=False)
     if decision.dominated_by_reference:
-        console.print(f"  vLLM's defaults beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
+        console.print(f"  {defaults} beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
                       f"objective: they are not on the front.", highlight=False)
     _print_failures(study, console)
     write_atomic(run_dir / "pareto.json", json.dumps({"study": name, "objectives": objectives, "trials": rows,
@@ -114,7 +115,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
     best = {**best, "verdict": decision.verdict(), "by": decision.by,
             "reference_is_best": decision.reference_is_best}
     write_atomic(run_dir / "best.json", json.dumps(best, indent=2, default=str))
-    which = "vLLM's defaults (the reference)" if decision.reference_is_best else f"trial {best['trial']}"
+    which = f"{defaults} (the reference)" if decision.reference_is_best else f"trial {best['trial']}"
     if not decision.reference_feasible and decision.reference_is_best:
         which += ", which break the SLO themselves"
     console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / 'best.json'} and "
@@ -215,7 +216,7 @@ def _quality_words(results: dict[int, JsonDict], gate: QualityGate | float | Non
 
 
 def _breach(reference: Stored | None, slos: list) -> str:
-    """How vLLM's defaults break the SLO, in words (`tuner.front.slo_breach`; "" when they keep it)."""
+    """How the reference breaks the SLO, in words (`tuner.front.slo_breach`; "" when it keeps it)."""
     from tracetune.tuner.front import slo_breach
 
     return slo_breach(mapping(mapping(reference).get("summary")), slos)
@@ -227,14 +228,19 @@ def _summary_of(stored: Stored | None) -> Summary | None:
     return Summary.from_dict(summary) if summary else None
 
 
-def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args):
+def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args, *,
+                 reference_name: str | None = None):
+    """The front as a table, the reference (`reference_name`: the study's `EngineKind.defaults_label`; default:
+    the default engine's) a row like any trial."""
     from rich.table import Table
 
     from tracetune.quality.gate import units_text
+    from tracetune.tuner.front import default_reference_name
 
     has_capacity = any(r["capacity"] for r in rows)
     on_front = sum(r["trial"] != "reference" for r in rows)
-    table = Table(title=f"Pareto front of study {name} ({on_front} of {n_trials} trials + vLLM's defaults)")
+    defaults = reference_name or default_reference_name()
+    table = Table(title=f"Pareto front of study {name} ({on_front} of {n_trials} trials + {defaults})")
     table.add_column("trial", justify="right")
     for objective in objectives:
         table.add_column(objective, justify="right")
@@ -277,17 +283,21 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
     return table
 
 
-def config_lines(rows: list[dict]) -> list[str]:
-    """Below the table, what each row's configuration changes from vLLM's defaults, one line each
-    (wrapped at commas): a table column of these folded them letter by letter at 80 columns."""
+def config_lines(rows: list[dict], *, reference_name: str | None = None) -> list[str]:
+    """Below the table, what each row's configuration changes from the reference (`reference_name`, as
+    `_front_table`), one line each (wrapped at commas): a table column of these folded them letter by
+    letter at 80 columns."""
+    from tracetune.tuner.front import default_reference_name
+
+    defaults = reference_name or default_reference_name()
     out = []
     for r in rows:
         if r["trial"] == "reference":
-            out.append("  ref: vLLM's defaults")
+            out.append(f"  ref: {defaults}")
             continue
         diff = ", ".join(f"{k}={v}" for k, v in r["differs_from_reference"].items() if k != "model") or "(none)"
         out.append(f"  {r.get('shown') or r['trial']}: {diff}")
-    return ["configurations (what differs from vLLM's defaults):", *out]
+    return [f"configurations (what differs from {defaults}):", *out]
 
 
 def spec_text(stored: Stored | None) -> str:
@@ -328,15 +338,17 @@ def _print_quality_floor(reference: dict | None, results: dict[int, dict], conso
             console.print(("[yellow]" + line + "[/]") if "too noisy" in line else line, highlight=False)
 
 
-def _print_cross_engine_floor(engine_defaults: dict[int, str], results: dict[int, dict], console) -> None:
-    """Another engine's own defaults against vLLM's, by the same probe: how far two engines serving
-    the same weights differ before any setting changes (the floor a cross-engine comparison rests on)."""
+def _print_cross_engine_floor(engine_defaults: dict[int, str], results: dict[int, dict], console,
+                              reference_name: str) -> None:
+    """Another engine's own defaults against the reference (`reference_name`: the first engine's), by the
+    same probe: how far two engines serving the same weights differ before any setting changes (the
+    floor a cross-engine comparison rests on)."""
     from tracetune.quality.gate import cost_text
 
     for number, label in sorted(engine_defaults.items()):
         quality = (results.get(number) or {}).get("quality")
         if quality:
-            console.print(f"cross-engine floor: {label} (trial {number}) against vLLM's defaults, same probe: "
+            console.print(f"cross-engine floor: {label} (trial {number}) against {reference_name}, same probe: "
                           f"{cost_text(quality)}", highlight=False, markup=False)
 
 

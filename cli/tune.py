@@ -51,6 +51,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     from tracetune.cli.capacity import add_capacity_options
     from tracetune.cli.engine_options import add_engine_options
     from tracetune.cli.options import add_slo_option, add_trace_option, positive_float, positive_int
+    from tracetune.engine_adapter.registry import engine_kind
     from tracetune.tuner.objectives import DEFAULT_SAMPLER, SAMPLERS
 
     add_trace_option(p, help="native JSONL trace: runs the main job")
@@ -65,8 +66,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "(another trace or SLO), measured again here")
     p.add_argument("--warm-start-storage", metavar="URL", help="where that study is (default: this study's --storage)")
     p.add_argument("--patience", type=positive_int, metavar="N",
-                   help="stop early once N measured trials in a row leave the front (vLLM's defaults included) "
-                        "unchanged; --trials stays the cap")
+                   help=f"stop early once N measured trials in a row leave the front ({engine_kind().defaults_label} "
+                        "included) unchanged; --trials stays the cap")
     p.add_argument("--no-prune", dest="prune", action="store_false",
                    help="search every trial's capacity to the end (default: stop a trial's search once it fails a "
                         "load that a configuration at least as good on the other objectives passes; stored as pruned)")

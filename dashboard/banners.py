@@ -1,5 +1,5 @@
 """The banners above the Pareto and Export pages: the quality probe too noisy, a study run without a
-gate (and how the default gate judges its front, from the intervals), and the verdict: vLLM's
+gate (and how the default gate judges its front, from the intervals), and the verdict: the engine's
 defaults winning, nothing meeting the SLO (by how much), the best trade the gate turned down, a best
 or front trial whose speculation's acceptance may not hold on real traffic."""
 
@@ -39,7 +39,7 @@ def _speculation_caveat(decision: Decision) -> bool:
 
 
 def verdict(study: data.StudyView) -> None:
-    """The quality probe when it is too noisy; the missing gate; the verdict (vLLM's defaults winning,
+    """The quality probe when it is too noisy; the missing gate; the verdict (the engine's defaults winning,
     nothing meeting the SLO, the best trade the gate turned down, a caveat on a best or front trial's
     speculation), and which trials the defaults beat."""
     check = study.quality_check
@@ -59,6 +59,6 @@ def verdict(study: data.StudyView) -> None:
     if decision.dominated_by_reference:
         beaten = [study.trial(n) for n in decision.dominated_by_reference if isinstance(n, int)]
         ties = [t.number for t in beaten if t.tied]
-        st.info(f"vLLM's defaults beat trial(s) {', '.join(str(t.number) for t in beaten)} on every objective: not on "
-                "the front" + (f" (trial(s) {', '.join(map(str, ties))} only inside the 95% intervals: drawn as ties)"
-                               if ties else "") + ".")
+        tied = f" (trial(s) {', '.join(map(str, ties))} only inside the 95% intervals: drawn as ties)" if ties else ""
+        st.info(f"{study.reference_name} beat trial(s) {', '.join(str(t.number) for t in beaten)} on every objective: "
+                f"not on the front{tied}.")

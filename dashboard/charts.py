@@ -13,6 +13,7 @@ from tracetune.dashboard.data import StudyView, TrialView, diff_text, front_line
 from tracetune.dashboard.metrics import display_value, metric_label, quality_text
 from tracetune.dashboard.progress import ProgressPoint
 from tracetune.dashboard.records import latency_cdfs, request_records, timeline
+from tracetune.dashboard.study_view import REFERENCE_TITLE
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -61,7 +62,7 @@ def thresholds(study: StudyView) -> dict[str, list[tuple[str, float]]]:
 
 def floor_band(study: StudyView, metric: str) -> tuple[float, float] | None:
     """The range of a quality metric that the reference's own noise covers (drawn as a band): what a
-    configuration measures inside it cannot be told apart from vLLM's defaults."""
+    configuration measures inside it cannot be told apart from the reference."""
     floor = study.noise_floor
     unit = {"quality_loss": "nll", "kld": "kld", "ppl_change": "ppl", "top1_agreement": "top1"}.get(metric)
     if unit not in floor:
@@ -75,7 +76,7 @@ def floor_band(study: StudyView, metric: str) -> tuple[float, float] | None:
 def _hover(study: StudyView, t: TrialView) -> str:
     values = "<br>".join(f"{o}: {display_value(o, t.metric(o))}" for o in study.objectives)
     diff = diff_text(t.diff).replace(", ", "<br>  ")
-    beaten = "<br>vLLM's defaults beat it on every objective" if t.beaten_by_reference else ""
+    beaten = f"<br>{study.reference_name} beat it on every objective" if t.beaten_by_reference else ""
     gate = f"<br><b>{judged.gate_phrase(t.gate_decision)} {study.gate_words}</b>" if t.outside_gate else ""
     why = "".join(f"<br>{v}" for v in t.violations
                   if not v.startswith(("outside the quality gate", "undecided against the quality gate")))
@@ -89,7 +90,7 @@ def _reference_hover(study: StudyView, axes: Sequence[str], ref: Sequence[float]
     hover = "<b>reference</b> (unquantized weights, auto KV cache, no speculation)<br>" + "<br>".join(
         f"{a}: {display_value(a, v)}" for a, v in zip(axes, ref))
     if study.decision is not None and study.decision.reference_is_best:
-        hover += f"<br><b>best by {study.decision.by}</b>: no trial beats vLLM's defaults"
+        hover += f"<br><b>best by {study.decision.by}</b>: no trial beats {study.reference_name}"
     elif study.decision is not None and study.decision.reference_breach:
         hover += f"<br><b>breaks the SLO</b>: {study.decision.reference_breach} (the reference, not a candidate)"
     return hover
@@ -264,8 +265,9 @@ def _draw_floor_bands(fig: go.Figure, bands: dict[str, tuple[float, float]], x: 
         fig.add_hrect(y0=lo, y1=hi, annotation_position="top left", **style)
 
 
-def cdf_figure(trials: Sequence[TrialView], metric: str):
-    """Empirical CDF of one latency (ttft | itl | e2e) for one or more trials, in ms."""
+def cdf_figure(trials: Sequence[TrialView], metric: str, titles: Sequence[str] = ()):
+    """Empirical CDF of one latency (ttft | itl | e2e) for one or more trials, in ms; `titles`: each
+    trial's name in the legend (`StudyView.title`; default: its label, as the tables show it)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -274,8 +276,9 @@ def cdf_figure(trials: Sequence[TrialView], metric: str):
         xs, ys = latency_cdfs(request_records(t))[metric]
         longest = max([longest, *(v * 1000 for v in xs if math.isfinite(v))])
         fig.add_trace(go.Scatter(x=[v * 1000 for v in xs], y=ys, mode="lines", line_shape="hv",
-                                 name=t.title, line=dict(color=PALETTE[i % len(PALETTE)], width=2,
-                                                         dash="dash" if t.is_reference else "solid")))
+                                 name=titles[i] if titles else t.label,
+                                 line=dict(color=PALETTE[i % len(PALETTE)], width=2,
+                                           dash="dash" if t.is_reference else "solid")))
     fig.update_layout(title=f"{metric.upper()} CDF", xaxis_title=f"{metric.upper()} (ms)",
                       yaxis_title="fraction of requests", yaxis_range=[0, 1.02], height=320,
                       # a margin past the slowest request: each curve's last step is seen reaching 1
@@ -318,13 +321,12 @@ STEP_STYLE = {
     "client-limited": dict(symbol="diamond-open", size=12),
     "machine busy": dict(symbol="square-open", size=12),
 }
-REFERENCE_CURVE = "reference (vLLM's defaults)"
 
 
 def capacity_curves(study: StudyView, trials: Sequence[TrialView]) -> list[tuple[str, CapacityResult]]:
     """(label, capacity result) for each trial that has one, then the reference's when it has one."""
-    curves = [(t.title, t.capacity) for t in trials if t.measured and not t.is_reference]
-    curves.append((REFERENCE_CURVE, capacity.capacity_of(study.reference_summary)))
+    curves = [(study.title(t), t.capacity) for t in trials if t.measured and not t.is_reference]
+    curves.append((study.reference_title, capacity.capacity_of(study.reference_summary)))
     return [(label, cap) for label, cap in curves if cap]
 
 
@@ -367,7 +369,7 @@ def attainment_figure(curves: Sequence[tuple[str, CapacityResult]], title: str =
     fig = go.Figure()
     colors = iter(PALETTE * 4)
     for label, cap in curves:
-        is_ref = label == REFERENCE_CURVE
+        is_ref = label.startswith(f"{REFERENCE_TITLE} (")  # `StudyView.reference_title`
         for trace in _curve_traces(label, cap, REFERENCE_STYLE["color"] if is_ref else next(colors),
                                    "dash" if is_ref else "solid"):
             fig.add_trace(trace)
@@ -416,7 +418,7 @@ def figure_summary(fig: go.Figure) -> dict[str, int]:
 
 
 def progress_figure(rows: Sequence[ProgressPoint]) -> go.Figure:
-    """The hypervolume of the front after each trial (vLLM's defaults first), a marker per trial in
+    """The hypervolume of the front after each trial (the reference first), a marker per trial in
     its category's colour: when the search found something, and when it stopped finding."""
     import plotly.graph_objects as go
 

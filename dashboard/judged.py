@@ -1,5 +1,5 @@
 """The decisions a study view carries beyond its stored numbers: the quality gate read from intervals
-(`quality.gate.QualityGate.decide`) on studies stored before the gate read them, vLLM's defaults
+(`quality.gate.QualityGate.decide`) on studies stored before the gate read them, the engine's defaults
 marked as breaking the SLO (`tuner.front.slo_breach`) when they do, and the words the verdict says of
 a trial (its quality, its speculation's caveats). No Streamlit; `dashboard.data` calls these on its
 views (typed here by the few fields they touch)."""
@@ -68,13 +68,13 @@ def speculation_words(trials: Iterable[Judged]) -> dict[int | str, str]:
 
 
 def breach(reference: StoredReference | None, slos: Sequence[SLO], feasible: bool) -> str:
-    """How vLLM's defaults (the stored reference: config and summary) break the study's SLO, e.g. "TTFT
+    """How the engine's defaults (the stored reference: config and summary) break the study's SLO, e.g. "TTFT
     p95 17.8 s against 2 s, every load failed" ("" when they keep it)."""
     return "" if feasible else slo_breach(reference.get("summary") if reference else None, slos)
 
 
 def mark_reference(ref: Judged | None, decision: Decision | None) -> None:
-    """vLLM's defaults on the decision's front or not; breaking the SLO, they stay the reference,
+    """The engine's defaults on the decision's front or not; breaking the SLO, they stay the reference,
     marked as breaking it: infeasible, with by how much (never on the front nor best)."""
     if ref is None or decision is None:
         return

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class ProgressPoint(TypedDict):
-    """One trial of `search_progress`: its number (REFERENCE_RUN: vLLM's defaults), category, hypervolume after it."""
+    """One trial of `search_progress`: its number (REFERENCE_RUN: the reference), category, hypervolume after it."""
 
     trial: int
     category: str
@@ -27,7 +27,7 @@ class ProgressPoint(TypedDict):
 # -- how the search went ------------------------------------------------------------------------
 def search_progress(study: StudyView) -> list[ProgressPoint]:
     """Per trial, in the order run: its category, and the hypervolume of the front of the feasible
-    measured trials so far with vLLM's defaults (objectives scaled to [0, 1] over every run shown,
+    measured trials so far with the reference (objectives scaled to [0, 1] over every run shown,
     reference point 1.1): the share of objective space the search has covered, and when it grew."""
     runs = [t for t in study.candidates if t.category in ("pareto", "tie", "dominated")]
     if not runs or not study.objectives:

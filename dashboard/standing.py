@@ -1,5 +1,5 @@
 """Where each trial of a study stands: the front decided by the tuner's own rule (`tuner.front.decide`,
-vLLM's defaults competing like a trial), the trials tied with it inside the 95% intervals, why each
+the engine's defaults competing like a trial), the trials tied with it inside the 95% intervals, why each
 measured trial is off it (`dashboard.metrics.violations`), and the 2-D fronts of the plotted axes."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def reference_values(study: StudyView) -> tuple[float, ...] | None:
 
 
 def mark_front(study: StudyView) -> None:
-    """Set `on_front` for the feasible measured trials on the study's Pareto front, with vLLM's
+    """Set `on_front` for the feasible measured trials on the study's Pareto front, with the engine's
     defaults (the reference) competing like a trial: `tuner.front.decide`, the tuner's own rule."""
     candidates = [t for t in study.trials if t.measured and t.state == "COMPLETE" and t.feasible]
     for t in study.trials:
@@ -97,7 +97,8 @@ def mark_front(study: StudyView) -> None:
                             outside_constraints=sum(t.category == "infeasible" for t in study.trials),
                             reference_breach=judged.breach(study.reference, study.parsed_slos, ref_ok),
                             quality_words=judged.quality_words(study.trials, study.gate_words),
-                            speculation_words=judged.speculation_words(study.trials))
+                            speculation_words=judged.speculation_words(study.trials),
+                            reference_name=study.reference_name)
     on_front = set(study.decision.trials_on_front)
     beaten = set(study.decision.dominated_by_reference)
     for t in candidates:

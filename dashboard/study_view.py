@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from tracetune.dashboard.capacity import capacity_of
 from tracetune.dashboard.metrics import metric_value
@@ -17,10 +18,16 @@ from tracetune.tuner.front import Decision, economics
 from tracetune.tuner.objectives import Run
 from tracetune.tuner.storage import StoredReference
 
+if TYPE_CHECKING:
+    from tracetune.engine_adapter.kind import EngineKind
+
+# The reference run's name in headings, legends and pickers, before whose defaults it is (`StudyView.reference_title`).
+REFERENCE_TITLE = "reference"
+
 
 @dataclasses.dataclass
 class StudyView:
-    """A study as the dashboard sees it: its settings, its trials, the reference (vLLM's defaults)."""
+    """A study as the dashboard sees it: its settings, its trials, the reference (its engine's defaults)."""
 
     name: str
     storage: str
@@ -41,6 +48,28 @@ class StudyView:
     floor_text: str = ""                # the floor in one line, with the probe's size ("" without one)
     heartbeat_s: float = 30.0           # how often a worker beats; silent for twice this, it is gone
     reference_summary: Summary | None = None  # `reference`'s summary read back (None: not measured yet)
+
+    @property
+    def kind(self) -> EngineKind:
+        """The engine the study ran (`engine`; a study stored before it was recorded: the default engine)."""
+        from tracetune.engine_adapter.registry import engine_kind
+
+        return engine_kind(self.engine) if self.engine else engine_kind()
+
+    @property
+    def reference_name(self) -> str:
+        """Whose defaults the reference is, as every page and export says it: "vLLM's defaults",
+        "llama.cpp's defaults" (`EngineKind.defaults_label`: in a choice of engines, the first's)."""
+        return self.kind.defaults_label
+
+    @property
+    def reference_title(self) -> str:
+        """The reference run as headings, legends and pickers name it: "reference (vLLM's defaults)"."""
+        return f"{REFERENCE_TITLE} ({self.reference_name})"
+
+    def title(self, t: TrialView) -> str:
+        """A candidate as headings, legends and pickers name it: "trial 3", or `reference_title`."""
+        return self.reference_title if t.is_reference else f"trial {t.number}"
 
     @property
     def quality_check(self) -> str:
@@ -65,7 +94,7 @@ class StudyView:
 
     @property
     def candidates(self) -> list[TrialView]:
-        """The reference's run (vLLM's defaults), then every trial: what tables, Compare and Export list."""
+        """The reference's run (the engine's defaults), then every trial: what tables, Compare and Export list."""
         return ([self.reference_run] if self.reference_run is not None else []) + self.trials
 
     @property

@@ -141,13 +141,14 @@ def decision_columns(study: StudyView) -> list[str]:
 def why(study: StudyView, t: TrialView) -> str:
     """Why a trial stands where it does, in a few words: what it breaks, what stopped it, what it ties."""
     if t.is_reference:
-        return "; ".join(["vLLM's defaults: the reference every trial is measured against", *t.violations])
+        return "; ".join([f"{study.reference_name}: the reference every trial is measured against", *t.violations])
     if t.violations:
         return "; ".join(t.violations)
     if not t.measured:
         return t.failure_reason or t.status
     if t.beaten_by_reference:
-        return "vLLM's defaults beat it on every objective" + (" (inside the 95% intervals: a tie)" if t.tied else "")
+        tie = " (inside the 95% intervals: a tie)" if t.tied else ""
+        return f"{study.reference_name} beat it on every objective{tie}"
     notes = {"tie": "dominated only inside the 95% intervals", "dominated": "another run is better on every objective"}
     words = [notes.get(t.category, "")] + ([f"{judged.gate_phrase(t.gate_decision)} {study.gate_words}"]
                                            if t.outside_gate else [])
@@ -156,7 +157,7 @@ def why(study: StudyView, t: TrialView) -> str:
 
 # -- the front, as a decision ---------------------------------------------------------------------
 def front_rows(study: StudyView) -> list[TrialView]:
-    """What a choice is made from: the front (vLLM's defaults when on it), the trials tied with it
+    """What a choice is made from: the front (the reference when on it), the trials tied with it
     inside the intervals, and the trials only the quality gate kept off it that would otherwise be on it."""
     from tracetune.tuner.front import Candidate, front
 
@@ -165,7 +166,7 @@ def front_rows(study: StudyView) -> list[TrialView]:
     points = [Candidate(t.number, tuple(t.metric(o) for o in study.objectives)) for t in pool]
     ungated = {c.label for c in front(points, study.directions)}
     chosen = [t for t in pool if t.on_front or t.tied or (t.only_the_gate and t.number in ungated)]
-    ref = study.reference_run  # breaking the SLO, vLLM's defaults stay listed: as the reference, not a candidate
+    ref = study.reference_run  # breaking the SLO, the engine's defaults stay listed: as the reference, not a candidate
     chosen += [ref] if ref is not None and ref.measured and not ref.feasible else []
     order = {"pareto": 0, "tie": 1}
     return sorted(chosen, key=lambda t: (0 if t.is_reference else 1, order.get(t.category, 2), t.number))
@@ -210,7 +211,7 @@ def front_table(study: StudyView) -> list[Row]:
         for o in study.objectives:
             row[o] = " ".join(filter(None, (display_value(o, t.metric(o)), display_interval(o, t.interval(o)))))
         row["quality vs defaults"] = "the reference itself" if t.is_reference else quality_text(t.quality)
-        row["differs from reference"] = "(vLLM's defaults)" if t.is_reference else diff_text(t.diff)
+        row["differs from reference"] = f"({study.reference_name})" if t.is_reference else diff_text(t.diff)
         out.append(row)
     return out
 

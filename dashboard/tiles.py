@@ -1,4 +1,4 @@
-"""Trial detail's tiles: the objectives with their units and the difference from vLLM's defaults,
+"""Trial detail's tiles: the objectives with their units and the difference from the engine's defaults,
 quality against the reference in the one vocabulary (not measurable on random weights), with the
 gate's word on its interval, and a speculative trial's acceptance probe with its caveats."""
 
@@ -73,7 +73,7 @@ def quality_section(study: data.StudyView, t: data.TrialView) -> None:
     _quality_metric(k3, "KL divergence", q.get("kld"), "{:.4f} nats/token")
     _quality_metric(k4, "NLL increase", q.get("nll_delta_per_token"), "{:+.4f} nats/token")
     if t.is_reference:
-        st.caption("the reference: vLLM's defaults, against which every trial's quality is measured")
+        st.caption(f"the reference: {study.reference_name}, against which every trial's quality is measured")
         return
     st.caption(metrics.quality_text(q) + " (95% intervals)")
     if q and t.gate_decision is not None:

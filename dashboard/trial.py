@@ -72,7 +72,7 @@ class TrialView:
     worker: str = ""  # the worker that measured it, or is measuring it (`tuner.worker_name`); "": unknown, queued
     heartbeat_age_s: float | None = None  # running: seconds since its worker's last heartbeat (None: none yet)
     on_front: bool = False
-    beaten_by_reference: bool = False  # vLLM's defaults are at least as good on every objective
+    beaten_by_reference: bool = False  # the reference is at least as good on every objective
     tied: bool = False  # dominated, but only by differences inside the 95% intervals (`clearly_dominates`)
     outside_gate: bool = False  # its quality breaks the study's gate (gate off: the default gate, not applied)
     only_the_gate: bool = False  # kept every SLO and served every request, but broke the quality gate
@@ -86,10 +86,6 @@ class TrialView:
     @property
     def label(self) -> str:
         return "ref" if self.is_reference else str(self.number)
-
-    @property
-    def title(self) -> str:
-        return "reference (vLLM's defaults)" if self.is_reference else f"trial {self.number}"
 
     @property
     def measured(self) -> bool:

@@ -43,7 +43,7 @@ def studies(url: str) -> list[str]:
 
 def _trial_label(study: data.StudyView, number: int) -> str:
     t = study.trial(number)
-    return f"{t.title} · {t.category}" + (f" · {data.diff_text(t.diff)}" if t.diff else "")
+    return f"{study.title(t)} · {t.category}" + (f" · {data.diff_text(t.diff)}" if t.diff else "")
 
 
 def _pick_trial(study: data.StudyView, label: str, options: list[int], default: int | None, key: str) -> int | None:
@@ -70,7 +70,7 @@ def _front_table(study: data.StudyView) -> None:
     if not rows:
         return
     gate = "" if banners.on_random_weights(study) else ", and what the quality gate alone kept off it"
-    st.markdown(f"**The front, as a decision** (vLLM's defaults, the front, its ties{gate})")
+    st.markdown(f"**The front, as a decision** ({study.reference_name}, the front, its ties{gate})")
     st.dataframe(rows, hide_index=True, key="front_table",
                  column_config={"standing": st.column_config.TextColumn(width="medium"),
                                 "quality vs defaults": st.column_config.TextColumn(width="large"),
@@ -142,7 +142,7 @@ def page_pareto(study: data.StudyView) -> None:
     line = " (the dotted line is the front on the two axes shown)" if len(data.front_on(study.trials, [x, y])) > 1 \
         else ""
     st.caption(f"{counts['pareto']} on the Pareto front of {', '.join(objectives)} (feasible, not dominated by "
-               f"another trial or by vLLM's defaults; bars: 95% intervals) · "
+               f"another trial or by {study.reference_name}; bars: 95% intervals) · "
                f"{counts['tie']} tied with it inside the intervals · "
                f"{counts['dominated']} dominated · {counts['infeasible']} violate an SLO"
                + ("" if banners.on_random_weights(study) else " or the quality gate") + " · "
@@ -249,8 +249,8 @@ def page_trials(study: data.StudyView) -> None:
     st.dataframe(frame, hide_index=True, key="trials_table", column_config=_column_config(frame),
                  height=min(35 * (len(frame) + 1) + 3, 740))
     if study.reference_run is not None:
-        st.caption("Row `ref`: the reference, vLLM's defaults (unquantized weights, auto KV cache, no speculation), "
-                   "a candidate like any trial. Click a column header to sort.")
+        st.caption(f"Row `ref`: the reference, {study.reference_name} (unquantized weights, auto KV cache, no "
+                   "speculation), a candidate like any trial. Click a column header to sort.")
 
 
 def page_detail(study: data.StudyView) -> None:
@@ -261,7 +261,8 @@ def page_detail(study: data.StudyView) -> None:
         st.info("no trials yet")
         return
     t = study.trial(number)
-    st.subheader(f"{t.title[:1].upper()}{t.title[1:]} — {t.status}" + (f" ({t.category})" if t.measured else ""))
+    title = study.title(t)
+    st.subheader(f"{title[:1].upper()}{title[1:]} — {t.status}" + (f" ({t.category})" if t.measured else ""))
     if t.measured:
         cols = st.columns(len(study.objectives) + 2)
         for col, name in zip(cols, study.objectives):
@@ -278,7 +279,7 @@ def page_detail(study: data.StudyView) -> None:
         if capacity.capacity_of(t.summary):
             st.caption(capacity.headline(capacity.capacity_of(t.summary)))
         if t.beaten_by_reference:
-            st.warning(f"vLLM's defaults beat trial {t.number} on every objective: keep the defaults over it.")
+            st.warning(f"{study.reference_name} beat trial {t.number} on every objective: keep the defaults over it.")
     _status_note(study, t)
     if t.worker and t.status != "running":  # a running trial's note names its worker
         st.caption(data.worker_note(t, 2 * study.heartbeat_s))
@@ -292,7 +293,8 @@ def page_detail(study: data.StudyView) -> None:
         overlay = [t, ref] if ref is not None and not t.is_reference and ref.requests_jsonl else [t]
         c1, c2, c3 = st.columns(3)
         for col, metric in zip((c1, c2, c3), ("ttft", "itl", "e2e")):
-            col.plotly_chart(charts.cdf_figure(overlay, metric), key=f"detail_cdf_{metric}")
+            col.plotly_chart(charts.cdf_figure(overlay, metric, [study.title(u) for u in overlay]),
+                             key=f"detail_cdf_{metric}")
         st.plotly_chart(charts.timeline_figure(t), key="detail_timeline")
         _capacity_chart(study, [t], key="detail_capacity")
         _trace_chart(study, t)
@@ -351,7 +353,7 @@ def page_compare(study: data.StudyView) -> None:
     front = [t.number for t in study.front]
     a = _pick_trial(study, "A", measured, front[0] if front else measured[0], key="compare_a")
     others = [n for n in measured if n != a] or measured
-    # B defaults to the reference: what a trial changes against vLLM's defaults
+    # B defaults to the reference: what a trial changes against the engine's defaults
     b = _pick_trial(study, "B", others, data.REFERENCE_RUN if data.REFERENCE_RUN in others else others[0],
                     key="compare_b")
     if a is None or b is None:  # not reached: `measured` holds at least one run
@@ -360,13 +362,15 @@ def page_compare(study: data.StudyView) -> None:
     rows = tables.compare(study, ta, tb)
     only_diff = st.toggle("only differences", value=False, key="compare_only_diff")
     shown = [r for r in rows if r["differs"] or not only_diff]
-    st.dataframe([{"": ("≠" if r["differs"] else ""), "field": r["field"], ta.title: r["a"], tb.title: r["b"]}
+    st.dataframe([{"": ("≠" if r["differs"] else ""), "field": r["field"], study.title(ta): r["a"],
+                   study.title(tb): r["b"]}
                   for r in shown], hide_index=True, key="compare_table", height=min(38 * (len(shown) + 1), 700))
     both = [t for t in (ta, tb) if t.measured]
     if both:
         c1, c2, c3 = st.columns(3)
         for col, metric in zip((c1, c2, c3), ("ttft", "itl", "e2e")):
-            col.plotly_chart(charts.cdf_figure(both, metric), key=f"compare_cdf_{metric}")
+            col.plotly_chart(charts.cdf_figure(both, metric, [study.title(u) for u in both]),
+                             key=f"compare_cdf_{metric}")
         _capacity_chart(study, both, key="compare_capacity")
 
 
@@ -389,7 +393,7 @@ def page_export(study: data.StudyView) -> None:
         trial = study.trial(number)
         cli_choice = "--reference" if trial.is_reference else f"--trial {number}"
         if trial.beaten_by_reference:
-            st.warning(f"vLLM's defaults beat trial {number} on every objective: prefer the defaults.")
+            st.warning(f"{study.reference_name} beat trial {number} on every objective: prefer the defaults.")
     else:
         rule_text = c2.text_input("Rule", value=str(best_rule(study)), key="export_rule",
                                   help="max:METRIC or min:METRIC, then optionally 'where' conditions, "
@@ -405,7 +409,8 @@ def page_export(study: data.StudyView) -> None:
             st.error(str(exc))
             return
     if trial.outside_gate or trial.violations:
-        st.warning(f"{trial.title[:1].upper()}{trial.title[1:]} "
+        title = study.title(trial)
+        st.warning(f"{title[:1].upper()}{title[1:]} "
                    + ("is outside the study's constraints: " + "; ".join(trial.violations) if trial.violations else
                       f"is {judged.gate_phrase(trial.gate_decision)} {study.gate_words}: "
                       f"{metrics.quality_text(trial.quality)}")

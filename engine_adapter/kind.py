@@ -267,6 +267,12 @@ class EngineKind:
         """The engines it runs: itself (a choice of engines, `engine_adapter.choice`: each it chooses from)."""
         return (self,)
 
+    @property
+    def defaults_label(self) -> str:
+        """The study's reference as the user reads it: its first engine's own defaults ("vLLM's defaults",
+        "llama.cpp's defaults"; a label's note in parentheses left out: "simulated engine's defaults")."""
+        return f"{self.engines[0].shown.split(' (')[0]}'s defaults"
+
     def missing(self) -> str | None:
         """Why the engine cannot run on this machine (`available`), or None when it can."""
         return None if self.available is None else self.available()

@@ -1,4 +1,5 @@
-"""The Pareto front with vLLM's defaults as a competitor, and the one rule that picks "best".
+"""The Pareto front with the reference (the engine's defaults) as a competitor, and the one rule that
+picks "best".
 
 The reference (the engine's defaults, measured the same way as every trial) is a candidate like
 any trial while it keeps the study's SLOs: a trial it dominates is not on the front and is never
@@ -125,6 +126,14 @@ class BeyondGate:
     cost: str  # its quality loss in words, e.g. "+13.4% perplexity (KLD 0.067, top-1 0.90)"
 
 
+def default_reference_name() -> str:
+    """The reference's name where the study's engine is not known (e.g. a study stored before it was
+    recorded): tracetune's default engine's defaults (`EngineKind.defaults_label`)."""
+    from tracetune.engine_adapter.registry import engine_kind
+
+    return engine_kind().defaults_label
+
+
 @dataclasses.dataclass
 class Decision:
     objectives: list[str]
@@ -132,15 +141,17 @@ class Decision:
     best: Candidate | None
     dominated_by_reference: list[Label]  # trial labels the defaults beat on every objective
     by: str
-    reference_feasible: bool = True  # vLLM's defaults keep within the study's SLOs (else: no candidate)
+    reference_feasible: bool = True  # the reference keeps within the study's SLOs (else: no candidate)
     reference_breach: str = ""  # how they break it, e.g. "TTFT p95 17.8 s against 2 s, every load failed"
     outside_constraints: int = 0  # measured trials left out of the front for breaking a constraint
     beyond_gate: BeyondGate | None = None  # the best trade the quality gate turned down
-    reference_values: tuple[float, ...] | None = None  # vLLM's defaults, on the front or not
+    reference_values: tuple[float, ...] | None = None  # the reference's, on the front or not
     # the quality gate's word on trials it does not hold within (`quality.gate.GateDecision.text`)
     quality_words: Mapping[Label, str] = dataclasses.field(default_factory=dict)
     # why a speculative trial's draft acceptance may not hold on real traffic (`replay.acceptance`)
     speculation_words: Mapping[Label, str] = dataclasses.field(default_factory=dict)
+    # the reference as the verdict names it: the study's engine's `EngineKind.defaults_label` ("vLLM's defaults")
+    reference_name: str = dataclasses.field(default_factory=default_reference_name)
 
     @property
     def reference_is_best(self) -> bool:
@@ -177,12 +188,13 @@ class Decision:
         if self.reference_is_best:
             if not self.trials_on_front:
                 return self._nothing_beats_the_reference()
-            return (f"no configuration beats vLLM's defaults on {self.by}: keep the defaults, unless the "
+            return (f"no configuration beats {self.reference_name} on {self.by}: keep the defaults, unless the "
                     f"trade-off of a front trial ({', '.join(map(str, self.trials_on_front))}) suits you better.")
         if not self.reference_feasible:
-            return (f"trial {self.best.label} is best by {self.by} on the front; vLLM's defaults are not a candidate: "
-                    f"they break the SLO{' (' + self.reference_breach + ')' if self.reference_breach else ''}.")
-        return f"trial {self.best.label} is best by {self.by} on the front (vLLM's defaults included)."
+            breach = f" ({self.reference_breach})" if self.reference_breach else ""
+            return (f"trial {self.best.label} is best by {self.by} on the front; {self.reference_name} are not a "
+                    f"candidate: they break the SLO{breach}.")
+        return f"trial {self.best.label} is best by {self.by} on the front ({self.reference_name} included)."
 
     def _beyond_gate_text(self) -> str:
         if self.beyond_gate is None:
@@ -191,27 +203,28 @@ class Decision:
         key = self.objectives.index(self.by)
         value = b.candidate.values[key]
         ref = self.reference_values[key] if self.reference_values is not None else None
-        amount = (f"{value / ref:.2f}x vLLM's defaults' {self.by}" if ref and math.isfinite(ref) and ref > 0
+        amount = (f"{value / ref:.2f}x {self.reference_name}' {self.by}" if ref and math.isfinite(ref) and ref > 0
                   else f"{self.by} {value:.4g}")
         return (f" Outside the quality gate ({b.gate}): trial {b.candidate.label} reaches {amount} at {b.cost};"
                 f" not recommended unless that loss is acceptable for this model and traffic.")
 
     def _nothing_meets_the_slo(self) -> str:
-        """No trial kept the constraints and vLLM's defaults break the SLO: by how much, and what to do."""
-        breach = f"vLLM's defaults break it: {self.reference_breach}" if self.reference_breach else ""
+        """No trial kept the constraints and the reference breaks the SLO: by how much, and what to do."""
+        breach = f"{self.reference_name} break it: {self.reference_breach}" if self.reference_breach else ""
         broke = (f"{self.outside_constraints} measured trial(s) broke the SLO or the quality gate"
                  if self.outside_constraints else "")
         why = "; ".join(w for w in (breach, broke) if w)
-        return (f"no configuration meets the SLO, vLLM's defaults included{' (' + why + ')' if why else ''}: "
+        return (f"no configuration meets the SLO, {self.reference_name} included{f' ({why})' if why else ''}: "
                 "nothing to recommend. Loosen the SLO, or serve this traffic on a faster machine.")
 
     def _nothing_beats_the_reference(self) -> str:
-        """Why no trial is on the front beside vLLM's defaults (which keep the SLO: else they are no candidate)."""
+        """Why no trial is on the front beside the reference (which keeps the SLO: else it is no candidate)."""
         broke = (f"{self.outside_constraints} measured trial(s) broke the SLO or the quality gate"
                  if self.outside_constraints else "")
         if self.outside_constraints and not self.dominated_by_reference:
-            return f"no configuration beats vLLM's defaults: {broke}, and none is within them. Keep the defaults."
-        return ("no configuration beats vLLM's defaults: every measured trial is worse on at least one "
+            return (f"no configuration beats {self.reference_name}: {broke}, and none is within them. "
+                    "Keep the defaults.")
+        return (f"no configuration beats {self.reference_name}: every measured trial is worse on at least one "
                 "objective and no better on any" + (", or broke the SLO or the quality gate" if broke else "")
                 + ". Keep the defaults.")
 
@@ -220,7 +233,7 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
            directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0,
            beyond_gate: Sequence[BeyondGate] = (), reference_breach: str = "",
            quality_words: Mapping[Label, str] | None = None,
-           speculation_words: Mapping[Label, str] | None = None) -> Decision:
+           speculation_words: Mapping[Label, str] | None = None, reference_name: str | None = None) -> Decision:
     """The front of the feasible trials and the reference (while it keeps the SLO: `reference_feasible`;
     one that breaks it is neither on the front nor best, and beats no trial that keeps it), and the
     best of it by the deciding objective (ties go to the reference: a change must earn its place).
@@ -229,7 +242,8 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
     only the quality gate) too: the best of them is named, with its cost, when it beats the
     recommendation by the deciding objective. `quality_words`: the gate's word on the trials it does
     not hold within (outside, or undecided: their interval reaches both sides), said of the best;
-    `speculation_words`: why a trial's draft acceptance may not hold on real traffic."""
+    `speculation_words`: why a trial's draft acceptance may not hold on real traffic; `reference_name`: the
+    reference as the verdict names it (the study's `EngineKind.defaults_label`; default: the default engine's)."""
     competing = reference if reference is not None and reference_feasible else None
     candidates = ([competing] if competing is not None else []) + list(trials)
     on_front = front(candidates, directions)
@@ -245,7 +259,8 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
                     outside_constraints=outside_constraints,
                     beyond_gate=next((b for b in beyond_gate if b.candidate is turned_down), None),
                     reference_values=reference.values if reference is not None else None,
-                    quality_words=dict(quality_words or {}), speculation_words=dict(speculation_words or {}))
+                    quality_words=dict(quality_words or {}), speculation_words=dict(speculation_words or {}),
+                    reference_name=reference_name or default_reference_name())
 
 
 def _better(a: Candidate, b: Candidate, key: int, direction: str) -> bool:
@@ -357,7 +372,7 @@ def trials_outside_constraints(study: Study) -> int:
 
 def pareto_trials(study: Study) -> list[FrozenTrial]:
     """Measured, feasible trials on their Pareto front, by the project's one dominance rule
-    (`tuner.front.front`; vLLM's defaults join it in `tuner.front.decide`)."""
+    (`tuner.front.front`; the reference joins it in `tuner.front.decide`)."""
     measured = measured_trials(study)
     directions = [d.name.lower() for d in study.directions]
     on = {c.label for c in front([Candidate(t.number, tuple(t.values)) for t in measured], directions)}

@@ -1,5 +1,5 @@
-"""The front as it stands while a study runs, vLLM's defaults competing: which trials are on it (for
---patience) and where a trial's capacity search may stop early (--prune): at the capacity of the
+"""The front as it stands while a study runs, the reference (the engine's defaults) competing: which
+trials are on it (for --patience) and where a trial's capacity search may stop early (--prune): at the capacity of the
 strongest incumbent at least as good on every other objective; and at the trace's own rate when the
 trial misses the study's SLOs there, which keeps it off the front whatever its capacity."""
 
@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import Summary
 from tracetune.stored import Stored
-from tracetune.tuner.front import REFERENCE, Candidate, decide, measured_trials, strongest_rival
+from tracetune.tuner.front import (
+    REFERENCE,
+    Candidate,
+    decide,
+    default_reference_name,
+    measured_trials,
+    strongest_rival,
+)
 from tracetune.tuner.objectives import OBJECTIVES, constraint_values, objective_value
 from tracetune.tuner.settings import StudySettings
 
@@ -20,14 +27,14 @@ if TYPE_CHECKING:
 
 
 def candidates(study: optuna.Study, reference_values: list[float] | None) -> tuple[Candidate | None, list[Candidate]]:
-    """vLLM's defaults (None until measured) and the measured, feasible trials, as front candidates."""
+    """The reference (None until measured) and the measured, feasible trials, as front candidates."""
     ref = None if reference_values is None else Candidate(REFERENCE, tuple(reference_values))
     return ref, [Candidate(t.number, tuple(t.values)) for t in measured_trials(study)]
 
 
 def front_labels(study: optuna.Study, objectives: list[str],
                  reference_values: list[float] | None) -> frozenset[int | str]:
-    """The trials on the front now, vLLM's defaults competing ("reference" when it is on it)."""
+    """The trials on the front now, the reference competing ("reference" when it is on it)."""
     reference, trials = candidates(study, reference_values)
     decision = decide(trials, reference, objectives, [OBJECTIVES[name] for name in objectives])
     return frozenset(c.label for c in decision.front)
@@ -37,7 +44,7 @@ def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: 
                 summary: Summary, quality: QualityResult | None, gpus: int,
                 base_rps: float) -> tuple[float, Candidate | None] | None:
     """The load level at which a trial's capacity search stops early (`capacity.step`), and the rival
-    it cannot beat: the strongest incumbent (vLLM's defaults included) at least as good as this trial on
+    it cannot beat: the strongest incumbent (the reference included) at least as good as this trial on
     every other objective; failing its capacity, the trial cannot be on the front. A trial that missed
     the study's SLOs at the trace's rate (`slo_misses`) is off the front whatever its capacity: its
     search stops at least as low as where it fails the trace's rate (1x; the rival None when no
@@ -71,9 +78,10 @@ def _ms(seconds: float) -> str:
 
 
 def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stored,
-                  missed: list[str] | None = None) -> str:
-    """Why a trial's capacity search stopped early, naming the configuration (`rival`) it cannot beat,
-    or the study's SLOs it `missed` at the trace's rate (`slo_misses`) where it stopped there."""
+                  missed: list[str] | None = None, *, reference_name: str | None = None) -> str:
+    """Why a trial's capacity search stopped early, naming the configuration (`rival`; the reference as
+    `reference_name`, its engine's `EngineKind.defaults_label`) it cannot beat, or the study's SLOs it
+    `missed` at the trace's rate (`slo_misses`) where it stopped there."""
     from tracetune.capacity.step import CapacityResult, bracket_text
 
     result = CapacityResult.from_dict(capacity)
@@ -83,10 +91,11 @@ def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stor
     tail = f": it cannot be on the front; capacity {bracket_text(capacity)}, not searched further"
     if missed and high <= 1.0 + 1e-9:
         return f"{head}and misses the study's SLOs there: {', '.join(missed)}{tail}"
-    who = ("an incumbent" if rival is None else "vLLM's defaults" if rival.label == REFERENCE
-           else f"trial {rival.label}")
+    is_reference = rival is not None and rival.label == REFERENCE
+    named = reference_name or default_reference_name()
+    who = "an incumbent" if rival is None else named if is_reference else f"trial {rival.label}"
     others = [n for n in objectives if n != "capacity"]
-    verb = "pass and are" if who == "vLLM's defaults" else "passes and is"
+    verb = "pass and are" if is_reference else "passes and is"
     return f"{head}where {who} {verb} at least as good on {', '.join(others) or 'every other objective'}{tail}"
 
 

@@ -20,7 +20,7 @@ the Optuna study), `tuner/runner.py` (the `TrialRunner` seam and its `Measuremen
 `tuner/trial_end.py` (a trial's outcome and its one recording), `tuner/trial_record.py` (a trial's
 Optuna attributes), `tuner/reporter.py` (the `Reporter` of events), `tuner/coordination.py` (storage
 with its heartbeat, claims, what counts, recovery), `tuner/objectives.py` (objectives, constraints,
-samplers), `quality/probe.py`, `tuner/front.py` (the front with vLLM's defaults competing),
+samplers), `quality/probe.py`, `tuner/front.py` (the front with the reference competing),
 `tuner/storage.py` (tracetune's tables), `tuner/secrets.py` (what is never stored).
 """
 
@@ -202,7 +202,8 @@ class Tuner:
             assert summary.capacity is not None
             return Measured(measured, objectives, constraints, status=Status.PRUNED,
                             reason=pruned_reason(settings.objectives, self._rival, summary.capacity,
-                                                 slo_misses(summary, settings)))
+                                                 slo_misses(summary, settings),
+                                                 reference_name=self.engine.defaults_label))
         return Measured(measured, objectives, constraints, reason=why, not_meaningful=why)
 
     def _reused(self, original: int) -> Outcome:
@@ -278,7 +279,7 @@ class Tuner:
 
     # -- the front, and where a capacity search may stop (tuner.incumbents) ----------------------
     def front_labels(self, study: optuna.Study) -> frozenset[int | str]:
-        """The trials on the front now, vLLM's defaults competing ("reference" when it is on it)."""
+        """The trials on the front now, the reference competing ("reference" when it is on it)."""
         return front_labels(study, self.settings.objectives, self.reference_values)
 
     def prune_level(self, study: optuna.Study, summary: Summary, quality: QualityResult | None, gpus: int,

@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 from tracetune.dashboard import capacity
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.options import ExportOptions
-from tracetune.dashboard.export.pick import PickRule, reference_name
+from tracetune.dashboard.export.pick import PickRule
 from tracetune.dashboard.export.serve import CONTAINER_MODELS_DIR, Exported, ServeSpec, release
 from tracetune.dashboard.export.text import comment_safe
 from tracetune.dashboard.metrics import display_value
@@ -49,7 +49,7 @@ def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions,
     if trial.category == "infeasible" and not trial.is_reference:  # the reference's own warning: `choice_notes`
         lines.append("WARNING: this trial violates the study's SLOs or quality gate")
     if trial.beaten_by_reference:
-        lines.append(f"WARNING: {reference_name(study)} (the reference) are at least as good on every objective: "
+        lines.append(f"WARNING: {study.reference_name} (the reference) are at least as good on every objective: "
                      "prefer the defaults")
     lines += capacity.header_lines(capacity.capacity_of(trial.summary))
     costs = study.costs(trial.summary)
@@ -81,7 +81,7 @@ def header(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions,
 
 def label(trial: TrialView, study: StudyView) -> str:
     """The trial as the comments name it."""
-    return f"the reference ({reference_name(study)})" if trial.is_reference else f"trial {trial.number}"
+    return f"the reference ({study.reference_name})" if trial.is_reference else f"trial {trial.number}"
 
 
 def trial_id(trial: TrialView) -> str:
@@ -166,7 +166,7 @@ def placing_lines(spec: ServeSpec, fmt: str, options: ExportOptions) -> list[str
 
 
 def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = None) -> list[str]:
-    """The chosen configuration's quality cost against vLLM's defaults (perplexity change with its
+    """The chosen configuration's quality cost against the reference (perplexity change with its
     interval, KLD, top-1 agreement), whether the study's quality gate holds it (or that no gate was
     set), why its speculation's acceptance may not hold on real traffic, and, for a rule
     (`--best`/`--pick`), the better trade the gate turned down."""
@@ -177,8 +177,8 @@ def choice_notes(study: StudyView, trial: TrialView, rule: PickRule | None = Non
 
 
 def _reference_notes(study: StudyView) -> list[str]:
-    """vLLM's defaults chosen: no quality cost, and a warning where they break the study's SLO."""
-    defaults = reference_name(study)
+    """The reference (the engine's defaults) chosen: no quality cost, and a warning where it breaks the SLO."""
+    defaults = study.reference_name
     lines = [f"{defaults}: the reference every quality is measured against (no quality cost)"]
     if study.decision is not None and not study.decision.reference_feasible:
         breach = study.decision.reference_breach
@@ -197,10 +197,10 @@ def speculation_notes(trial: TrialView) -> list[str]:
 
 
 def _quality_notes(study: StudyView, trial: TrialView) -> list[str]:
-    """A trial's quality cost against vLLM's defaults and the gate's word on it (none on random weights)."""
+    """A trial's quality cost against the reference and the gate's word on it (none on random weights)."""
     from tracetune.quality.gate import cost_text
 
-    defaults = reference_name(study)
+    defaults = study.reference_name
     if is_dummy(trial):
         return [f"quality cost vs {defaults}: not measurable (random weights give speed, never quality): "
                 "measure it with the real weights before relying on it"]

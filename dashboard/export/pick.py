@@ -1,5 +1,5 @@
-"""Which trial to export: by number, the front's best (vLLM's defaults competing: when they win, say so
-instead of exporting a worse config), or a `--pick` rule over the front. What the choice costs, in words:
+"""Which trial to export: by number, the front's best (the engine's defaults competing: when they win, say
+so instead of exporting a worse config), or a `--pick` rule over the front. What the choice costs, in words:
 `notes.choice_notes`."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def parse_pick(expr: str) -> PickRule:
 
 
 class ReferenceIsBest(InputError):
-    """`--best` (or the best rule) when vLLM's defaults win: there is no trial to recommend."""
+    """`--best` (or the best rule) when the reference (the engine's defaults) wins: there is no trial to recommend."""
 
 
 def best_rule(study: StudyView) -> PickRule:
@@ -56,7 +56,7 @@ def best_rule(study: StudyView) -> PickRule:
 
 def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
     """The candidate that meets every condition of `rule` and is best on its metric: the front's
-    trials and vLLM's defaults (the reference, when they keep the study's SLOs), ties going to the
+    trials and the engine's defaults (the reference, when they keep the study's SLOs), ties going to the
     defaults (a change must earn its place)."""
     ref = study.reference_run
     pool = ([ref] if ref is not None and _reference_competes(study) else []) + study.front
@@ -69,37 +69,29 @@ def pick_trial(study: StudyView, rule: PickRule) -> TrialView:
         shown = sorted({c.metric for c in rule.where} | {rule.metric})
         values = "; ".join(f"{_name(t, study)}: " + ", ".join(f"{m}={t.metric(m):.4g}" for m in shown)
                            for t in pool)
-        nor = f", nor do {reference_name(study)}" if pool[0].is_reference else ""
+        nor = f", nor do {study.reference_name}" if pool[0].is_reference else ""
         raise InputError(f"--pick {rule}: no trial on the front meets it{nor} ({values})")
     sign = 1 if rule.goal == "max" else -1
     return max(ok, key=lambda t: (sign * t.metric(rule.metric), -t.number))
 
 
 def _reference_competes(study: StudyView) -> bool:
-    """vLLM's defaults are a candidate: measured, and within the study's SLOs."""
+    """The reference is a candidate: measured, and within the study's SLOs."""
     ref = study.reference_run
     return ref is not None and ref.measured and (study.decision is None or study.decision.reference_feasible)
 
 
 def _name(trial: TrialView, study: StudyView) -> str:
-    return reference_name(study) if trial.is_reference else f"trial {trial.number}"
-
-
-def reference_name(study: StudyView) -> str:
-    """Whose defaults the study's reference is: its first engine's (vLLM's, in a choice with vLLM first)."""
-    from tracetune.engine_adapter.registry import engine_kind
-
-    kind = engine_kind(study.engine) if study.engine else engine_kind()
-    return f"{kind.engines[0].shown}'s defaults"
+    return study.reference_name if trial.is_reference else f"trial {trial.number}"
 
 
 def best_trial(study: StudyView) -> TrialView:
-    """The trial `--best` exports: the tuner's best (`tuner.front.decide`, vLLM's defaults competing).
+    """The trial `--best` exports: the tuner's best (`tuner.front.decide`, the engine's defaults competing).
     Raises ReferenceIsBest when the defaults are best: no trial beats them, so none is recommended."""
     decision = study.decision
     if decision is not None and decision.reference_is_best:
         verdict = decision.verdict()
-        raise ReferenceIsBest(f"{reference_name(study)} are best in study {study.name!r} (by {decision.by}), so there "
+        raise ReferenceIsBest(f"{study.reference_name} are best in study {study.name!r} (by {decision.by}), so there "
                               f"is no trial to export: {verdict} (`--reference` exports the defaults; to export a "
                               f"trial anyway, name it with --trial N.)")
     if decision is not None and decision.best is not None and isinstance(decision.best.label, int):
@@ -108,7 +100,7 @@ def best_trial(study: StudyView) -> TrialView:
 
 
 def pick_for(study: StudyView, rule: PickRule) -> TrialView:
-    """`pick_trial`, except that the best rule itself answers as `--best` does (vLLM's defaults may win)."""
+    """`pick_trial`, except that the best rule itself answers as `--best` does (the defaults may win)."""
     return best_trial(study) if rule == best_rule(study) else pick_trial(study, rule)
 
 

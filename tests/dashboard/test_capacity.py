@@ -154,7 +154,7 @@ def test_compare_rows_include_capacity(cap_study):
 # -- charts --------------------------------------------------------------------------------------
 def test_attainment_figure_of_one_trial(cap_study):
     curves = charts.capacity_curves(cap_study, [cap_study.trial(3)])
-    assert [label for label, _ in curves] == ["trial 3", charts.REFERENCE_CURVE]
+    assert [label for label, _ in curves] == ["trial 3", "reference (vLLM's defaults)"]
     fig = charts.attainment_figure(curves[:1])
     counts = charts.figure_summary(fig)
     assert counts == {"trial 3": 5, "trial 3: passed (3)": 3, "trial 3: failed (1)": 1, "trial 3: abandoned (2)": 2,
@@ -176,9 +176,9 @@ def test_attainment_figure_of_one_trial(cap_study):
 def test_attainment_figure_overlays_trials_and_the_reference(cap_study):
     fig = charts.attainment_figure(charts.capacity_curves(cap_study, [cap_study.trial(0), cap_study.trial(4)]))
     names = charts.figure_summary(fig)
-    assert {"trial 0", "trial 4", charts.REFERENCE_CURVE, "trial 4: client-limited (1)",
+    assert {"trial 0", "trial 4", "reference (vLLM's defaults)", "trial 4: client-limited (1)",
             "reference (vLLM's defaults): capacity 4 req/s"} <= set(names)
-    ref_line = next(t for t in fig.data if t.name == charts.REFERENCE_CURVE)
+    ref_line = next(t for t in fig.data if t.name == "reference (vLLM's defaults)")
     assert ref_line.line.dash == "dash"
     assert not [s for s in fig.layout.shapes if s.type == "rect"]  # brackets are shaded for one run only
     assert fig.layout.xaxis.type == "log"  # the loads span 2.5 to 12 req/s

@@ -321,6 +321,21 @@ def test_the_reference_is_the_first_engines_defaults(llama_study, choice_study):
     assert "# quality cost vs vLLM's defaults: " in export(choice_study, choice_study.trial(0), "k8s")
 
 
+def test_the_dashboard_names_the_reference_by_the_studys_engine(llama_study, choice_study, synthetic_url):
+    """The pages' labels of the reference (trial picker and headings, the front table, the verdict) say the
+    study's engine's defaults; a choice's are its first engine's; a study stored without its engine (the
+    synthetic one, as studies were before the engine was recorded) is vLLM's, as it was then."""
+    from tracetune.dashboard import tables
+
+    ref = llama_study.reference_run
+    assert llama_study.title(ref) == "reference (llama.cpp's defaults)"
+    assert tables.why(llama_study, ref) == "llama.cpp's defaults: the reference every trial is measured against"
+    assert tables.front_table(llama_study)[0]["differs from reference"] == "(llama.cpp's defaults)"
+    assert llama_study.decision.verdict() == "trial 0 is best by output_tps on the front (llama.cpp's defaults included)."
+    assert choice_study.title(choice_study.reference_run) == "reference (vLLM's defaults)"
+    synthetic = data.load_study(synthetic_url, "synth")
+    assert synthetic.engine is None and synthetic.title(synthetic.reference_run) == "reference (vLLM's defaults)"
+
 def test_the_header_says_the_cpu_measurement_holds_on_the_cpu_image(llama_study):
     said = header(export(llama_study, llama_study.trial(0), "compose"))
     assert said[1] == ("# measured on platform cpu with llama.cpp; the same settings for llama.cpp server-b11312 (the "

@@ -95,3 +95,39 @@ def test_the_results_label_the_other_engines_defaults(tmp_path, b_crashes):
         assert "0 (B defaults)" in text and "  0 (B defaults): engine=b, threads=2" in text
         # its quality against vLLM's defaults is the floor a comparison of the two engines rests on
         assert "cross-engine floor: B defaults (trial 0) against vLLM's defaults, same probe:" in text
+
+
+def test_a_llamacpp_studys_results_name_llamacpps_defaults_as_the_reference(tmp_path):
+    """`tune --engine llamacpp`: the reference is llama.cpp's defaults, and the results say so wherever they
+    name it (table title, configurations, verdict, the trials it beats, the best): never vLLM's. Scripted:
+    the reference is faster than both trials, so every line that names it is printed."""
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from tracetune.cli.results import report_results
+
+    kind = engine_kind("llamacpp")
+    (tmp_path / "trace.jsonl").write_text(TRACE)
+    (tmp_path / "space.yaml").write_text("name: slots\nfixed: {threads: 2}\nparameters:\n"
+                                         "  parallel_slots: {choices: [1, 2]}\n")
+    settings = StudySettings(study_name="s", storage_url=f"sqlite:///{tmp_path / 'study.db'}", trials=2,
+                             objectives=["ttft_p99", "output_tps", "quality_loss"], slos=[], max_quality_loss=None,
+                             sampler="random", seed=0, replay=ReplayOptions(), heartbeat_s=2)
+    tuner = Tuner(settings, trace=load_trace(tmp_path / "trace.jsonl"),
+                  space=load_space(tmp_path / "space.yaml", kind), model_dir=tmp_path / "model",
+                  platform=Platform.CPU, runner=ScriptedRunner(lambda config: (0.6, 40.0, 0.0), calls=[]),
+                  report=Events(), engine=kind)
+    study = tuner.run()
+    out = io.StringIO()
+    args = argparse.Namespace(gpu_hour_cost=None, target_rate=None, engine_type="llamacpp")
+    report_results(tuner, study, args, Console(file=out, width=200), tmp_path)
+    text = out.getvalue()
+    assert "Pareto front of study s (0 of 2 trials + llama.cpp's defaults)" in text
+    assert "configurations (what differs from llama.cpp's defaults):" in text
+    assert "  ref: llama.cpp's defaults" in text
+    assert "verdict: no configuration beats llama.cpp's defaults: every measured trial is worse" in text
+    assert "  llama.cpp's defaults beat trials 0, 1 on every objective" in text
+    assert "best by output_tps on the front: llama.cpp's defaults (the reference)" in text
+    assert "vLLM" not in text
