@@ -338,8 +338,9 @@ class CapacityResult:
             low = f"{self.capacity_rps:.3g}" if self.capacity_scale else "0"
             high = self.bracket_high * self.base_rps
             return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({high:.3g} "
-                    f"req/s, {self.confirmation()}), where a configuration at least as good on every other objective "
-                    f"passes: capacity [{low}, {high:.3g}] req/s, not searched further")
+                    f"req/s, {self.confirmation()}), where the trial cannot be on the front (an incumbent as good "
+                    f"on every other objective passes, or it missed the SLOs at the trace's rate): capacity "
+                    f"[{low}, {high:.3g}] req/s, not searched further")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
                     f"({self.attainment_target:.0%} attainment; the search goes no lower)") if self.steps \
