@@ -369,10 +369,20 @@ def _print_failures(study, console) -> None:
     ended = (Status.PRUNED, Status.REJECTED, Status.ENGINE_FAILED, Status.FAILED, Status.UNMEASURABLE)
     records = [(t.number, TrialRecord.of(t)) for t in study.trials]
     failed = [(n, r) for n, r in records if r.status in ended or (r.status == Status.MEASURED and r.failure_reason)]
-    causes = group_failures([(n, str(r.status), (r.failure_reason or "")[:300]) for n, r in failed])
+    causes = group_failures([(n, str(r.status), clipped(r.failure_reason or "")) for n, r in failed])
     for status, reason, numbers in causes:
         console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"
                       f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)
+
+
+def clipped(reason: str, limit: int = 300) -> str:
+    """A trial's reason within `limit` characters for a one-cause line, cut after its last whole
+    clause (the stored reason and the dashboard keep it whole)."""
+    if len(reason) <= limit:
+        return reason
+    head = reason[:limit]
+    cut = max(head.rfind("; "), head.rfind(". "), head.rfind(", "), head.rfind(": "))
+    return (head[:cut] if cut > limit // 2 else head.rstrip()) + " ..."
 
 
 def _ci_of(name: str, summary: Stored, quality: Stored) -> tuple[float, float] | None:

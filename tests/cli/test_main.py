@@ -183,3 +183,16 @@ def test_every_command_is_dispatched_by_its_own_parser():
         assert callable(getattr(importlib.import_module(f"tracetune.cli.{module}"), function)), words
         assert found[words].get_default("run") is not root.get_default("run"), words
     assert root.parse_args(["trace", "profile", "t.jsonl"]).run is found[("trace", "profile")].get_default("run")
+
+
+def test_a_long_reason_on_a_cause_line_ends_at_a_whole_clause():
+    from tracetune.cli.results import clipped
+
+    reason = ("pruned: fails 1x the trace's rate (a clear fail, so not repeated), and misses the study's SLOs "
+              "there: ttft:p95<2000ms (98798 ms): it cannot be on the front; capacity [0, 2.22] req/s, not "
+              "searched further. At 1x: about 35 requests in flight for 4 slots: TTFT is the wait for a slot "
+              "(TTFT p50 52.3 s, p90 88.1 s against 2 s; TPOT p50 43 ms within 200 ms)")
+    short = clipped(reason)
+    assert len(short) <= 304 and short.endswith(" ...") and reason.startswith(short[:-4])
+    assert short[:-4].endswith(("ms)", "s", "slot")) and not short[:-4].endswith(" p"), short
+    assert clipped("fails 1x") == "fails 1x"
