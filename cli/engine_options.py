@@ -118,7 +118,8 @@ def add_engine_options(parser: argparse.ArgumentParser, kind: EngineKind | None 
 
     added: dict[str, argparse.Action] = {}
     for i, engine in enumerate([kind] if kind is not None else started_engines()):
-        g = parser.add_argument_group(f"engine ({engine.shown}) settings; unset ones keep {engine.shown}'s defaults")
+        g = parser.add_argument_group(f"engine ({engine.shown}) settings",
+                                      f"unset ones keep {engine.defaults_label}")
         for flag in engine.flags:
             if flag.flag in added:
                 _join(added[flag.flag], flag, engine)

@@ -44,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     fp = sub.add_parser("fleet", prog="tune fleet",
                         help="write Kubernetes manifests that run a study on a cluster: one worker per pod, one "
                              "PostgreSQL study",
-                        usage="tune fleet --workers N [options] -- STUDY FLAGS (as tune --trace FILE ... takes them)",
+                        usage="tune fleet --workers N [options] -- STUDY FLAGS\n"
+                              "       (STUDY FLAGS: as tune --trace FILE ... takes them)",
                         epilog=FLEET_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     fp.add_argument("--workers", type=positive_int, required=True, metavar="N",
                     help="pods (workers) running at once: the Job's parallelism and completions")

@@ -61,12 +61,15 @@ examples:
 def _description() -> str:
     """What `tune --help` says first: the main job, its reference named by the default engine (no study is
     known yet: `EngineKind.defaults_label`)."""
+    import textwrap
+
     from tracetune.engine_adapter.registry import engine_kind
 
-    return ("tracetune: auto-tune LLM serving configurations on real engines and real traffic. The main job, "
-            "`tune --trace FILE`, searches engine configurations for the trace: the Pareto front of latency, "
-            f"capacity (or throughput) and quality, {engine_kind().defaults_label} competing. Its options are "
-            "below; each COMMAND has its own --help.")
+    return textwrap.fill(
+        "tracetune: auto-tune LLM serving configurations on real engines and real traffic. The main job, "
+        "`tune --trace FILE`, searches engine configurations for the trace: the Pareto front of latency, "
+        f"capacity (or throughput) and quality, {engine_kind().defaults_label} competing. Its options are "
+        "below; each COMMAND has its own --help.", width=79)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -75,7 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="tune",
-        usage="tune --trace FILE [options]   (the main job: tune vLLM for this trace)\n       tune COMMAND ...",
+        usage="tune --trace FILE [options]   (main job: tune vLLM or llama.cpp for it)\n       tune COMMAND ...",
         description=_description(),
         epilog=EPILOG + "\n" + tune.TUNE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -84,7 +87,7 @@ def _build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     tune.add_options(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", prog="tune")
 
     model = sub.add_parser("model", help="prepare or check model directories")
     model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)

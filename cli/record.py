@@ -9,9 +9,10 @@ from pathlib import Path
 from tracetune.replay.record import DEFAULT_HOST, DEFAULT_PORT, SHUTDOWN_GRACE_S, RecordingProxy, parse_listen
 
 RECORD_EPILOG = f"""\
-Point clients at the proxy instead of the server (e.g. base URL http://127.0.0.1:{DEFAULT_PORT}/v1).
-Every request is forwarded untouched; completions and chat completions are also appended to --out
-as a native trace, in arrival order. Ctrl-C stops recording and prints a summary.
+Point clients at the proxy instead of the server (e.g. base URL
+http://127.0.0.1:{DEFAULT_PORT}/v1). Every request is forwarded untouched; completions
+and chat completions are also appended to --out as a native trace, in arrival
+order. Ctrl-C stops recording and prints a summary.
 
 examples:
   tune record --upstream http://127.0.0.1:8000 --out traffic.jsonl

@@ -72,7 +72,7 @@ SETTINGS: tuple[Setting, ...] = (
             "max_num_seqs", "max sequences per batch"),
     Setting(_flag("max_num_batched_tokens", "--max-num-batched-tokens", "int", "N", "max tokens per scheduler step"),
             "max_num_batched_tokens", "max tokens per scheduler step"),
-    Setting(_flag("kv_cache_dtype", "--kv-cache-dtype", choices=True),
+    Setting(_flag("kv_cache_dtype", "--kv-cache-dtype", metavar="DTYPE", choices=True),
             "kv_cache_dtype", "KV-cache precision (auto, fp8, ...)"),
     Setting(_flag("speculative.method", "--speculative", choices=True, default=True),
             "speculative", "speculative decoding method (none, ngram, draft_model)"),

@@ -33,9 +33,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def test_each_engine_has_its_group_and_a_shared_flag_is_one_option():
     parser = _parser()
-    titles = [g.title for g in parser._action_groups]
-    assert "engine (vLLM) settings; unset ones keep vLLM's defaults" in titles
-    assert "engine (llama.cpp) settings; unset ones keep llama.cpp's defaults" in titles
+    groups = {g.title: g.description for g in parser._action_groups}
+    assert groups["engine (vLLM) settings"] == "unset ones keep vLLM's defaults"
+    assert groups["engine (llama.cpp) settings"] == "unset ones keep llama.cpp's defaults"
     strings = [s for a in parser._actions for s in a.option_strings]
     assert len(strings) == len(set(strings))  # argparse would refuse a second --model anyway
     llama = next(g for g in parser._action_groups if "llama.cpp" in (g.title or ""))
@@ -124,8 +124,20 @@ def test_help_at_80_columns_shows_llamacpp_examples(monkeypatch, capsys):
             main([*words, "--help"])
         out = capsys.readouterr().out
         assert "llamacpp" in out, words
-        options = out.split("examples:")[0].split("the main job:")[0]  # the examples are printed as written
+        assert out.startswith(f"usage: tune {' '.join(words)}".rstrip()), out[:200]  # its own usage, not the root's
+        options = out.split("\nexamples:")[0]  # the examples are printed as written
         assert max(map(len, options.splitlines())) <= 80, words
+
+
+def test_every_commands_help_reads_at_80_columns(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    for words in (["trace", "convert"], ["dashboard"], ["export"], ["fleet"], ["model", "prepare"], ["record"]):
+        with pytest.raises(SystemExit):
+            main([*words, "--help"])
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: tune {' '.join(words)}"), out[:200]
+        long = [line for line in out.split("\nexamples:")[0].splitlines() if len(line) > 80]
+        assert not long, (words, long)
 
 
 def test_a_space_over_both_engines_reads_for_one_of_them():
