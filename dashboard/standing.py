@@ -15,7 +15,7 @@ from tracetune.quality.gate import cost_text
 
 # The tuner's one dominance rule (also on the plotted axes) and front decision.
 from tracetune.tuner.front import REFERENCE, BeyondGate, Candidate, decide, dominates
-from tracetune.tuner.objectives import reference_feasible
+from tracetune.tuner.objectives import keeps_slos
 
 
 def pareto_mask(points: Sequence[Sequence[float]], directions: Sequence[str]) -> list[bool]:
@@ -89,7 +89,7 @@ def mark_front(study: StudyView) -> None:
     points = [Candidate(t.number, tuple(t.objective_values.get(o, math.nan) for o in study.objectives))
               for t in candidates]
     ref = reference_values(study)
-    ref_ok = reference_feasible(study.reference_summary, study.parsed_slos)
+    ref_ok = keeps_slos(study.reference_summary, study.parsed_slos)
     beyond = [BeyondGate(Candidate(t.number, tuple(t.objective_values.get(o, math.nan) for o in study.objectives)),
                          str(study.quality_gate), cost_text(t.quality)) for t in study.trials if t.only_the_gate]
     study.decision = decide(points, None if ref is None else Candidate(REFERENCE, ref), study.objectives,

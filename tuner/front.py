@@ -383,10 +383,9 @@ def _seconds(value: float) -> str:
     return f"{value:.3g} s" if value >= 1 else f"{value * 1000:.0f} ms"
 
 
-def slo_breach(stored: Stored | None, slos: Sequence[SLO]) -> str:
-    """How a measured run breaks the SLO, in words: each statistic past its threshold, e.g. "TTFT p95
-    17.8 s against 2 s", failed requests, and, for a capacity search, that every load level failed
-    ("" when it keeps it, or was not measured)."""
+def slo_misses(stored: Stored | None, slos: Sequence[SLO]) -> list[str]:
+    """Each statistic of a stored run (its summary) past its SLO threshold, in words, e.g. "TTFT p95
+    17.8 s against 2 s", and its failed requests ([] when it keeps them, or was not measured)."""
     summary = mapping(stored)
     parts = []
     for slo in slos:
@@ -395,6 +394,14 @@ def slo_breach(stored: Stored | None, slos: Sequence[SLO]) -> str:
             parts.append(f"{slo.metric.upper()} {slo.stat} {_seconds(value)} against {_seconds(slo.threshold_s)}")
     if summary.get("error_rate"):
         parts.append(f"{summary.get('errors', '?')} of {summary.get('requests', '?')} requests failed")
+    return parts
+
+
+def slo_breach(stored: Stored | None, slos: Sequence[SLO]) -> str:
+    """How a measured run breaks the SLO, in words: `slo_misses`, and, for a capacity search, that every
+    load level failed ("" when it keeps it, or was not measured)."""
+    summary = mapping(stored)
+    parts = slo_misses(stored, slos)
     steps = listed(mapping(summary.get("capacity")).get("steps"))
     if steps and not any(mapping(step).get("passed") for step in steps):
         parts.append("every load failed" if len(steps) > 1 else "its one load failed")

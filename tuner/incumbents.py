@@ -1,7 +1,8 @@
 """The front as it stands while a study runs, the reference (the engine's defaults) competing: which
-trials are on it (for --patience) and where a trial's capacity search may stop early (--prune): at the capacity of the
-strongest incumbent at least as good on every other objective; and at the trace's own rate when the
-trial misses the study's SLOs there, which keeps it off the front whatever its capacity."""
+trials are on it (for --patience) and where a trial's capacity search may stop early (--prune): at
+the capacity of the strongest incumbent at least as good on every other objective; and at the
+trace's own rate when the trial misses the study's SLOs there, which keeps it off the front whatever
+its capacity."""
 
 from __future__ import annotations
 
@@ -11,15 +12,8 @@ from typing import TYPE_CHECKING
 from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import Summary
 from tracetune.stored import Stored
-from tracetune.tuner.front import (
-    REFERENCE,
-    Candidate,
-    decide,
-    default_reference_name,
-    measured_trials,
-    strongest_rival,
-)
-from tracetune.tuner.objectives import OBJECTIVES, constraint_values, objective_value
+from tracetune.tuner.front import REFERENCE, Candidate, decide, measured_trials, strongest_rival
+from tracetune.tuner.objectives import OBJECTIVES, keeps_slos, objective_value
 from tracetune.tuner.settings import StudySettings
 
 if TYPE_CHECKING:
@@ -46,7 +40,7 @@ def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: 
     """The load level at which a trial's capacity search stops early (`capacity.step`), and the rival
     it cannot beat: the strongest incumbent (the reference included) at least as good as this trial on
     every other objective; failing its capacity, the trial cannot be on the front. A trial that missed
-    the study's SLOs at the trace's rate (`slo_misses`) is off the front whatever its capacity: its
+    the study's SLOs at the trace's rate (`tuner.objectives.keeps_slos`) is off the front whatever its capacity: its
     search stops at least as low as where it fails the trace's rate (1x; the rival None when no
     incumbent would have stopped it). None: nothing to stop at."""
     objectives = settings.objectives
@@ -58,30 +52,17 @@ def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: 
     rival = strongest_rival(mine, ([reference] if reference else []) + trials,
                             [OBJECTIVES[name] for name in objectives], index)
     level = None if rival is None or not rival.values[index] > 0 else rival.values[index] * gpus / base_rps
-    if slo_misses(summary, settings):
+    if not keeps_slos(summary, settings.slos):
         # A level at or above 1x stops the search where the trace's rate failed (`capacity.search`'s prune).
         return min(max(level or 1.0, 1.0), settings.capacity.max_scale), rival if level else None
     return None if level is None or rival is None else (min(level, settings.capacity.max_scale), rival)
 
 
-def slo_misses(summary: Summary, settings: StudySettings) -> list[str]:
-    """The study's constraints a trial broke at the trace's rate, other than the quality gate, in words
-    (`tuner.objectives.constraint_values`): any such trial is infeasible, never on the front."""
-    values = constraint_values(summary, None, settings.slos, None)
-    missed = [f"{slo} ({_ms(value + slo.threshold_s)})" for slo, value in zip(settings.slos, values) if value > 0]
-    failed = summary.error_rate or 0.0
-    return ([f"{failed:.0%} of requests failed"] if failed > 0 else []) + missed
-
-
-def _ms(seconds: float) -> str:
-    return "not measured" if not math.isfinite(seconds) else f"{seconds * 1000:.0f} ms"
-
-
-def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stored,
-                  missed: list[str] | None = None, *, reference_name: str | None = None) -> str:
+def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stored, missed: list[str], *,
+                  reference_name: str) -> str:
     """Why a trial's capacity search stopped early, naming the configuration (`rival`; the reference as
     `reference_name`, its engine's `EngineKind.defaults_label`) it cannot beat, or the study's SLOs it
-    `missed` at the trace's rate (`slo_misses`) where it stopped there."""
+    `missed` at the trace's rate (`tuner.front.slo_misses`) where it stopped there."""
     from tracetune.capacity.step import CapacityResult, bracket_text
 
     result = CapacityResult.from_dict(capacity)
@@ -92,8 +73,7 @@ def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stor
     if missed and high <= 1.0 + 1e-9:
         return f"{head}and misses the study's SLOs there: {', '.join(missed)}{tail}"
     is_reference = rival is not None and rival.label == REFERENCE
-    named = reference_name or default_reference_name()
-    who = "an incumbent" if rival is None else named if is_reference else f"trial {rival.label}"
+    who = "an incumbent" if rival is None else reference_name if is_reference else f"trial {rival.label}"
     others = [n for n in objectives if n != "capacity"]
     verb = "pass and are" if is_reference else "passes and is"
     return f"{head}where {who} {verb} at least as good on {', '.join(others) or 'every other objective'}{tail}"

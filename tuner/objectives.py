@@ -152,9 +152,10 @@ def feasible(error_rate: float, constraints: list[float]) -> bool:
     return error_rate == 0 and all(c <= 0 for c in constraints)
 
 
-def reference_feasible(summary: Summary | None, slos: list[SLO]) -> bool:
-    """vLLM's defaults judged by the rule that makes a trial feasible (their quality loss is 0);
-    True while they are not measured."""
+def keeps_slos(summary: Summary | None, slos: list[SLO]) -> bool:
+    """A run judged by the rule that makes a trial feasible, the quality gate aside: no failed request
+    and every SLO kept (the reference's rule, its quality loss being 0; a trial's at the trace's rate
+    before its capacity search). True while not measured."""
     if summary is None:
         return True
     return feasible(summary.error_rate or 0.0, constraint_values(summary, None, slos, None))

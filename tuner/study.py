@@ -44,8 +44,8 @@ from tracetune.replay.trace import Trace
 from tracetune.search_spaces.space import SearchSpace, Value
 from tracetune.tuner.capacity_prior import CapacityPrior
 from tracetune.tuner.coordination import Coordinator, config_key, counted, running, skipped
-from tracetune.tuner.front import Candidate, Plateau, not_meaningful
-from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason, slo_misses
+from tracetune.tuner.front import Candidate, Plateau, not_meaningful, slo_misses
+from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason
 from tracetune.tuner.measure import client_overload_reason, machine_busy_reason
 from tracetune.tuner.objectives import constraint_values, objective_value
 from tracetune.tuner.optuna_study import open_study, queue_first_trials, report_retries
@@ -202,7 +202,7 @@ class Tuner:
             assert summary.capacity is not None
             return Measured(measured, objectives, constraints, status=Status.PRUNED,
                             reason=pruned_reason(settings.objectives, self._rival, summary.capacity,
-                                                 slo_misses(summary, settings),
+                                                 slo_misses(summary.as_dict(), settings.slos),
                                                  reference_name=self.engine.defaults_label))
         return Measured(measured, objectives, constraints, reason=why, not_meaningful=why)
 

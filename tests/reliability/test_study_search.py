@@ -303,7 +303,7 @@ def test_a_trial_that_misses_the_slo_at_the_traces_rate_stops_where_it_fails_it(
     assert tuner.levels["trial-0000"] == [1.0, 1.0]  # the trace's rate and its repeat, nothing below
     reason = trials[0].user_attrs["failure_reason"]
     assert "pruned: fails 1x the trace's rate (confirmed by a repeat), and misses the study's SLOs there: " \
-        "ttft:p99<2000ms (3000 ms): it cannot be on the front" in reason, reason
+        "TTFT p99 3 s against 2 s: it cannot be on the front" in reason, reason
     assert len(tuner.levels["trial-0001"]) > 3 and max(tuner.levels["trial-0001"]) > 1.0
     assert tuner.front_labels(study) == {"reference"}
 

@@ -10,7 +10,7 @@ from tracetune.errors import InputError
 from tracetune.quality.probe import ProbeItem, QualityResult, Reference, _agreement
 from tracetune.replay.metrics import Estimate, Summary, parse_slos
 from tracetune.tuner.front import REFERENCE, BeyondGate, Candidate, decide, dominates, economics
-from tracetune.tuner.objectives import constraint_values, objective_value, parse_objectives, reference_feasible
+from tracetune.tuner.objectives import constraint_values, keeps_slos, objective_value, parse_objectives
 from tracetune.tuner.storage import ResultStore
 
 
@@ -106,10 +106,10 @@ def test_trials_left_out_for_their_constraints_are_not_called_worse():
 
 def test_the_reference_is_judged_by_the_trials_feasibility_rule():
     slos = parse_slos("ttft:p99<2s")
-    assert reference_feasible(summary(ttft_p99=1.5), slos)
-    assert not reference_feasible(summary(ttft_p99=2.7), slos)
-    assert not reference_feasible(Summary.from_dict({**summary(ttft_p99=1.5).as_dict(), "error_rate": 0.1}), slos)
-    assert reference_feasible(None, slos)  # not measured yet: nothing against it
+    assert keeps_slos(summary(ttft_p99=1.5), slos)
+    assert not keeps_slos(summary(ttft_p99=2.7), slos)
+    assert not keeps_slos(Summary.from_dict({**summary(ttft_p99=1.5).as_dict(), "error_rate": 0.1}), slos)
+    assert keeps_slos(None, slos)  # not measured yet: nothing against it
 
 
 def test_reference_best_on_capacity_but_a_trade_off_exists():
