@@ -363,9 +363,8 @@ class VLLMServer(ManagedServer[VLLMConfig]):
 
     def start_phases(self) -> StartPhases:
         """`start_phases` of the current engine's log ({} before a start)."""
-        if self.process is None or not self.process.log_path.exists():
-            return {}
-        return start_phases(self.process.log_path.read_text(errors="replace"))
+        text = self.log_text()
+        return start_phases(text) if text else {}
 
 
 def make_server(run_dir: Path | None = None, *, platform: Platform | None = None,
