@@ -416,10 +416,15 @@ def page_export(study: data.StudyView) -> None:
                       f"{metrics.quality_text(trial.quality)}")
                    + ". Deploy it only if that is acceptable for this model and traffic.", icon=":material/report:")
     tiles.speculation_warnings(trial)
+    try:
+        default_image = image_of(study, ExportOptions())
+    except TuneError as exc:  # an engine tracetune cannot deploy (the simulator, an endpoint it only measures)
+        st.error(str(exc))
+        return
     fmt = st.radio("Format", list(FORMATS), horizontal=True, key="export_format")
     with st.expander("Deployment settings"):
         d1, d2, d3, d4 = st.columns(4)
-        image = d1.text_input("image", value="", placeholder=image_of(study, ExportOptions()), key="export_image",
+        image = d1.text_input("image", value="", placeholder=default_image, key="export_image",
                               help="default: vLLM's image at the GPU release the deployment runs")
         port = d2.number_input("port", value=8000, min_value=1, max_value=65535, key="export_port")
         gpus = d3.number_input("GPUs", value=1, min_value=0, max_value=64, key="export_gpus")

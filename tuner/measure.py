@@ -29,6 +29,7 @@ from tracetune.replay.metrics import Summary, summarize
 from tracetune.replay.send import prepare, replay
 from tracetune.replay.trace import Trace
 from tracetune.replay.types import ReplayResult
+from tracetune.tuner.objectives import keeps_slos
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
 from tracetune.tuner.settings import StudySettings
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     from tracetune.engine_adapter.kind import EngineConfig
     from tracetune.replay.send import PromptSynthesizer
     from tracetune.tuner.runner import Level
+
+
+QUALITY_SKIPPED = ("quality not probed: it missed the study's SLOs at the trace's rate, so no quality "
+                   "could put it on the front")
 
 
 def client_overload_reason(summary: Summary) -> str:
@@ -80,6 +85,7 @@ class _Run:
     result: ReplayResult | None = None  # the trace-rate replay
     summary: Summary | None = None
     quality: QualityResult | None = None
+    quality_skipped: str = ""  # why the probe asked for was not run (`EngineRunner._probe_if_it_counts`)
     reference: Reference | None = None
     levels: tuple[Level, ...] = ()
     log_tail: str = ""
@@ -89,7 +95,8 @@ class _Run:
         assert self.summary is not None and self.result is not None, "a run that returns has replayed"
         return Measurement(summary=self.summary, quality=self.quality, startup_s=self.startup_s,
                            requests_jsonl="".join(r.to_json() + "\n" for r in self.result.records),
-                           log_tail=self.log_tail, levels=self.levels, reference=self.reference)
+                           log_tail=self.log_tail, levels=self.levels, reference=self.reference,
+                           quality_skipped=self.quality_skipped)
 
 
 class EngineRunner:
@@ -148,8 +155,7 @@ class EngineRunner:
             self._capacity_search(server, config, run, start, prune)
         assert run.summary is not None
         self._require_served(server, run.phase, run.summary)
-        if run.probe is not None and run.quality is None:
-            self._probe(server, config, run)
+        self._probe_if_it_counts(server, config, run)
         self._acceptance(server, config, run)
 
     def _capacity_search(self, server: Engine, config: EngineConfig, run: _Run, start: float,
@@ -158,8 +164,7 @@ class EngineRunner:
         other objectives), then the capacity search from `start`."""
         runner = self._level_runner(server, run.label, start, self._engine_cores(config))
         seed = self._trace_rate_level(runner, server, run)
-        if run.probe is not None:
-            self._probe(server, config, run)
+        self._probe_if_it_counts(server, config, run, counted=not seed.not_counted)
         run.phase = "capacity search"
         assert run.summary is not None
         prune_at = prune(run.summary, run.quality, config.gpus(), runner.base_rates[0]) if prune else None
@@ -170,6 +175,25 @@ class EngineRunner:
         run.summary.capacity = capacity.as_dict()
         run.levels = tuple((step.scale, step.repeat, res.records) for step, res in runner.measured)
         self.reporter.on_capacity_done(label=run.label, capacity=capacity)
+
+    def _probe_if_it_counts(self, server: Engine, config: EngineConfig, run: _Run, *, counted: bool = True) -> None:
+        """The quality probe (once), unless its result cannot change the trial's standing: a trial
+        (not the reference, whose texts the others are scored against) that already failed requests
+        or missed the study's SLOs at the trace's rate is infeasible whatever its quality, so it is never
+        on the front, and its search stops there (`tuner.incumbents.prune_rival`). On llama.cpp the
+        probe is a request per scored token (minutes on a CPU); a stored result of the same quality
+        key costs nothing and is still used. A replay that measured the client or a busy machine
+        (`counted` False) skips nothing: it is measured again. `--no-prune` probes every trial."""
+        if run.probe is None or run.quality is not None or run.quality_skipped:
+            return
+        assert run.summary is not None
+        stored = run.probe.known(quality_key(json.loads(config.model_dump_json())))
+        if (counted and self.settings.prune and run.probe.reference is not None and stored is None
+                and not run.summary.client_overloaded and not keeps_slos(run.summary, self.settings.slos)):
+            run.quality_skipped = QUALITY_SKIPPED
+            self.reporter.on_quality_skipped(label=run.label, reason=QUALITY_SKIPPED)
+            return
+        self._probe(server, config, run)
 
     def _probe(self, server: Engine, config: EngineConfig, run: _Run) -> None:
         run.phase = "quality probe"

@@ -99,6 +99,10 @@ class Reporter(Protocol):
     def on_quality_reused(self, *, label: str, trial: int) -> None:
         return None
 
+    def on_quality_skipped(self, *, label: str, reason: str) -> None:
+        """The quality probe asked for was not run (`tuner.measure`): `reason` says why."""
+        return None
+
     def on_probe_noisy(self, *, label: str, kld: Estimate | None, beyond: dict[str, Estimate] | None) -> None:
         return None
 

@@ -55,6 +55,9 @@ class Measurement:
     log_tail: str = ""
     levels: tuple[Level, ...] = ()  # every load level of a capacity search, in search order
     reference: Reference | None = None  # the reference continuations, when this run measured them
+    # Why the quality probe was not run although asked for ("": it ran, or was not asked for):
+    # the run had already missed the study's SLOs at the trace's rate (`tuner.measure`).
+    quality_skipped: str = ""
 
     def stored(self) -> StoredColumns:
         """The trial row's measured columns (`ResultStore.save_trial` keywords), as JSON-ready values."""

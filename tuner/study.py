@@ -47,7 +47,7 @@ from tracetune.tuner.coordination import Coordinator, config_key, counted, runni
 from tracetune.tuner.front import Candidate, Plateau, not_meaningful, slo_misses
 from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason
 from tracetune.tuner.measure import client_overload_reason, machine_busy_reason
-from tracetune.tuner.objectives import constraint_values, objective_value
+from tracetune.tuner.objectives import FAILED_VIOLATION, constraint_values, objective_value, penalty_values
 from tracetune.tuner.optuna_study import open_study, queue_first_trials, report_retries
 from tracetune.tuner.reference_run import ReferenceRun
 from tracetune.tuner.reporter import NullReporter, Reporter
@@ -176,18 +176,20 @@ class Tuner:
         quality = measured.quality
         if quality is not None and quality.reused_from is None and quality.key is not None:
             self.ref.quality_known[quality.key] = (trial.number, quality.as_dict())
-        return self._judged(measured, attempt.config or {})
+        return self._judged(measured, attempt.config or {}, trial.study)
 
     def _bounded(self, start: float) -> float:
         """A predicted start within the capacity search's range."""
         capacity = self.settings.capacity
         return start if capacity is None else min(max(start, capacity.min_scale), capacity.max_scale)
 
-    def _judged(self, measured: Measurement, config: dict[str, object]) -> Outcome:
+    def _judged(self, measured: Measurement, config: dict[str, object], study: optuna.Study) -> Outcome:
         """What a measurement counts as: measured (perhaps pruned, or not meaningful), or unusable."""
         summary, quality, settings = measured.summary, measured.quality, self.settings
         objectives = [objective_value(name, summary, quality) for name in settings.objectives]
         constraints = constraint_values(summary, quality, settings.slos, settings.max_quality_loss)
+        if measured.quality_skipped:
+            objectives, constraints = self._unprobed(study, objectives, constraints)
         busy = machine_busy_reason(summary)  # other work took the engine's cores, again when retried
         # It measured the client or the machine: stored with everything it saw, under its own status.
         unmeasurable = summary.client_overloaded or bool(busy)
@@ -200,11 +202,22 @@ class Tuner:
             return Infeasible(Status.UNMEASURABLE, busy or client_overload_reason(summary), measurement=measured)
         if pruned:
             assert summary.capacity is not None
-            return Measured(measured, objectives, constraints, status=Status.PRUNED,
-                            reason=pruned_reason(settings.objectives, self._rival, summary.capacity,
-                                                 slo_misses(summary.as_dict(), settings.slos),
-                                                 reference_name=self.engine.defaults_label))
+            reason = pruned_reason(settings.objectives, self._rival, summary.capacity,
+                                   slo_misses(summary.as_dict(), settings.slos),
+                                   reference_name=self.engine.defaults_label)
+            unprobed = "; its quality not probed" if measured.quality_skipped else ""
+            return Measured(measured, objectives, constraints, status=Status.PRUNED, reason=reason + unprobed)
         return Measured(measured, objectives, constraints, reason=why, not_meaningful=why)
+
+    def _unprobed(self, study: optuna.Study, objectives: list[float],
+                  constraints: list[float]) -> tuple[list[float], list[float]]:
+        """A trial whose probe was skipped (it missed the SLOs at the trace's rate: `tuner.measure`), as
+        its sampler sees it: its quality objective the worst measured so far (`penalty_values`), its
+        quality gate violated as a failed trial's is (`FAILED_VIOLATION`). Its constraints already
+        make it infeasible; neither number is shown as measured (its stored quality is none)."""
+        penalty = penalty_values(study, self.settings.objectives, self.reference_values)
+        values = [p if math.isnan(v) else v for v, p in zip(objectives, penalty)]
+        return values, [FAILED_VIOLATION if math.isinf(c) else c for c in constraints]
 
     def _reused(self, original: int) -> Outcome:
         """This configuration was already measured (by this or another worker): the same result for the

@@ -16,7 +16,7 @@ from tracetune.engine_adapter.registry import engine_kind
 from tracetune.replay.trace import load_trace
 from tracetune.replay.types import ReplayOptions
 from tracetune.tuner.coordination import counted
-from tracetune.tuner.measure import EngineRunner
+from tracetune.tuner.measure import QUALITY_SKIPPED, EngineRunner
 from tracetune.tuner.runner import Measurement
 from tracetune.tuner.settings import StudySettings
 from tracetune.tuner.storage import ResultStore
@@ -169,13 +169,14 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
 
 
 def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True, events: Events | None = None,
-                   rules: str = "classic", level_records=None, loss=lambda config: 0.0):
+                   rules: str = "classic", level_records=None, loss=lambda config: 0.0, skip_unfit_probe: bool = False):
     """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
     (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
     early stop and everything the Tuner does with them are real. `rules`: the search's (classic by
     default: these tests pin its levels; the guided rules' are tested where named). `level_records(scale,
     passed)`: each level's request records, handed to the study as the levels measured (none by default).
-    `loss(config)`: a trial's quality loss (the reference's is 0)."""
+    `loss(config)`: a trial's quality loss (the reference's is 0). `skip_unfit_probe`: a trial missing
+    the SLO at 1x comes back unprobed, as `EngineRunner` returns it."""
     from tracetune.capacity.search import search_capacity
     from tracetune.capacity.step import CapacityOptions, Step
     from tracetune.replay.metrics import parse_slos
@@ -186,6 +187,8 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
     def measure(config, label, *, probe, start=1.0, prune=None):
         ttft, true_k = truth(None if label == "reference" else config)
         summary, quality = fake_summary(ttft, 10.0), fake_quality(0.0 if label == "reference" else loss(config))
+        skipped = QUALITY_SKIPPED if skip_unfit_probe and label != "reference" and ttft >= 2.0 else ""
+        quality = None if skipped else quality
 
         measured = []
 
@@ -203,7 +206,7 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
                                  prune_at=prune_at)
         summary.capacity = result.as_dict()
         return Measurement(summary=summary, quality=quality, startup_s=1.0, levels=tuple(measured),
-                           reference=REFERENCE if label == "reference" else None)
+                           reference=REFERENCE if label == "reference" else None, quality_skipped=skipped)
 
     runner = type("CapacityRunner", (), {"measure": staticmethod(measure)})()
     tuner = make_tuner(tmp_path, lambda c: None, space_yaml=SEQS, trials=trials, enqueue=enqueue, slos=slos,
@@ -306,6 +309,58 @@ def test_a_trial_that_misses_the_slo_at_the_traces_rate_stops_where_it_fails_it(
         "TTFT p99 3 s against 2 s: it cannot be on the front" in reason, reason
     assert len(tuner.levels["trial-0001"]) > 3 and max(tuner.levels["trial-0001"]) > 1.0
     assert tuner.front_labels(study) == {"reference"}
+
+
+def test_a_trial_unprobed_for_missing_the_slo_is_pruned_with_a_penalty_and_no_stored_quality(tmp_path):
+    """The runner skipped the probe of the trial missing its SLO at 1x (its quality could not put it on
+    the front): the study stores no quality for it, tells its sampler the worst quality measured so far
+    (not NaN, which would fail the trial), and says so in its pruned reason."""
+    truth = {None: (0.5, 2.0), 1: (3.0, 0.3), 2: (0.3, 1.5)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=2,
+                           enqueue=[{"max_num_seqs": 2}, {"max_num_seqs": 1}], loss=lambda config: 0.02,
+                           skip_unfit_probe=True)
+    study = tuner.run()
+    measured, unprobed = sorted(study.trials, key=lambda t: t.number)
+    assert [measured.user_attrs["status"], unprobed.user_attrs["status"]] == ["measured", "pruned"]
+    assert unprobed.user_attrs["failure_reason"].split(". At")[0].endswith("; its quality not probed")
+    assert unprobed.values[2] == pytest.approx(0.02)  # trial 0's loss, the worst measured so far
+    row = tuner.store.trials("s", unprobed.number)[0]
+    assert row["quality"] is None and row["summary"] is not None
+
+
+def test_the_probe_is_skipped_only_where_no_quality_could_change_the_trials_standing(tmp_path, monkeypatch):
+    """`EngineRunner._probe_if_it_counts`: a trial that missed the study's SLOs at the trace's rate is not
+    probed; one that kept them is, and so are the reference, a trial whose level measured a busy machine
+    (measured again), one whose quality key was already probed (reused for free), and every trial
+    under --no-prune."""
+    import dataclasses
+
+    import tracetune.tuner.measure as measure_module
+    from tracetune.engine_adapter.vllm.server import VLLMConfig
+    from tracetune.replay.metrics import parse_slos
+    from tracetune.tuner.measure import _Run
+    from tracetune.tuner.runner import QualityProbe
+
+    runner = engine_runner(tmp_path)
+    runner.settings = dataclasses.replace(runner.settings, slos=parse_slos("ttft:p99<2s"))
+    probed: list[str] = []
+    monkeypatch.setattr(EngineRunner, "_probe", lambda self, server, config, run: probed.append(run.label))
+    config = VLLMConfig(model=tmp_path / "model")
+    trial_probe = QualityProbe(reference=REFERENCE)
+
+    def decide(label: str, ttft_s: float, probe: QualityProbe, *, counted: bool = True) -> bool:
+        run = _Run(label=label, probe=probe, summary=fake_summary(ttft_s, 10.0))
+        runner._probe_if_it_counts(None, config, run, counted=counted)
+        return label in probed and not run.quality_skipped
+
+    assert not decide("missed", 3.0, trial_probe)
+    assert decide("kept", 1.0, trial_probe)
+    assert decide("reference", 3.0, QualityProbe())
+    assert decide("busy", 3.0, trial_probe, counted=False)
+    assert decide("known", 3.0, dataclasses.replace(trial_probe, known=lambda key: (0, {})))
+    runner.settings = dataclasses.replace(runner.settings, prune=False)
+    assert decide("no-prune", 3.0, trial_probe)
+    assert measure_module.keeps_slos(fake_summary(1.0, 10.0), runner.settings.slos)
 
 
 def test_without_the_slo_stop_the_same_trial_is_searched_below_the_traces_rate(tmp_path):
