@@ -32,9 +32,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tracetune.capacity.sustain import CUT_ERROR
 from tracetune.engine_adapter.metrics import EngineMetrics
-from tracetune.replay.metrics import SLO, meets_slos, threshold
+from tracetune.replay.metrics import SLO, meets_slos, seconds_text, threshold
 from tracetune.replay.types import RequestRecord
 from tracetune.stored import Stored, number
 
@@ -48,10 +47,6 @@ class Cause:
 
     rule: str
     text: str
-
-
-def _time(seconds: float) -> str:
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
 
 
 def in_flight(records: Sequence[RequestRecord]) -> float:
@@ -74,8 +69,8 @@ def cause(records: Sequence[RequestRecord], slos: Sequence[SLO], *, slots: int |
     """Why the level of `records` missed its SLO (the module's rules); None when nothing missed.
     `complete` False: the level was cut short, its records are those that finished."""
     ttft_max, tpot_max = threshold(slos, "ttft"), threshold(slos, "tpot")
-    answered = [r for r in records if r.success or r.error == CUT_ERROR]  # a cut request had its first token
-    failed = [r for r in records if not (r.success or r.error == CUT_ERROR)]
+    answered = [r for r in records if r.success or r.cut]  # a cut request did not fail: it was cut, unfinished
+    failed = [r for r in records if not (r.success or r.cut)]
     late_ttft = [r for r in answered if r.ttft_s is None or r.ttft_s >= ttft_max]
     late_tpot = [r for r in records if r.success and (r.tpot_s or 0.0) >= tpot_max]
     missed = sum(not meets_slos(r, slos) for r in records)
@@ -86,11 +81,11 @@ def cause(records: Sequence[RequestRecord], slos: Sequence[SLO], *, slots: int |
     flight = in_flight(records)
     about = ("about" if complete else "at least") + f" {flight:.0f} requests in flight" if math.isfinite(flight) else ""
     for_slots = f" for {slots} slot{'s' if slots > 1 else ''}" if slots and about else ""
-    ttft_text = f"TTFT p50 {_time(ttft[0])}, p90 {_time(ttft[1])}" + (
-        f" against {_time(ttft_max)}" if math.isfinite(ttft_max) else "")
+    ttft_text = f"TTFT p50 {seconds_text(ttft[0])}, p90 {seconds_text(ttft[1])}" + (
+        f" against {seconds_text(ttft_max)}" if math.isfinite(ttft_max) else "")
     tpot_ok = not math.isfinite(tpot_max) or (math.isfinite(tpot_p50) and tpot_p50 < tpot_max)
-    tpot_text = "" if math.isnan(tpot_p50) else f"TPOT p50 {_time(tpot_p50)}" + (
-        (" within " if tpot_ok else " against ") + _time(tpot_max) if math.isfinite(tpot_max) else "")
+    tpot_text = "" if math.isnan(tpot_p50) else f"TPOT p50 {seconds_text(tpot_p50)}" + (
+        (" within " if tpot_ok else " against ") + seconds_text(tpot_max) if math.isfinite(tpot_max) else "")
     share = f"{len(late_ttft)} of {missed} misses late in TTFT"
     if 2 * len(failed) > missed:
         first = min(failed, key=lambda r: r.send_s)

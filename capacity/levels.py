@@ -14,13 +14,16 @@ import numpy as np
 
 from tracetune.capacity import segments, sustain
 from tracetune.capacity.parts import PartOutcome, judge_parts, miss_budget
+from tracetune.capacity.response import wilson_top
 from tracetune.capacity.search import search_capacity
 from tracetune.capacity.step import (
     CUT_ERROR,
+    CUT_MISS_ERROR,
     CapacityOptions,
     CapacityResult,
     DecidedBy,
     MissCounter,
+    MissedSLO,
     Step,
     allowed_misses,
     at_scale,
@@ -165,17 +168,20 @@ class LevelRunner:
                                         min_requests=o.level_requests, lifetime_s=self.lifetime_s)
         return segments.cut(self.requests, need_s * scale)
 
-    def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None) -> Step:
+    def level(self, scale: float, repeat: bool = False, *, abandon: bool | None = None,
+              end_on_slo_miss: bool = False) -> Step:
         """Measure level `scale` over its window: the whole trace (looped where shorter), or the
         windows of it `capacity.segments` picks. A passing level whose requests lived longer than the
         window was sized for (the SLO bounds no lifetime, or the engine is slower) is measured once
-        more, over a window sized by its measured median E2E latency."""
+        more, over a window sized by its measured median E2E latency. `end_on_slo_miss` (a whole-trace
+        level not abandoned otherwise): it ends once a TTFT or E2E target is certainly missed
+        (`capacity.step.MissedSLO`), the requests in flight cut and recorded with their life so far."""
         waited = self._wait_quiet()
         self._spans = []
         windows = self.windows(scale)
         if windows is None:
             window = self.window(scale)
-            step, result = self._replay_level(scale, window, repeat, abandon)
+            step, result = self._replay_level(scale, window, repeat, abandon, end_on_slo_miss)
             window_s = window.seconds
         else:
             step, result = self._replay_parts(scale, windows, repeat, abandon)
@@ -189,38 +195,51 @@ class LevelRunner:
         self._judge_machine(step, waited)
         self._record(scale, step, result)
         if short:
-            step = self.level(scale, repeat, abandon=abandon)
+            step = self.level(scale, repeat, abandon=abandon, end_on_slo_miss=end_on_slo_miss)
         return step
 
-    def _replay_level(self, scale: float, window: sustain.Window, repeat: bool,
-                      abandon: bool | None) -> tuple[Step, ReplayResult]:
+    def _replay_level(self, scale: float, window: sustain.Window, repeat: bool, abandon: bool | None,
+                      end_on_slo_miss: bool = False) -> tuple[Step, ReplayResult]:
         requests = at_scale(sustain.looped(self.requests, window.passes), scale)
         last_from = requests[-1].scheduled_s * (1 - sustain.LAST_PART)
         budget = allowed_misses(len(requests), self.options.attainment)
         last_budget = allowed_misses(sum(r.scheduled_s >= last_from for r in requests), self.options.attainment)
         use_abandon = self.options.abandon if abandon is None else abandon
         misses = MissCounter(self.options.slos, last_from_s=last_from)
-        why = ["misses"]
+        why = [DecidedBy.MISSES]
         decided = DecidedPass(self.options, len(requests), budget, last_budget, misses)
+        missed = Ended(MissedSLO(self.options.slos, len(requests)))
 
         def certain(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
             if misses(finished, in_flight, now) > budget:
                 return True
             if misses.last > last_budget:
-                why[0] = "last-third misses"
+                why[0] = DecidedBy.LAST_THIRD_MISSES
                 return True
             return self.options.ends_decided and decided(finished, in_flight, now)
 
-        result, duration, procs = self._send(scale, requests, repeat, certain if use_abandon else None)
+        def slo_missed(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
+            # Certain, and a clear fail (`capacity.response.repeat_rule`), so that no repeat is needed.
+            planned, why[0] = len(requests), DecidedBy.SLO_MISSED
+            most = (planned - misses(finished, in_flight, now)) / planned
+            return wilson_top(most, planned) < self.options.attainment and missed(finished, in_flight, now)
+
+        stop = certain if use_abandon else slo_missed if end_on_slo_miss else None
+        result, duration, procs = self._send(scale, requests, repeat, stop)
         cut = 0
-        if decided.at is not None and result.abandoned:
-            result, cut = decided.completed(result, requests)
+        if result.abandoned and (decided.at is not None or missed.at is not None):
+            ended = decided if decided.at is not None else missed
+            result, cut = with_cut(result, requests, ended.in_flight, ended.at,
+                                   CUT_ERROR if ended is decided else CUT_MISS_ERROR)
             if self.on_record is not None:  # the requests cut are recorded as the others were
                 for record in result.records[-cut:] if cut else []:
                     self.on_record(scale, record)
+            result.abandoned = ended is missed  # a decided pass is judged as a level that ran to its end
         step = judge(result, scale, requests, self.options, duration, repeat=repeat,
                      misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
         step.client_procs, step.cut = procs, cut
+        if missed.at is not None:
+            step.ended = missed.check.said
         return step, result
 
     def _send(self, scale: float, requests: Sequence[PreparedRequest], repeat: bool,
@@ -384,30 +403,49 @@ class DecidedPass:
         self.at, self.in_flight = now, list(in_flight)
         return True
 
-    def completed(self, result: ReplayResult, requests: Sequence[PreparedRequest]) -> tuple[ReplayResult, int]:
-        """The replay as one that ran to its end, the requests cut recorded as misses; and how many."""
-        assert self.at is not None
-        done = {r.index for r in result.records}
-        unfinished: dict[float, list[PreparedRequest]] = {}
-        for r in requests:
-            if r.index not in done:
-                unfinished.setdefault(r.scheduled_s, []).append(r)
-        def request_of(live: InFlight) -> PreparedRequest | None:
-            waiting = unfinished.get(live.scheduled_s)
-            return waiting.pop(0) if waiting else None
 
-        cut = [_cut_record(f, request_of(f), self.at) for f in self.in_flight]
-        records = [*result.records, *cut]
-        return dataclasses.replace(result, records=records, abandoned=False, sent=len(records)), len(cut)
+class Ended:
+    """A stop rule (`StopWhen`) that keeps the clock reading it stopped at and what was in flight then."""
+
+    def __init__(self, check: MissedSLO) -> None:
+        self.check = check
+        self.at: float | None = None
+        self.in_flight: list[InFlight] = []
+
+    def __call__(self, finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
+        if not self.check(finished, in_flight, now):
+            return False
+        self.at, self.in_flight = now, list(in_flight)
+        return True
 
 
-def _cut_record(live: InFlight, request: PreparedRequest | None, now: float) -> RequestRecord:
-    """A request in flight when its level's pass was decided: a miss that says so, with its first
-    token and its life so far (sent on schedule: its send time is its place in the schedule)."""
+def with_cut(result: ReplayResult, requests: Sequence[PreparedRequest], in_flight: Sequence[InFlight],
+             at: float | None, error: str) -> tuple[ReplayResult, int]:
+    """The replay with the requests `in_flight` when it stopped (at clock reading `at`) recorded as
+    cut (`error`, a `CUT_PREFIX` one: a miss, not a failure); and how many."""
+    assert at is not None
+    done = {r.index for r in result.records}
+    unfinished: dict[float, list[PreparedRequest]] = {}
+    for r in requests:
+        if r.index not in done:
+            unfinished.setdefault(r.scheduled_s, []).append(r)
+
+    def request_of(live: InFlight) -> PreparedRequest | None:
+        waiting = unfinished.get(live.scheduled_s)
+        return waiting.pop(0) if waiting else None
+
+    cut = [_cut_record(f, request_of(f), at, error) for f in in_flight]
+    records = [*result.records, *cut]
+    return dataclasses.replace(result, records=records, sent=len(records)), len(cut)
+
+
+def _cut_record(live: InFlight, request: PreparedRequest | None, now: float, error: str) -> RequestRecord:
+    """A request in flight when its level's outcome was certain: a miss that says why it was cut, with
+    its first token and its life so far (sent on schedule: its send time is its place in the schedule)."""
     first = None if live.first_output is None else live.first_output - live.send
     return RequestRecord(index=request.index if request else -1, id=request.id if request else None,
                          scheduled_s=live.scheduled_s, send_s=live.scheduled_s, lag_s=0.0, success=False,
-                         error=CUT_ERROR, ttft_s=first, e2e_s=now - live.send, itl_s=[], prompt_tokens=None,
+                         error=error, ttft_s=first, e2e_s=now - live.send, itl_s=[], prompt_tokens=None,
                          output_tokens=None, requested_tokens=request.max_tokens if request else 0,
                          finish_reason=None)
 

@@ -258,14 +258,19 @@ def repeat_rule(step: Step, target: float) -> tuple[bool, str]:
     return True, f"marginal: {shown} spans 1"
 
 
+def wilson_top(p: float, n: int) -> float:
+    """The top of the 95% (Wilson) interval of a share `p` of `n` requests."""
+    n = max(n, 1)
+    centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
+    return centre + half
+
+
 def _abandoned_rule(step: Step, target: float) -> tuple[bool, str]:
     """An abandoned level's attainment is at most (planned - certain misses) / planned; it is a clear
     fail when even that bound's 95% interval (Wilson) stays under the target."""
-    n = max(step.planned, 1)
     p = step.attainment
-    centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
-    top = centre + half
+    top = wilson_top(p, step.planned)
     if top < target:
         return False, f"clear fail: abandoned, attainment <= {p:.0%} (95% up to {top:.0%}) under {target:.0%}"
     return True, f"marginal: abandoned at <= {p:.0%}, 95% up to {top:.0%} reaches {target:.0%}"

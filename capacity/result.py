@@ -33,6 +33,7 @@ class DecidedBy(enum.StrEnum):
     TTFT_RISING = "TTFT rising"
     MISSES = "misses"  # abandoned: more certain misses than the target allows
     LAST_THIRD_MISSES = "last-third misses"  # abandoned: as many in the window's last third
+    SLO_MISSED = "SLO missed"  # ended: a TTFT or E2E target's statistic certainly past it (`step.MissedSLO`)
     WINDOW_SHORT = "window short"
 
 
@@ -53,7 +54,8 @@ class Verdict(enum.StrEnum):
 _WHY: dict[str, str] = {DecidedBy.MISSES: "more misses than the target allows",
                         DecidedBy.LAST_THIRD_MISSES: "more misses in the last third than the target allows",
                         DecidedBy.ATTAINMENT: "below the target",
-                        DecidedBy.PERCENTILE_TARGET: "a percentile target missed"}
+                        DecidedBy.PERCENTILE_TARGET: "a percentile target missed",
+                        DecidedBy.SLO_MISSED: "the SLO certainly missed"}
 
 
 @dataclasses.dataclass
@@ -93,7 +95,8 @@ class Step:
     slo_ratio: list[float | None] | None = None
     placed_by: str = ""  # the rule that chose this level's load (`capacity.response.place`), "" for a seed
     repeat_rule: str = ""  # for a bracket end: why it was (or was not) measured again
-    cut: int = 0  # requests still in flight when the level's pass was decided, cut and counted as misses
+    cut: int = 0  # requests still in flight when the level's outcome was certain, cut and counted as misses
+    ended: str = ""  # the SLO target it certainly missed when it ended early (`step.MissedSLO`); "" otherwise
     cause: str = ""  # a failed level: why, in words with its numbers (`capacity.causes`); "" unexplained
     # Who used the machine's cores while the level ran (`replay.machine.Share.as_dict`; None: not accounted),
     # and why it measured the machine rather than the engine ("" when it did not: `replay.machine.busy_reason`).
@@ -144,7 +147,9 @@ class Step:
         else:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""
-        if self.cut:
+        if self.ended:
+            procs += f" · ended with {self.cut} in flight: {self.ended}"
+        elif self.cut:
             procs += f" · ended with {self.cut} in flight, its attainment certain"
         if self.machine_busy and self.passed:
             procs += " · passed on a busy machine (other work took cores)"

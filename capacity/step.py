@@ -51,7 +51,9 @@ from tracetune.replay.metrics import (
     lag_bound_s,
     lag_p99,
     meets_slos,
+    seconds_text,
     slo_value,
+    statistic,
     threshold,
 )
 from tracetune.replay.types import InFlight, PreparedRequest, ReplayResult, RequestRecord
@@ -62,6 +64,7 @@ LEVEL_LIFETIMES = 5.0
 LEVEL_REQUESTS = 100
 SEARCH_RULES = ("guided", "classic")
 CUT_ERROR = sustain.CUT_ERROR
+CUT_MISS_ERROR = sustain.CUT_MISS_ERROR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +205,42 @@ class MissCounter:
         return self.count
 
 
+class MissedSLO:
+    """Whether a level has certainly missed a TTFT or E2E target of the SLO, checked while it runs (the
+    trace's rate of a trial, `capacity.levels`): the target's statistic over the `planned` requests
+    is past its threshold even if every request in flight ended now and every one not yet sent took
+    no time at all (each counted with the least it can be; a request that failed is left out, as the
+    summary leaves it). A TPOT target is never certain early: an unfinished request's TPOT is
+    unknown. Checked at most every `every_s` of the clock (a pass over the requests so far);
+    `said` names the target once certain, e.g. "TTFT p95 at least 4.1 s against 2 s"."""
+
+    def __init__(self, slos: Sequence[SLO], planned: int, every_s: float = 0.25) -> None:
+        self.slos = [slo for slo in slos if slo.metric in ("ttft", "e2e")]
+        self.planned, self.every_s = planned, every_s
+        self.next_at = 0.0
+        self.said = ""
+
+    def __call__(self, finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
+        if not self.slos or now < self.next_at:
+            return False
+        self.next_at = now + self.every_s
+        unsent = [0.0] * max(self.planned - len(finished) - len(in_flight), 0)
+        for slo in self.slos:
+            values = [v for r in finished if (v := r.least(slo.metric)) is not None]
+            values += [_life(live, now, slo.metric) for live in in_flight] + unsent
+            if values and (least := statistic(values, slo.stat)) > slo.threshold_s:
+                self.said = (f"{slo.metric.upper()} {slo.stat} at least {seconds_text(least)} against "
+                             f"{seconds_text(slo.threshold_s)}")
+                return True
+        return False
+
+
+def _life(live: InFlight, now: float, metric: str) -> float:
+    """The least TTFT or E2E of a request in flight: its first token's time, or its life so far."""
+    first = live.first_output
+    return first - live.send if metric == "ttft" and first is not None else now - live.send
+
+
 def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence[SLO],
                   attainment: float) -> tuple[int, bool]:
     """A level's good requests under `slos` and whether it passes: their share of the planned requests
@@ -227,7 +266,7 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
                 abandoned=result.abandoned, requests=result.sent or len(result.records), planned=planned, good=good,
                 duration_s=duration_s, lag_p99_s=lag_p99(result.records),
                 client_overloaded=client_overloaded(result.records, options.slos), repeat=repeat,
-                errors=sum(not r.success and not r.client_error and r.error != CUT_ERROR for r in result.records),
+                errors=sum(not r.success and not r.client_error and not r.cut for r in result.records),
                 window_s=window_s, passes=passes, quarters=sustain.quarters(result.records, requests, options.slos))
     # An abandoned level's ratio is over the requests that finished (the rest were cut off): a lower
     # bound of the whole level's, which the model of `capacity.response` uses as such.

@@ -53,15 +53,17 @@ import numpy as np
 
 from tracetune.replay.metrics import SLO, meets_slos, threshold
 from tracetune.replay.profile import arrival_period
-from tracetune.replay.types import PreparedRequest, RequestRecord
+from tracetune.replay.types import CUT_PREFIX, PreparedRequest, RequestRecord
 from tracetune.types import JsonDict
 
 LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the target on its own
 TREND_PART = 0.5  # the share of the window (its end) where the trends are measured
 TREND_BLOCKS = 8
 QUEUE_GROWTH = 0.05  # in-flight growth, as a share of the arrival rate, that counts as a rising queue
-# The error of a request cut off when its level's pass was decided (`capacity.levels.DecidedPass`).
-CUT_ERROR = "cut: the level's attainment was certain"
+# The errors of a request cut off unfinished (`RequestRecord.cut`): when its level's pass was decided
+# (`capacity.levels.DecidedPass`), or when the trace's rate certainly missed the SLOs (`capacity.levels`).
+CUT_ERROR = f"{CUT_PREFIX}the level's attainment was certain"
+CUT_MISS_ERROR = f"{CUT_PREFIX}the level certainly missed the SLOs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +215,7 @@ def block_trends(records: Sequence[RequestRecord], window_s: float) -> tuple[Tre
         mids.append((a + b) / 2)
         flight.append(float(np.clip(np.minimum(end, b) - np.maximum(send, a), 0, None).sum()) / (b - a))
         first = [r.ttft_s for r in records if a <= r.send_s < b and r.ttft_s is not None
-                 and (r.success or r.error == CUT_ERROR)]
+                 and (r.success or r.cut)]
         if first:
             ttft_mids.append((a + b) / 2)
             ttft.append(float(np.median(first)))

@@ -115,6 +115,16 @@ def _same_stat(a: str, b: str) -> bool:
     return a == b or ("mean" not in (a, b) and float(a[1:]) == float(b[1:]))
 
 
+def seconds_text(seconds: float) -> str:
+    """A latency in words: "1.55 s", or "37 ms" under a second."""
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+
+
+def statistic(values: Sequence[float], stat: str) -> float:
+    """`stat` ("mean", "p95", ...) of `values`, as the summary computes it."""
+    return float(_stat(np.asarray(values, dtype=float), stat))
+
+
 def _stat(values: np.ndarray, stat: str, axis: int | None = None) -> np.floating | np.ndarray:
     if stat == "mean":
         return np.mean(values, axis=axis)
@@ -191,13 +201,15 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, stat: str, *, n_resamples
 
 
 def per_request_values(records: Iterable[RequestRecord], metric: str) -> list[float]:
+    """Each successful request's `metric` (ITL: every gap); a request cut unfinished (`RequestRecord.cut`)
+    counts with the least its TTFT or E2E can be, so that statistics of a replay ended early are lower
+    bounds, never the faster survivors' alone."""
+    records = list(records)
     ok = [r for r in records if r.success]
-    if metric == "ttft":
-        return [r.ttft_s for r in ok if r.ttft_s is not None]
+    if metric in ("ttft", "e2e"):
+        return [v for r in records if (r.success or r.cut) and (v := r.least(metric)) is not None]
     if metric == "tpot":
         return [r.tpot_s for r in ok if r.tpot_s is not None]
-    if metric == "e2e":
-        return [r.e2e_s for r in ok]
     if metric == "itl":
         return [gap for r in ok for gap in r.itl_s]
     raise ValueError(metric)
@@ -253,6 +265,7 @@ class Summary:
     stream_faults: int = 0  # errors whose answer was not a well-formed OpenAI stream
     first_stream_fault: str = ""  # the reason of the first of them (in trace order)
     cost: dict[str, float] | None = None  # wall seconds of the run that measured it, by part (`tuner.measure`)
+    ended: str = ""  # how a replay cut short once its outcome was certain ended ("": it ran to its end)
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -276,6 +289,8 @@ class Summary:
             out["acceptance"] = self.acceptance
         if self.cost is not None:
             out["cost"] = self.cost
+        if self.ended:
+            out["ended"] = self.ended
         return out
 
     @classmethod
@@ -308,7 +323,8 @@ class Summary:
             lag_bound_s=number(stored.get("lag_bound_s", LAG_BOUND_S)), connection_waits=count("connection_waits"),
             connection_limit=count("connection_limit"), stream_faults=count("stream_faults"),
             first_stream_fault=text(stored.get("first_stream_fault")),
-            cost={k: number(v) for k, v in mapping(cost).items()} if isinstance(cost, dict) else None)
+            cost={k: number(v) for k, v in mapping(cost).items()} if isinstance(cost, dict) else None,
+            ended=text(stored.get("ended")))
 
     def estimate(self, metric: str, stat: str) -> Estimate | None:
         """The latency estimate of `metric` at `stat` (None where the summary does not hold it)."""
@@ -382,7 +398,8 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
     # Requests that failed count as zero toward throughput but are part of the sample.
     pad = np.zeros(n - len(ok))
     client_errors = sum(r.client_error for r in records)
-    engine_errors = n - len(ok) - client_errors
+    cut = sum(r.cut for r in records)
+    engine_errors = n - len(ok) - client_errors - cut
     faults = [r.error for r in records if not r.success and stream_fault(r.error)]
     summary = Summary(
         requests=n, succeeded=len(ok), errors=engine_errors, error_rate=engine_errors / n if n else 0.0,
@@ -392,7 +409,7 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
         request_throughput_rps=_rate_ci(np.concatenate([ones, pad]), duration, seed),
         output_throughput_tps=_rate_ci(np.concatenate([tokens, pad]), duration, seed),
         latency=latency, schedule_lag=lag,
-        error_examples=sorted({r.error for r in records if not r.success})[:5],
+        error_examples=sorted({r.error for r in records if not r.success and not r.cut})[:5],
         stream_faults=len(faults), first_stream_fault=faults[0] if faults else "",
     )
     if slos:
@@ -403,6 +420,9 @@ def summarize(result: ReplayResult, slos: Sequence[SLO] = (), *, seed: int = 0) 
             values = per_request_values(records, s.metric)
             value = float(_stat(np.asarray(values), s.stat)) if values else math.nan
             summary.slo_met[str(s)] = bool(value < s.threshold_s)
+    if result.abandoned and (cut or result.planned > n):
+        summary.ended = (f"ended once its outcome was certain: {n} of {result.planned} requests sent, {cut} of them "
+                         f"cut unfinished (counted at their life so far)")
     if result.engine_delta is not None:
         summary.engine = with_reported_drafts(result.engine_delta, records).as_dict()
     return summary

@@ -53,6 +53,11 @@ class PreparedRequest:
     synthesized: bool = False  # its prompt was synthesized to the trace's length, not recorded text
 
 
+# The error of a request cut off, unfinished, once its level's outcome was certain (`capacity.levels`):
+# not a failure of the engine. Its TTFT (when it had no first token) and E2E are then its life so far.
+CUT_PREFIX = "cut: "
+
+
 @dataclasses.dataclass
 class RequestRecord:
     """What one measured request did. Times in seconds; `send_s` is relative to replay start."""
@@ -77,6 +82,20 @@ class RequestRecord:
     # reported them in its answer (llama-server's `timings`; `StreamedCompletion`); None otherwise.
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Cut off unfinished once its level's outcome was certain (`CUT_PREFIX`), not failed."""
+        return not self.success and self.error.startswith(CUT_PREFIX)
+
+    def least(self, metric: str) -> float | None:
+        """The least its TTFT ("ttft") or E2E can be: its own where it succeeded; where it was cut, its
+        life so far (its TTFT where it had its first token); None where it failed."""
+        if self.success:
+            return self.ttft_s if metric == "ttft" else self.e2e_s
+        if not self.cut:
+            return None
+        return self.ttft_s if metric == "ttft" and self.ttft_s is not None else self.e2e_s
 
     @property
     def tpot_s(self) -> float | None:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from tracetune.replay.metrics import seconds_text
 from tracetune.stored import Stored, listed, mapping, whole
 from tracetune.stored import number as to_float
 
@@ -379,19 +380,17 @@ def pareto_trials(study: Study) -> list[FrozenTrial]:
     return [t for t in measured if t.number in on]
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.3g} s" if value >= 1 else f"{value * 1000:.0f} ms"
-
-
 def slo_misses(stored: Stored | None, slos: Sequence[SLO]) -> list[str]:
     """Each statistic of a stored run (its summary) past its SLO threshold, in words, e.g. "TTFT p95
     17.8 s against 2 s", and its failed requests ([] when it keeps them, or was not measured)."""
     summary = mapping(stored)
     parts = []
+    least = "at least " if summary.get("ended") else ""  # a replay ended once its miss was certain
     for slo in slos:
         value = to_float(mapping(mapping(mapping(summary.get("latency_s")).get(slo.metric)).get(slo.stat)).get("value"))
         if math.isfinite(value) and value > slo.threshold_s:
-            parts.append(f"{slo.metric.upper()} {slo.stat} {_seconds(value)} against {_seconds(slo.threshold_s)}")
+            parts.append(f"{slo.metric.upper()} {slo.stat} {least}{seconds_text(value)} against "
+                         f"{seconds_text(slo.threshold_s)}")
     if summary.get("error_rate"):
         parts.append(f"{summary.get('errors', '?')} of {summary.get('requests', '?')} requests failed")
     return parts

@@ -29,6 +29,7 @@ from tracetune.replay.metrics import Summary, summarize
 from tracetune.replay.send import prepare, replay
 from tracetune.replay.trace import Trace
 from tracetune.replay.types import ReplayResult
+from tracetune.tuner.front import REFERENCE
 from tracetune.tuner.objectives import keeps_slos
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
@@ -296,17 +297,23 @@ class EngineRunner:
 
     def _trace_rate_level(self, runner: LevelRunner, server: Engine, run: _Run) -> Step:
         """The trace at its own rate, replayed in full (never abandoned): the latency objectives
-        come from it, and it is the capacity search's first level (its step is returned)."""
-        step = runner.level(1.0, abandon=False)
+        come from it, and it is the capacity search's first level (its step is returned). A trial's
+        ends once it certainly misses a TTFT or E2E target of the SLO (`capacity.step.MissedSLO`): it
+        is then infeasible whatever the rest would measure, and its search stops there
+        (`tuner.incumbents.prune_rival`); its latencies are lower bounds. The reference's, and every
+        one under --no-prune, run in full."""
+        end_early = self.settings.prune and run.label != REFERENCE
+        step = runner.level(1.0, abandon=False, end_on_slo_miss=end_early)
         run.result = runner.results[1.0]
         run.summary = summarize(run.result, self.settings.slos)
         self._require_served(server, "replay", run.summary)
         return step
 
     def _require_served(self, server: Engine, phase: str, summary: Summary) -> None:
-        """The engine is alive and answered at least one request of the replay."""
+        """The engine is alive and answered at least one request of the replay (or it ended, its SLO
+        certainly missed, before any finished: its requests were cut, not failed)."""
         self._check_alive(server, phase)
-        if summary.succeeded == 0:
+        if summary.succeeded == 0 and not summary.ended:
             raise EngineError(f"every request failed, e.g. {summary.error_examples[:1]}",
                               log_tail=server.log_tail())
 

@@ -188,8 +188,8 @@ class Tuner:
         summary, quality, settings = measured.summary, measured.quality, self.settings
         objectives = [objective_value(name, summary, quality) for name in settings.objectives]
         constraints = constraint_values(summary, quality, settings.slos, settings.max_quality_loss)
-        if measured.quality_skipped:
-            objectives, constraints = self._unprobed(study, objectives, constraints)
+        if measured.quality_skipped or summary.ended:
+            objectives, constraints = self._censored(study, objectives, constraints)
         busy = machine_busy_reason(summary)  # other work took the engine's cores, again when retried
         # It measured the client or the machine: stored with everything it saw, under its own status.
         unmeasurable = summary.client_overloaded or bool(busy)
@@ -209,12 +209,14 @@ class Tuner:
             return Measured(measured, objectives, constraints, status=Status.PRUNED, reason=reason + unprobed)
         return Measured(measured, objectives, constraints, reason=why, not_meaningful=why)
 
-    def _unprobed(self, study: optuna.Study, objectives: list[float],
+    def _censored(self, study: optuna.Study, objectives: list[float],
                   constraints: list[float]) -> tuple[list[float], list[float]]:
-        """A trial whose probe was skipped (it missed the SLOs at the trace's rate: `tuner.measure`), as
-        its sampler sees it: its quality objective the worst measured so far (`penalty_values`), its
-        quality gate violated as a failed trial's is (`FAILED_VIOLATION`). Its constraints already
-        make it infeasible; neither number is shown as measured (its stored quality is none)."""
+        """A trial that missed the SLOs at the trace's rate, measured only as far as that was certain
+        (`tuner.measure`: its probe skipped, its trace-rate level ended early), as its sampler sees it:
+        an objective it did not measure (quality; TPOT where no request finished) the worst measured
+        so far (`penalty_values`), a constraint it did not measure violated as a failed trial's is
+        (`FAILED_VIOLATION`). Its constraints already make it infeasible; neither number is shown as
+        measured."""
         penalty = penalty_values(study, self.settings.objectives, self.reference_values)
         values = [p if math.isnan(v) else v for v, p in zip(objectives, penalty)]
         return values, [FAILED_VIOLATION if math.isinf(c) else c for c in constraints]

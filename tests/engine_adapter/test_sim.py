@@ -276,3 +276,38 @@ def test_tune_capacity_says_why_a_level_failed(tmp_path):
     failed = [s for s in stored["steps"] if not s["passed"]]
     assert failed and all(s["cause"] for s in failed), failed
     assert "for 1 slot" in failed[-1]["cause"] and f"the trace's rate: {failed[-1]['cause']}" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_trial_that_certainly_misses_the_slo_at_the_traces_rate_ends_there_unprobed(tmp_path):
+    """Two slots against a request every 0.1 s of 0.4-0.8 s each: the trial's trace-rate level ends once
+    its TTFT p95 is certainly past the SLO (well before its last request), its requests in flight cut, not
+    failed; it is pruned there, and its quality is not probed (stored as none, its reason says so)."""
+    import json
+    import os
+    import subprocess
+
+    import optuna
+
+    from tracetune.tuner.storage import ResultStore
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in SMALL_TRACE))
+    args = ["--trace", str(trace), "--engine", "sim", "--trials", "1", "--study", "s", "--run-dir", str(tmp_path / "run"),
+            "--slo", "ttft:p95<500ms", "--precision", "0.5", "--level-seconds", "1", "--level-lifetimes", "1",
+            "--level-requests", "20", "--probe-prompts", "2", "--probe-tokens", "32", "--sim-tpot-ms", "50",
+            "--try", '{"max_num_seqs": 2, "precision": "fp8"}']
+    out = subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    url = f"sqlite:///{tmp_path / 'run' / 'study.db'}"
+    (trial,) = [t for t in optuna.load_study(study_name="s", storage=url).trials if t.number == 0]
+    assert trial.user_attrs["status"] == "pruned", trial.user_attrs
+    assert "TTFT p95 at least" in trial.user_attrs["failure_reason"]
+    assert "its quality not probed" in trial.user_attrs["failure_reason"]
+    row = ResultStore(url).trials("s", 0)[0]
+    summary, (first, *_) = row["summary"], row["summary"]["capacity"]["steps"]
+    assert row["quality"] is None and summary["errors"] == 0 and summary["ended"]
+    assert first["decided_by"] == "SLO missed" and first["abandoned"] and first["requests"] < first["planned"]
+    assert summary["cost"]["probe_s"] == 0.0
+    assert "quality not probed: it missed the study's SLOs" in out.stdout

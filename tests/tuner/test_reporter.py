@@ -12,7 +12,7 @@ EVENTS = [name for name in vars(Reporter) if name.startswith("on_") or name == "
 
 
 def test_the_console_takes_every_event_with_the_tuners_keywords():
-    assert len(EVENTS) == 28
+    assert len(EVENTS) == 29
     for name in EVENTS:
         wanted = [p for p in inspect.signature(getattr(Reporter, name)).parameters if p != "self"]
         taken = inspect.signature(getattr(ConsoleReporter, name)).parameters
