@@ -195,6 +195,22 @@ class Deployment:
     runs_trials: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class QualityIdentity:
+    """Which of an engine's stored settings its output quality depends on (`quality.identity`): the
+    weights and their precision, the KV cache's precision, the attention kernels and the decoding path;
+    batching, caching and scheduling knobs change when a token is computed, not which one (so does
+    tensor parallelism: the same matmuls split across GPUs, another rounding order). Unknown engine
+    arguments count, to be safe. `lossless`: those that cannot change the output distribution by
+    construction (speculative decoding verifies every draft token against the target model).
+    `unset`: values that mean the engine's default. The default is vLLM's settings."""
+
+    settings: tuple[str, ...] = ("model", "dtype", "quantization", "kv_cache_dtype", "speculative",
+                                 "attention_backend", "load_format", "extra_args")
+    lossless: tuple[str, ...] = ("speculative",)
+    unset: tuple[str, ...] = ("auto",)
+
+
 def plain_diff(config: Mapping[str, object], reference: Mapping[str, object]) -> dict[str, object]:
     """Settings where `config` differs from `reference` (a key missing from one counts as None)."""
     return {k: v for k, v in config.items() if reference.get(k) != v}
@@ -252,6 +268,7 @@ class EngineKind:
     # Whether its speed depends on this machine's cores, so that a level other work took them from is
     # marked busy (`replay.machine`); False for a simulator, whose clock is its model's.
     watch_machine: bool = True
+    quality: QualityIdentity = QualityIdentity()  # the settings its output quality depends on
 
     @property
     def tunable(self) -> bool:

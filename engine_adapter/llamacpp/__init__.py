@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from tracetune.engine_adapter.kind import EngineKind
+    from tracetune.engine_adapter.kind import EngineKind, QualityIdentity
 
 
 def kind() -> EngineKind:
@@ -44,4 +44,14 @@ def kind() -> EngineKind:
                       make_checkpoint=gguf_checkpoint, api_key_env=API_KEY_ENV, given_api_key=given_api_key,
                       config_diff=config_diff, image="ghcr.io/ggml-org/llama.cpp", image_version=SERVER_IMAGE_TAG,
                       deployment=DEPLOYMENT, available=unavailable,
-                      slots=lambda c: cast(LlamaCppConfig, c).parallel or DEFAULT_SLOTS)
+                      slots=lambda c: cast(LlamaCppConfig, c).parallel or DEFAULT_SLOTS, quality=_quality())
+
+
+# What its output quality depends on: the GGUF weights (format or file), the K and V cache types (f16
+# is the default), flash attention, its draft (lossless) and unknown arguments; slots, context, batch
+# sizes, cache reuse and threads are scheduling.
+def _quality() -> QualityIdentity:
+    from tracetune.engine_adapter.kind import QualityIdentity
+
+    return QualityIdentity(settings=("model", "weights", "gguf", "cache_type_k", "cache_type_v", "flash_attn",
+                                     "draft_model", "extra_args"), lossless=("draft_model",), unset=("auto", "f16"))
