@@ -195,6 +195,21 @@ class Deployment:
     runs_trials: bool = False
 
 
+class Offers(Protocol):
+    """Whether the search space (stripped of what this platform cannot run) offers `value` for
+    parameter `name`."""
+
+    def __call__(self, name: str, value: Scalar) -> bool: ...
+
+
+class PresetRule(Protocol):
+    """An engine's informed first trials (`tuner.presets`) in the search space's vocabulary: each the
+    knobs it changes ("max": the largest choice offered), given what the space offers and whether the
+    trace's recorded outputs copy their prompts. The rest of each preset is the engine's `default_like`."""
+
+    def __call__(self, offers: Offers, copies: bool) -> list[dict[str, Scalar]]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class QualityIdentity:
     """Which of an engine's stored settings its output quality depends on (`quality.identity`): the
@@ -269,6 +284,10 @@ class EngineKind:
     # marked busy (`replay.machine`); False for a simulator, whose clock is its model's.
     watch_machine: bool = True
     quality: QualityIdentity = QualityIdentity()  # the settings its output quality depends on
+    # Its own defaults as search-space values ("max": the largest choice offered), and its informed
+    # first trials (`tuner.presets`; unset: none).
+    default_like: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
+    presets: PresetRule | None = None
 
     @property
     def tunable(self) -> bool:

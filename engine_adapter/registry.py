@@ -28,6 +28,7 @@ def _vllm() -> EngineKind:
     from tracetune.engine_adapter.platform import GPU_VLLM_VERSION
     from tracetune.engine_adapter.vllm.deploy import DEPLOYMENT
     from tracetune.engine_adapter.vllm.draft import check_drafts
+    from tracetune.engine_adapter.vllm.presets import DEFAULT_LIKE, presets
     from tracetune.engine_adapter.vllm.quantize import quantized_checkpoint
     from tracetune.engine_adapter.vllm.server import VLLMConfig, build_command, make_server, relocated
     from tracetune.engine_adapter.vllm.settings import FLAGS, KNOBS, config_diff
@@ -44,7 +45,8 @@ def _vllm() -> EngineKind:
                       label="vLLM", flags=FLAGS, prepare=prepared, check_drafts=check_drafts,
                       make_checkpoint=quantized_checkpoint, api_key_env="VLLM_API_KEY", given_api_key=given_api_key,
                       config_diff=config_diff, image="vllm/vllm-openai", image_version=GPU_VLLM_VERSION,
-                      deployment=DEPLOYMENT, slots=lambda c: cast(VLLMConfig, c).max_num_seqs)
+                      deployment=DEPLOYMENT, slots=lambda c: cast(VLLMConfig, c).max_num_seqs,
+                      default_like=DEFAULT_LIKE, presets=presets)
 
 
 def _llamacpp() -> EngineKind:

@@ -78,7 +78,7 @@ class Tuner:
                  base: Mapping[str, object] | None = None, make_checkpoint: Callable[[str], Path] | None = None,
                  engine: EngineKind | None = None) -> None:
         self.settings = settings
-        self.engine = engine or engine_kind("vllm")  # which engine the study starts (engine_adapter.registry)
+        self.engine = engine or engine_kind()  # which engine the study starts (engine_adapter.registry)
         self.reporter = report if report is not None else NullReporter()
         self.runner = runner  # measures one configuration (tuner.measure.EngineRunner starts real engines)
         self.trace = trace

@@ -22,6 +22,7 @@ def kind() -> EngineKind:
     from tracetune.engine_adapter.llamacpp.deploy import DEPLOYMENT
     from tracetune.engine_adapter.llamacpp.gguf import gguf_checkpoint
     from tracetune.engine_adapter.llamacpp.given import DEFAULT_SLOTS, check_given
+    from tracetune.engine_adapter.llamacpp.presets import DEFAULT_LIKE, presets
     from tracetune.engine_adapter.llamacpp.server import (
         API_KEY_ENV,
         LlamaCppConfig,
@@ -44,7 +45,8 @@ def kind() -> EngineKind:
                       make_checkpoint=gguf_checkpoint, api_key_env=API_KEY_ENV, given_api_key=given_api_key,
                       config_diff=config_diff, image="ghcr.io/ggml-org/llama.cpp", image_version=SERVER_IMAGE_TAG,
                       deployment=DEPLOYMENT, available=unavailable,
-                      slots=lambda c: cast(LlamaCppConfig, c).parallel or DEFAULT_SLOTS, quality=_quality())
+                      slots=lambda c: cast(LlamaCppConfig, c).parallel or DEFAULT_SLOTS, quality=_quality(),
+                      default_like=DEFAULT_LIKE, presets=presets)
 
 
 # What its output quality depends on: the GGUF weights (format or file), the K and V cache types (f16
