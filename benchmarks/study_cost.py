@@ -12,13 +12,16 @@ in [1 - N, 1 + N] (a machine whose speed wanders from level to level), so repeat
 
 A study here is the reference's capacity search from the trace's rate, then every configuration of
 the zoo in an order shuffled by the seed (as a sampler would visit them), each with the trace's rate
-measured in full first, as `tune` does, and its search pruned where a configuration already measured
-with no more quality loss passes a level it fails (`capacity.search`'s prune rule, as the tuner's
-early stop uses it). The classic rules start each trial at the reference's capacity; the guided ones
-where the study's measured trials predict (`tuner.capacity_prior`). Reported per rule set: levels
+measured first, as `tune` does (in full, but under the guided rules a trial's ends once it certainly
+misses the SLO), and its search pruned where a configuration already measured with no more quality
+loss passes a level it fails (`capacity.search`'s prune rule, as the tuner's early stop uses it), or
+stopped at 1x where it missed the SLO at the trace's rate (`tuner.incumbents`). The classic rules
+start each trial at the reference's capacity; the guided ones where the study's measured trials
+predict (`tuner.capacity_prior`). Reported per rule set: levels
 and replay seconds (the time an engine is busy) per configuration, the worst capacity error against
 the truth of the configurations searched to the end, and whether the front found (capacity and
-quality loss; a pruned configuration is never on it) is the true front.
+quality loss; a pruned configuration is never on it, nor, as in the tuner, one below the trace's
+rate, which misses the SLO there) is the true front.
 
 Trace and levels: examples/chat.jsonl (the quickstart's 60 requests, 30 s) at the quickstart's SLO
 (TTFT p95 < 2 s, TPOT p95 < 200 ms), 95% attainment, default level windows, precision 10%.
@@ -42,10 +45,11 @@ from tracetune.capacity.virtual import VirtualSend
 from tracetune.engine_adapter.registry import engine_kind
 from tracetune.engine_adapter.sim.config import SimConfig, loss_nats, model_of
 from tracetune.engine_adapter.sim.model import SimModel
-from tracetune.replay.metrics import parse_slos
+from tracetune.replay.metrics import parse_slos, summarize
 from tracetune.replay.types import PreparedRequest, ReplayOptions
 from tracetune.search_spaces.space import SearchSpace, load_space
 from tracetune.tuner.capacity_prior import CapacityPrior
+from tracetune.tuner.objectives import keeps_slos
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ("classic", "guided")
@@ -105,9 +109,15 @@ def truth(requests: list[PreparedRequest], model: SimModel) -> float:
 
 
 def search(requests: list[PreparedRequest], send: Any, rules: str, start: float,
-           prune_at: float | None) -> dict[str, Any]:
-    r = LevelRunner("http://simulated", "sim", requests, ReplayOptions(), options(rules, start), send=send)
-    seed = r.level(1.0, abandon=False)  # the trace's rate, in full: the latency objectives come from it
+           prune_at: float | None, trial: bool = True) -> dict[str, Any]:
+    """One configuration's search as a study runs it (`tuner.measure`): the trace's rate in full (the
+    latency objectives come from it; a trial's ends once it certainly misses the SLO under the guided
+    rules), then the search, stopped at 1x where a trial missed the SLO there (`tuner.incumbents`)."""
+    opts = options(rules, start)
+    r = LevelRunner("http://simulated", "sim", requests, ReplayOptions(), opts, send=send)
+    seed = r.level(1.0, abandon=False, end_on_slo_miss=trial and opts.ends_decided)
+    if trial and not keeps_slos(summarize(r.results[1.0], opts.slos), list(opts.slos)):
+        prune_at = max(prune_at or 1.0, 1.0)
     result = r.search(seed_steps=[seed], prune_at=prune_at)
     return {"k": result.capacity_scale or 0.0, "high": result.bracket_high, "levels": len(r.measured),
             "replay_s": sum(res.duration_s for _, res in r.measured), "verdict": str(result.verdict),
@@ -118,6 +128,12 @@ def prune_level(measured: list[dict[str, Any]], loss: float) -> float | None:
     """The highest capacity among measured, unpruned configurations with no more quality loss."""
     rivals = [m["k"] for m in measured if m["verdict"] != "pruned" and m["loss"] <= loss and m["k"] > 0]
     return max(rivals, default=None)
+
+
+def feasible(k: float) -> float:
+    """A capacity as the front reads it: 0 below the trace's rate, where a configuration misses the SLO
+    and is infeasible whatever its capacity (`tuner.objectives.keeps_slos`)."""
+    return k if k >= 1.0 else 0.0
 
 
 def front(points: list[tuple[str, float, float]]) -> set[str]:
@@ -134,7 +150,7 @@ def study(requests: list[PreparedRequest], configs: list[dict[str, Any]], space:
     order = configs[:]
     rng.shuffle(order)
     reference = SimConfig(**BASE)
-    ref = search(requests, Noisy(model_of(reference), noise, rng), rules, 1.0, None)
+    ref = search(requests, Noisy(model_of(reference), noise, rng), rules, 1.0, None, trial=False)
     ref.update(label="reference", loss=loss_nats(reference))
     prior = CapacityPrior(space, fallback=ref["k"] or 1.0)
     measured: list[dict[str, Any]] = []
@@ -168,7 +184,7 @@ def main() -> int:
     true = {f"{v['max_num_seqs']}/{v['precision']}": truth(requests, model_of(config_of(v))) for v in configs}
     losses = {f"{v['max_num_seqs']}/{v['precision']}": loss_nats(config_of(v)) for v in configs}
     true["reference"], losses["reference"] = truth(requests, model_of(SimConfig(**BASE))), 0.0
-    true_front = front([(k, true[k], losses[k]) for k in true])
+    true_front = front([(k, feasible(true[k]), losses[k]) for k in true])
     print(f"zoo: {len(configs)} configurations + the reference; true front: {', '.join(sorted(true_front))}")
     timing = SimConfig(**BASE)
     print(f"bf16 {timing.ttft_ms:g} ms to the first token, {timing.tpot_ms:g} ms a token; SLO {SLO}; noise "
@@ -182,7 +198,7 @@ def main() -> int:
         rows = [r for s in studies for r in [s["reference"], *s["trials"]]]
         full = [r for r in rows if r["verdict"] != "pruned" and true[r["label"]] > 0]
         worst = max((abs(r["k"] / true[r["label"]] - 1) for r in full), default=0.0)
-        found = sum(front([(r["label"], r["k"] if r["verdict"] != "pruned" else 0.0, r["loss"])
+        found = sum(front([(r["label"], feasible(r["k"]) if r["verdict"] != "pruned" else 0.0, r["loss"])
                            for r in [s["reference"], *s["trials"]]]) == true_front for s in studies)
         print(f"{rules:<9}{statistics.mean(r['levels'] for r in rows):>14.2f}"
               f"{statistics.mean(r['replay_s'] for r in rows):>16.0f}"

@@ -153,6 +153,7 @@ def _engine_standings(study, results: dict[int, dict], reference: dict | None, d
 
     entries: list[Entry] = []
     outside: dict[str, int] = {}
+    unprobed: dict[str, int] = {}  # missed the SLOs at the trace's rate: measured, its quality not probed
     if decision.reference_values is not None and decision.reference_feasible:
         entries.append(entry(kinds[0].name, "its defaults", decision.reference_values[key],
                              (reference or {}).get("summary")))
@@ -161,13 +162,15 @@ def _engine_standings(study, results: dict[int, dict], reference: dict | None, d
         if not t.values or record.status not in (Status.MEASURED, Status.PRUNED):
             continue
         engine = str((record.values or {}).get("engine") or record.defaults_of or kinds[0].name)
-        if gated and record.constraints and record.constraints[-1] > 0:
+        if gated and (results.get(t.number) or {}).get("quality") is None:
+            unprobed[shown.get(engine, engine)] = unprobed.get(shown.get(engine, engine), 0) + 1
+        elif gated and record.constraints and record.constraints[-1] > 0:
             outside[shown.get(engine, engine)] = outside.get(shown.get(engine, engine), 0) + 1
             continue
         name = "its defaults" if record.defaults_of else f"trial {t.number}"
         entries.append(entry(engine, name, t.values[key], (results.get(t.number) or {}).get("summary")))
     return standings_text(entries, [kind.shown for kind in kinds], by, OBJECTIVES[by] == "maximize",
-                          lambda v: fmt_objective(by, v), outside)
+                          lambda v: fmt_objective(by, v), outside, unprobed)
 
 
 def _objectives_text(study, number: int, objectives: list[str]) -> str:

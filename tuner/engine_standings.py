@@ -29,10 +29,12 @@ def best_of(entries: Sequence[Entry], maximize: bool) -> Entry | None:
 
 
 def standings_text(entries: Sequence[Entry], engines: Sequence[str], by: str, maximize: bool,
-                   fmt: Callable[[float], str], outside_gate: dict[str, int]) -> str:
+                   fmt: Callable[[float], str], outside_gate: dict[str, int],
+                   unprobed: dict[str, int] | None = None) -> str:
     """'engines, by capacity within the quality gate: vLLM 4.45 req/s [4.45, 5.29] (its defaults, best
     of 3); llama.cpp below 2.22 req/s (its defaults, best of 2): vLLM's best carries at least 2.00x
-    llama.cpp's best.' `outside_gate`: each engine's measured trials the gate turned down."""
+    llama.cpp's best.' `outside_gate`: each engine's measured trials the gate turned down; `unprobed`:
+    those among `entries` whose quality was not probed (they missed the SLOs at the trace's rate)."""
     parts, bests = [], []
     for engine in engines:
         mine = [e for e in entries if e.engine == engine]
@@ -44,6 +46,8 @@ def standings_text(entries: Sequence[Entry], engines: Sequence[str], by: str, ma
             continue
         bests.append(best)
         extra = f", {turned} outside the gate" if turned else ""
+        if (unknown := (unprobed or {}).get(engine, 0)):
+            extra += f", {unknown} with quality not probed"
         parts.append(f"{engine} {_value_text(best, fmt)} ({best.name}, best of {len(mine)}{extra})")
     text = f"engines, by {by} within the quality gate: " + "; ".join(parts)
     return text + _order_text(bests, maximize) + "."

@@ -300,9 +300,10 @@ class EngineRunner:
         come from it, and it is the capacity search's first level (its step is returned). A trial's
         ends once it certainly misses a TTFT or E2E target of the SLO (`capacity.step.MissedSLO`): it
         is then infeasible whatever the rest would measure, and its search stops there
-        (`tuner.incumbents.prune_rival`); its latencies are lower bounds. The reference's, and every
-        one under --no-prune, run in full."""
-        end_early = self.settings.prune and run.label != REFERENCE
+        (`tuner.incumbents.prune_rival`); its latencies are lower bounds. The reference's, every one
+        under --no-prune, and every one under the classic search rules run in full."""
+        assert self.settings.capacity is not None, "a capacity search has its options"
+        end_early = self.settings.prune and run.label != REFERENCE and self.settings.capacity.ends_decided
         step = runner.level(1.0, abandon=False, end_on_slo_miss=end_early)
         run.result = runner.results[1.0]
         run.summary = summarize(run.result, self.settings.slos)

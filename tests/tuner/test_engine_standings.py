@@ -46,3 +46,13 @@ def test_best_prefers_the_higher_value_then_the_narrower_bracket():
     assert best_of([wide, narrow], maximize=True) is narrow
     assert best_of([Entry("vLLM", "c", 3.0, 3.3), wide], maximize=True) is wide
     assert best_of([], maximize=True) is None
+
+
+def test_trials_whose_quality_was_not_probed_count_by_their_capacity_and_say_so():
+    """A trial that missed the SLOs at the trace's rate was not probed: not outside the gate (its quality
+    is unknown), its capacity bracket still stands for its engine, and the line says it was not probed."""
+    line = standings_text([Entry("vLLM", "its defaults", 2.53, 2.87), Entry("llama.cpp", "its defaults", 0.0, 2.22),
+                           Entry("llama.cpp", "trial 2", 0.0, 2.22)], ENGINES, "capacity", True, rps,
+                          {"vLLM": 1}, {"llama.cpp": 2})
+    assert "llama.cpp below 2.22 req/s (its defaults, best of 2, 2 with quality not probed)" in line
+    assert "none measured within the gate" not in line and line.endswith("at least 1.14x llama.cpp's best.")
