@@ -219,29 +219,37 @@ SMALL_TRACE = [{"timestamp": round(i * 0.1, 3), "prompt": f"Question {i}: what i
                for i in range(30)]
 
 
-@pytest.mark.slow
-def test_a_short_study_runs_end_to_end_on_the_simulated_engine(tmp_path):
-    """`tune --trace --engine sim`: no model, the sim's own space, a capacity search and the quality probe
-    on real servers. The fp8 trial's quality loss is the known one, and its capacity lies near the truth
-    (the bracket is 50% wide; the live servers share this machine's cores with the client)."""
+def sim_study(tmp_path, *, tpot_ms: int, tried: str):
+    """`tune --trace` on SMALL_TRACE with the simulated engine: the reference and one trial (`tried`, its
+    --try), in tmp_path/run; the finished process."""
     import json
     import os
     import subprocess
-
-    import optuna
-
-    from tracetune.replay.send import prepare
-    from tracetune.replay.trace import load_trace
 
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps(line) + "\n" for line in SMALL_TRACE))
     args = ["--trace", str(trace), "--engine", "sim", "--trials", "1", "--study", "s", "--run-dir", str(tmp_path / "run"),
             "--slo", "ttft:p95<500ms", "--precision", "0.5", "--level-seconds", "1", "--level-lifetimes", "1",
-            "--level-requests", "20", "--probe-prompts", "2", "--probe-tokens", "32", "--sim-tpot-ms", "5",
-            "--try", '{"max_num_seqs": 32, "precision": "fp8"}']
+            "--level-requests", "20", "--probe-prompts", "2", "--probe-tokens", "32", "--sim-tpot-ms", str(tpot_ms),
+            "--try", tried]
     out = subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_short_study_runs_end_to_end_on_the_simulated_engine(tmp_path):
+    """`tune --trace --engine sim`: no model, the sim's own space, a capacity search and the quality probe
+    on real servers. The fp8 trial's quality loss is the known one, and its capacity lies near the truth
+    (the bracket is 50% wide; the live servers share this machine's cores with the client)."""
+    import optuna
+
+    from tracetune.replay.send import prepare
+    from tracetune.replay.trace import load_trace
+
+    out = sim_study(tmp_path, tpot_ms=5, tried='{"max_num_seqs": 32, "precision": "fp8"}')
+    trace = tmp_path / "t.jsonl"
     assert "model" not in out.stdout.split("study s")[0]  # nothing was said of preparing a model
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'run' / 'study.db'}")
     (trial,) = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -283,23 +291,11 @@ def test_a_trial_that_certainly_misses_the_slo_at_the_traces_rate_ends_there_unp
     """Two slots against a request every 0.1 s of 0.4-0.8 s each: the trial's trace-rate level ends once
     its TTFT p95 is certainly past the SLO (well before its last request), its requests in flight cut, not
     failed; it is pruned there, and its quality is not probed (stored as none, its reason says so)."""
-    import json
-    import os
-    import subprocess
-
     import optuna
 
     from tracetune.tuner.storage import ResultStore
 
-    trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps(line) + "\n" for line in SMALL_TRACE))
-    args = ["--trace", str(trace), "--engine", "sim", "--trials", "1", "--study", "s", "--run-dir", str(tmp_path / "run"),
-            "--slo", "ttft:p95<500ms", "--precision", "0.5", "--level-seconds", "1", "--level-lifetimes", "1",
-            "--level-requests", "20", "--probe-prompts", "2", "--probe-tokens", "32", "--sim-tpot-ms", "50",
-            "--try", '{"max_num_seqs": 2, "precision": "fp8"}']
-    out = subprocess.run([sys.executable, "-m", "tracetune", *args], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = sim_study(tmp_path, tpot_ms=50, tried='{"max_num_seqs": 2, "precision": "fp8"}')
     url = f"sqlite:///{tmp_path / 'run' / 'study.db'}"
     (trial,) = [t for t in optuna.load_study(study_name="s", storage=url).trials if t.number == 0]
     assert trial.user_attrs["status"] == "pruned", trial.user_attrs
