@@ -207,8 +207,9 @@ class LevelRunner:
         use_abandon = self.options.abandon if abandon is None else abandon
         misses = MissCounter(self.options.slos, last_from_s=last_from)
         why = [DecidedBy.MISSES]
-        decided = DecidedPass(self.options, len(requests), budget, last_budget, misses)
-        missed = Ended(MissedSLO(self.options.slos, len(requests)))
+        decided = Ended(DecidedPass(self.options, len(requests), budget, last_budget, misses))
+        slo_rule = MissedSLO(self.options.slos, len(requests))
+        missed = Ended(slo_rule)
 
         def certain(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
             if misses(finished, in_flight, now) > budget:
@@ -239,7 +240,7 @@ class LevelRunner:
                      misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
         step.client_procs, step.cut = procs, cut
         if missed.at is not None:
-            step.ended = missed.check.said
+            step.ended = slo_rule.said
         return step, result
 
     def _send(self, scale: float, requests: Sequence[PreparedRequest], repeat: bool,
@@ -385,8 +386,6 @@ class DecidedPass:
                  misses: MissCounter) -> None:
         self.options, self.planned, self.budget, self.last_budget = options, planned, budget, last_budget
         self.misses = misses
-        self.at: float | None = None  # the clock reading it was decided at
-        self.in_flight: list[InFlight] = []
 
     def __call__(self, finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
         if len(finished) + len(in_flight) < self.planned or any(f.first_output is None for f in in_flight):
@@ -398,16 +397,14 @@ class DecidedPass:
             return False
         if self.misses.last + sum(f.scheduled_s >= last_from for f in in_flight) - late_last > self.last_budget:
             return False
-        if not percentile_targets_met(finished, self.planned, self.options.slos):
-            return False
-        self.at, self.in_flight = now, list(in_flight)
-        return True
+        return percentile_targets_met(finished, self.planned, self.options.slos)
 
 
 class Ended:
-    """A stop rule (`StopWhen`) that keeps the clock reading it stopped at and what was in flight then."""
+    """A stop rule (`StopWhen`: `DecidedPass`, `MissedSLO`) that keeps the clock reading it stopped at
+    and what was in flight then (cut: `with_cut`)."""
 
-    def __init__(self, check: MissedSLO) -> None:
+    def __init__(self, check: DecidedPass | MissedSLO) -> None:
         self.check = check
         self.at: float | None = None
         self.in_flight: list[InFlight] = []

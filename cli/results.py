@@ -162,10 +162,11 @@ def _engine_standings(study, results: dict[int, dict], reference: dict | None, d
         if not t.values or record.status not in (Status.MEASURED, Status.PRUNED):
             continue
         engine = str((record.values or {}).get("engine") or record.defaults_of or kinds[0].name)
+        label = shown.get(engine, engine)
         if gated and (results.get(t.number) or {}).get("quality") is None:
-            unprobed[shown.get(engine, engine)] = unprobed.get(shown.get(engine, engine), 0) + 1
+            unprobed[label] = unprobed.get(label, 0) + 1
         elif gated and record.constraints and record.constraints[-1] > 0:
-            outside[shown.get(engine, engine)] = outside.get(shown.get(engine, engine), 0) + 1
+            outside[label] = outside.get(label, 0) + 1
             continue
         name = "its defaults" if record.defaults_of else f"trial {t.number}"
         entries.append(entry(engine, name, t.values[key], (results.get(t.number) or {}).get("summary")))

@@ -188,9 +188,9 @@ class EngineRunner:
         if run.probe is None or run.quality is not None or run.quality_skipped:
             return
         assert run.summary is not None
-        stored = run.probe.known(quality_key(json.loads(config.model_dump_json())))
-        if (counted and self.settings.prune and run.probe.reference is not None and stored is None
-                and not run.summary.client_overloaded and not keeps_slos(run.summary, self.settings.slos)):
+        if (counted and self.settings.prune and run.probe.reference is not None
+                and not run.summary.client_overloaded and not keeps_slos(run.summary, self.settings.slos)
+                and run.probe.known(quality_key(json.loads(config.model_dump_json()))) is None):
             run.quality_skipped = QUALITY_SKIPPED
             self.reporter.on_quality_skipped(label=run.label, reason=QUALITY_SKIPPED)
             return
