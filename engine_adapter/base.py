@@ -50,7 +50,7 @@ class Engine(Protocol):
     name: str
     endpoint: Endpoint | None  # where it serves, once started
     quality_probe: bool  # scores given tokens teacher-forced, which the quality probe needs
-    # How it scores them (`quality.scoring`): "prompt_logprobs" (one prefill per text, vLLM) or
+    # How it scores them (`engine_adapter.scoring`): "prompt_logprobs" (one prefill per text, vLLM) or
     # "forced_tokens" (one forced generated token per position, llama-server).
     scoring: str
     managed: bool  # tracetune runs its process (stop() ends it); False: an endpoint it only measures

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from tracetune.engine_adapter.kind import EngineKind
-from tracetune.errors import InputError
+from tracetune.errors import EngineError, InputError
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.base import Engine
     from tracetune.engine_adapter.platform import Platform
+    from tracetune.engine_adapter.scoring import Scorer
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineKind", "engine_kind", "make_engine"]
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineKind", "engine_kind", "make_engine", "scorer"]
 
 # The engine tracetune starts and tunes when none is named.
 DEFAULT_ENGINE = "vllm"
@@ -97,3 +98,15 @@ def make_engine(name: str, run_dir: Path | None = None, *, platform: Platform | 
                 port: int | None = None) -> Engine:
     """A not yet started engine of kind `name` that logs under `run_dir`."""
     return engine_kind(name).make(run_dir, platform=platform, port=port)
+
+
+def scorer(name: str) -> Scorer:
+    """The scorer of an engine's dialect (`Engine.scoring`, `engine_adapter.scoring`)."""
+    from tracetune.engine_adapter.llamacpp.scoring import ForcedTokens
+    from tracetune.engine_adapter.scoring import FORCED_TOKENS, PROMPT_LOGPROBS
+    from tracetune.engine_adapter.vllm.scoring import PromptLogprobs
+
+    known: dict[str, Scorer] = {PROMPT_LOGPROBS: PromptLogprobs(), FORCED_TOKENS: ForcedTokens()}
+    if name not in known:
+        raise EngineError(f"no quality scorer for {name!r}; known: {', '.join(known)}")
+    return known[name]

