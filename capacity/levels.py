@@ -359,14 +359,14 @@ class LevelRunner:
         return offered_rates(self.requests)
 
     def search(self, *, seed_steps: Sequence[Step] = (), gpus: int = 1,
-               prune_at: float | None = None) -> CapacityResult:
+               prune_at: float | None = None, seeds_only: bool = False) -> CapacityResult:
         if len(self.requests) < 2 or self.requests[-1].scheduled_s <= self.requests[0].scheduled_s:
             raise InputError("every measured request of the trace arrives at the same moment, so no load level "
                              "differs from another: a capacity search needs a trace with arrival times spread "
                              "over time (or more requests: --max-requests / --max-duration)")
         try:
             result = search_capacity(self.level, self.options, seed_steps=seed_steps, gpus=gpus,
-                                     base_rates=self.base_rates, prune_at=prune_at)
+                                     base_rates=self.base_rates, prune_at=prune_at, seeds_only=seeds_only)
         finally:
             self.close()
         prompts = [r.prompt_tokens for res in self.results.values() for r in res.records if r.prompt_tokens]

@@ -197,8 +197,8 @@ VERDICT_NOTES = {
     Verdict.LOAD_INDEPENDENT: "failed at every load: the misses do not come from the rate",
     Verdict.CLIENT_OVERLOADED: "client-limited (a lower bound)",
     Verdict.MAX_STEPS: "step budget spent",
-    Verdict.PRUNED: "pruned: below a configuration at least as good on the other objectives "
-                    "(a bracket, not searched further)",
+    Verdict.PRUNED: "pruned: it cannot be on the front (below a configuration at least as good on the "
+                    "other objectives, or outside the quality gate): a bracket, not searched further",
     Verdict.MACHINE_BUSY: "machine busy: other work took the engine's cores (a lower bound)",
 }
 

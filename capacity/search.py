@@ -236,11 +236,14 @@ class _Search:
 
 def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: Sequence[Step] = (),
                     gpus: int = 1, base_rates: tuple[float, float] = (0.0, 0.0), prune_at: float | None = None,
-                    clock: Callable[[], float] = time.perf_counter) -> CapacityResult:
+                    seeds_only: bool = False, clock: Callable[[], float] = time.perf_counter) -> CapacityResult:
     """Find the highest passing level with `measure`; `seed_steps` are levels already measured on
     this engine (e.g. the trace's own rate), reused instead of measured again. Both ends of the
     final bracket are measured again (see `_Search.confirm`); a changed outcome resumes the search.
-    `prune_at`: stop early, verdict "pruned", when the configuration fails that level (`_Search.prune`)."""
+    `prune_at`: stop early, verdict "pruned", when the configuration fails that level (`_Search.prune`).
+    `seeds_only`: the caller knows the configuration cannot be on the front whatever its capacity (e.g.
+    outside the quality gate): no level beyond the seeds (those measured again included), verdict
+    "pruned", the bracket the seeds left (a passing seed's capacity is a lower bound)."""
     t0 = clock()
     search = _Search(measure, options)
     search.steps.extend(seed_steps)
@@ -251,7 +254,9 @@ def search_capacity(measure: Measure, options: CapacityOptions, *, seed_steps: S
             search.add(search.run(step.scale, retry=False))
         else:
             search.add(step)
-    if prune_at is None or not search.prune(prune_at):
+    if seeds_only:
+        search.verdict = Verdict.PRUNED
+    elif prune_at is None or not search.prune(prune_at):
         _search(search, options)
     return _result(search, options, gpus, base_rates, clock() - t0)
 

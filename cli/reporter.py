@@ -135,7 +135,7 @@ class ConsoleReporter(NullReporter):
         self.print(f"  {label}: quality as measured for trial {trial} (same weights, precisions, kernels and "
                    f"decoding path)")
 
-    def on_quality_skipped(self, *, label: str, reason: str) -> None:
+    def on_skipped(self, *, label: str, reason: str) -> None:
         self.print(f"  {label}: {reason}")
 
     def on_probe_noisy(self, *, label: str, kld: Estimate | None, beyond: dict[str, Estimate] | None) -> None:

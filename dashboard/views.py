@@ -148,8 +148,8 @@ def page_pareto(study: data.StudyView) -> None:
                + ("" if banners.on_random_weights(study) else " or the quality gate") + " · "
                f"{counts['failed']} failed, rejected or interrupted (no measurements, listed below) · "
                f"{counts['running']} running · {counts['queued']} queued"
-               + (f" · {counts['pruned']} pruned (capacity search stopped early: below a configuration at least as "
-                  f"good on the other objectives; listed below)" if counts["pruned"] else "")
+               + (f" · {counts['pruned']} pruned (capacity search stopped early where it could no longer reach "
+                  f"the front; listed below)" if counts["pruned"] else "")
                + (f" · {counts['duplicate']} duplicates of earlier trials (not run again)"
                   if counts["duplicate"] else "")
                + ". Hover a point for its config"

@@ -73,14 +73,15 @@ class CapacityPrior:
 
 def stands_for(capacity: Mapping[str, object] | None, min_scale: float) -> float | None:
     """The capacity a stored result stands for (x the trace's rate): its highest pass, or for a
-    pruned search the middle of its bracket; None without a bracket or a capacity above 0."""
+    pruned search the middle of its bracket; None without a bracket or a capacity above 0, and for a
+    pruned search with no failed level (outside the quality gate: measured at the trace's rate only)."""
     if not capacity:
         return None
     low = _number(capacity.get("capacity_scale"))
     bracket = capacity.get("bracket_scale")
     high = _number(bracket[1]) if isinstance(bracket, list) and len(bracket) > 1 else None
-    if capacity.get("verdict") == Verdict.PRUNED and high:
-        return math.sqrt(max(low or 0.0, min_scale) * high)
+    if capacity.get("verdict") == Verdict.PRUNED:
+        return math.sqrt(max(low or 0.0, min_scale) * high) if high else None
     return low if low else None
 
 

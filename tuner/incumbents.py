@@ -59,17 +59,21 @@ def prune_rival(settings: StudySettings, study: optuna.Study, reference_values: 
 
 
 def pruned_reason(objectives: list[str], rival: Candidate | None, capacity: Stored, missed: list[str], *,
-                  reference_name: str) -> str:
+                  reference_name: str, outside: str = "") -> str:
     """Why a trial's capacity search stopped early, naming the configuration (`rival`; the reference as
-    `reference_name`, its engine's `EngineKind.defaults_label`) it cannot beat, or the study's SLOs it
-    `missed` at the trace's rate (`tuner.front.slo_misses`) where it stopped there."""
+    `reference_name`, its engine's `EngineKind.defaults_label`) it cannot beat, the study's SLOs it
+    `missed` at the trace's rate (`tuner.front.slo_misses`) where it stopped there, or the quality gate
+    it lies `outside` (`tuner.objectives.outside_gate`: searched no further than the trace's rate)."""
     from tracetune.capacity.step import CapacityResult, bracket_text
 
     result = CapacityResult.from_dict(capacity)
     high = result.bracket_high
+    tail = f": it cannot be on the front; capacity {bracket_text(capacity)}, not searched further"
+    if outside and not (missed and high is not None and high <= 1.0 + 1e-9):
+        return (f"pruned: {outside}: it cannot be on the front whatever its capacity; capacity "
+                f"{bracket_text(capacity)}, not searched beyond the trace's rate")
     assert high is not None, "a pruned search ends at a failed level"
     head = f"pruned: fails {high:.3g}x the trace's rate ({result.confirmation()}), "
-    tail = f": it cannot be on the front; capacity {bracket_text(capacity)}, not searched further"
     if missed and high <= 1.0 + 1e-9:
         return f"{head}and misses the study's SLOs there: {', '.join(missed)}{tail}"
     is_reference = rival is not None and rival.label == REFERENCE

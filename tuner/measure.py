@@ -30,7 +30,7 @@ from tracetune.replay.send import prepare, replay
 from tracetune.replay.trace import Trace
 from tracetune.replay.types import ReplayResult
 from tracetune.tuner.front import REFERENCE
-from tracetune.tuner.objectives import keeps_slos
+from tracetune.tuner.objectives import keeps_slos, outside_gate
 from tracetune.tuner.reporter import NullReporter, Reporter
 from tracetune.tuner.runner import Measurement, PruneAt, QualityProbe
 from tracetune.tuner.settings import StudySettings
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from tracetune.tuner.runner import Level
 
 
+# Why a trial outside the quality gate is measured at the trace's rate only (`EngineRunner._outside_gate`).
+GATE_STOP = "it cannot be on the front whatever its capacity, so its capacity is not searched beyond the trace's rate"
 QUALITY_SKIPPED = ("quality not probed: it missed the study's SLOs at the trace's rate, so no quality "
                    "could put it on the front")
 
@@ -162,14 +164,16 @@ class EngineRunner:
     def _capacity_search(self, server: Engine, config: EngineConfig, run: _Run, start: float,
                          prune: PruneAt | None) -> None:
         """The trace's rate, the quality probe (before the search: an early stop weighs the trial's
-        other objectives), then the capacity search from `start`."""
+        other objectives), then the capacity search from `start`; none beyond the trace's rate for a
+        trial outside the quality gate (`_outside_gate`)."""
         runner = self._level_runner(server, run.label, start, self._engine_cores(config))
         seed = self._trace_rate_level(runner, server, run)
         self._probe_if_it_counts(server, config, run, counted=not seed.not_counted)
         run.phase = "capacity search"
         assert run.summary is not None
         prune_at = prune(run.summary, run.quality, config.gpus(), runner.base_rates[0]) if prune else None
-        capacity = runner.search(seed_steps=[seed], gpus=config.gpus(), prune_at=prune_at)
+        capacity = runner.search(seed_steps=[seed], gpus=config.gpus(), prune_at=prune_at,
+                                 seeds_only=bool(self._outside_gate(run)))
         if runner.results[1.0] is not run.result:  # the trace's rate was measured again (client lag)
             run.result = runner.results[1.0]
             run.summary = summarize(runner.results[1.0], self.settings.slos)
@@ -192,9 +196,21 @@ class EngineRunner:
                 and not run.summary.client_overloaded and not keeps_slos(run.summary, self.settings.slos)
                 and run.probe.known(quality_key(json.loads(config.model_dump_json()))) is None):
             run.quality_skipped = QUALITY_SKIPPED
-            self.reporter.on_quality_skipped(label=run.label, reason=QUALITY_SKIPPED)
+            self.reporter.on_skipped(label=run.label, reason=QUALITY_SKIPPED)
             return
         self._probe(server, config, run)
+
+    def _outside_gate(self, run: _Run) -> str:
+        """Why a trial's capacity is not searched beyond the trace's rate, or "": its quality lies
+        outside the study's gate on its whole interval (`tuner.objectives.outside_gate`), so it is
+        infeasible whatever its capacity, never on the front (`tuner.incumbents`). The reference and
+        every trial under `--no-prune` are searched to the end."""
+        if not self.settings.prune or run.label == REFERENCE:
+            return ""
+        outside = outside_gate(run.quality, self.settings.max_quality_loss)
+        if outside:
+            self.reporter.on_skipped(label=run.label, reason=f"{outside}: {GATE_STOP}")
+        return outside
 
     def _probe(self, server: Engine, config: EngineConfig, run: _Run) -> None:
         run.phase = "quality probe"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from tracetune.capacity.step import CapacityResult
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
-from tracetune.quality.gate import QualityGate
+from tracetune.quality.gate import OUTSIDE, QualityGate, cost_text
 from tracetune.quality.probe import QualityResult
 from tracetune.replay.metrics import METRICS, SLO, STATS, Estimate, Summary
 
@@ -142,9 +142,25 @@ def constraint_values(summary: Summary, quality: QualityResult | None, slos: lis
         value = math.nan if estimate is None else estimate.value
         out.append(value - slo.threshold_s if not math.isnan(value) else math.inf)
     if max_quality_loss is not None:
-        gate = max_quality_loss if isinstance(max_quality_loss, QualityGate) else QualityGate("nats", max_quality_loss)
-        out.append(gate.violation(quality.as_dict() if quality else None))
+        out.append(as_gate(max_quality_loss).violation(quality.as_dict() if quality else None))
     return out
+
+
+def as_gate(max_quality_loss: QualityGate | float) -> QualityGate:
+    """A study's gate (a plain number: nats)."""
+    return max_quality_loss if isinstance(max_quality_loss, QualityGate) else QualityGate("nats", max_quality_loss)
+
+
+def outside_gate(quality: QualityResult | None, max_quality_loss: QualityGate | float | None) -> str:
+    """The quality gate's words on a measured quality whose whole 95% interval lies past its limit, e.g.
+    "outside the quality gate ppl<=+1% (+3.2% perplexity [+2.9%, +3.4%] ...)"; "" for one within it,
+    undecided, not measured, or a study without a gate. Such a configuration is infeasible whatever
+    else it measures."""
+    if quality is None or max_quality_loss is None:
+        return ""
+    stored = quality.as_dict()
+    decision = as_gate(max_quality_loss).decide(stored)
+    return f"{decision.text()} ({cost_text(stored)})" if decision.word == OUTSIDE else ""
 
 
 def feasible(error_rate: float, constraints: list[float]) -> bool:

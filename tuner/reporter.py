@@ -99,8 +99,9 @@ class Reporter(Protocol):
     def on_quality_reused(self, *, label: str, trial: int) -> None:
         return None
 
-    def on_quality_skipped(self, *, label: str, reason: str) -> None:
-        """The quality probe asked for was not run (`tuner.measure`): `reason` says why."""
+    def on_skipped(self, *, label: str, reason: str) -> None:
+        """A part of a trial's measurement was not run (`tuner.measure`: the quality probe, the capacity
+        search beyond the trace's rate): `reason` says what and why."""
         return None
 
     def on_probe_noisy(self, *, label: str, kld: Estimate | None, beyond: dict[str, Estimate] | None) -> None:

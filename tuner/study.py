@@ -47,7 +47,13 @@ from tracetune.tuner.coordination import Coordinator, config_key, counted, runni
 from tracetune.tuner.front import Candidate, Plateau, not_meaningful, slo_misses
 from tracetune.tuner.incumbents import front_labels, prune_rival, pruned_reason
 from tracetune.tuner.measure import client_overload_reason, machine_busy_reason
-from tracetune.tuner.objectives import FAILED_VIOLATION, constraint_values, objective_value, penalty_values
+from tracetune.tuner.objectives import (
+    FAILED_VIOLATION,
+    constraint_values,
+    objective_value,
+    outside_gate,
+    penalty_values,
+)
 from tracetune.tuner.optuna_study import open_study, queue_first_trials, report_retries
 from tracetune.tuner.reference_run import ReferenceRun
 from tracetune.tuner.reporter import NullReporter, Reporter
@@ -204,7 +210,8 @@ class Tuner:
             assert summary.capacity is not None
             reason = pruned_reason(settings.objectives, self._rival, summary.capacity,
                                    slo_misses(summary.as_dict(), settings.slos),
-                                   reference_name=self.engine.defaults_label)
+                                   reference_name=self.engine.defaults_label,
+                                   outside=outside_gate(quality, settings.max_quality_loss))
             unprobed = "; its quality not probed" if measured.quality_skipped else ""
             return Measured(measured, objectives, constraints, status=Status.PRUNED, reason=reason + unprobed)
         return Measured(measured, objectives, constraints, reason=why, not_meaningful=why)

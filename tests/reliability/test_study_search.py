@@ -169,17 +169,20 @@ def test_a_warm_start_tries_the_earlier_studys_best_configurations_first(tmp_pat
 
 
 def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool = True, events: Events | None = None,
-                   rules: str = "classic", level_records=None, loss=lambda config: 0.0, skip_unfit_probe: bool = False):
+                   rules: str = "classic", level_records=None, loss=lambda config: 0.0, skip_unfit_probe: bool = False,
+                   gate=None):
     """A study with capacity as an objective whose engine is scripted: `truth(config or None)` ->
     (TTFT p99 s, true capacity k); a level passes when it is at most k. The capacity search, the
     early stop and everything the Tuner does with them are real. `rules`: the search's (classic by
     default: these tests pin its levels; the guided rules' are tested where named). `level_records(scale,
     passed)`: each level's request records, handed to the study as the levels measured (none by default).
     `loss(config)`: a trial's quality loss (the reference's is 0). `skip_unfit_probe`: a trial missing
-    the SLO at 1x comes back unprobed, as `EngineRunner` returns it."""
+    the SLO at 1x comes back unprobed, as `EngineRunner` returns it. `gate`: the study's quality gate;
+    a trial outside it is searched no further than 1x, as `EngineRunner._outside_gate` decides."""
     from tracetune.capacity.search import search_capacity
     from tracetune.capacity.step import CapacityOptions, Step
     from tracetune.replay.metrics import parse_slos
+    from tracetune.tuner.objectives import outside_gate
     slos = parse_slos("ttft:p99<2s")
     capacity = CapacityOptions(slos=tuple(slos), precision=0.1, rules=rules)
     levels: dict[str, list[float]] = {}
@@ -202,8 +205,9 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
                         repeat=repeat)
 
         prune_at = prune(summary, quality, 1, 2.0) if prune else None
+        seeds_only = prune and label != "reference" and bool(outside_gate(quality, gate))
         result = search_capacity(level, capacity, seed_steps=[level(1.0, False)], base_rates=(2.0, 64.0),
-                                 prune_at=prune_at)
+                                 prune_at=prune_at, seeds_only=seeds_only)
         summary.capacity = result.as_dict()
         return Measurement(summary=summary, quality=quality, startup_s=1.0, levels=tuple(measured),
                            reference=REFERENCE if label == "reference" else None, quality_skipped=skipped)
@@ -212,6 +216,7 @@ def capacity_tuner(tmp_path, truth, *, trials: int, enqueue: list, prune: bool =
     tuner = make_tuner(tmp_path, lambda c: None, space_yaml=SEQS, trials=trials, enqueue=enqueue, slos=slos,
                        objectives=["ttft_p99", "capacity", "quality_loss"], capacity=capacity, prune=prune,
                        runner=runner, events=events)
+    tuner.settings.max_quality_loss = gate
     tuner.levels = levels  # type: ignore[attr-defined]
     return tuner
 
@@ -372,3 +377,54 @@ def test_without_the_slo_stop_the_same_trial_is_searched_below_the_traces_rate(t
     study = tuner.run()
     assert study.trials[0].user_attrs["status"] == "measured"
     assert min(tuner.levels["trial-0000"]) < 0.5
+
+
+def test_a_trial_outside_the_quality_gate_is_measured_at_the_traces_rate_only(tmp_path):
+    """A faster trial (TTFT 0.3 s, 1.5x) whose loss, 0.02 nats on its whole interval, is past the gate's
+    0.01: infeasible whatever its capacity, so its search ends after the trace's rate, pruned with the
+    gate's words, its capacity a lower bound (1x: the trace's 2 req/s). Its twin within the gate (0.004
+    nats) is searched to the end."""
+    from tracetune.quality.gate import QualityGate
+
+    truth = {None: (0.5, 2.0), 1: (0.3, 1.5), 2: (0.3, 1.5)}
+    tuner = capacity_tuner(tmp_path, lambda c: truth[c and c.max_num_seqs], trials=2,
+                           enqueue=[{"max_num_seqs": 1}, {"max_num_seqs": 2}], gate=QualityGate("nats", 0.01),
+                           loss=lambda config: 0.02 if config.max_num_seqs == 1 else 0.004)
+    study = tuner.run()
+    outside, within = sorted(study.trials, key=lambda t: t.number)
+    assert tuner.levels["trial-0000"] == [1.0] and len(tuner.levels["trial-0001"]) > 2
+    assert [outside.user_attrs["status"], within.user_attrs["status"]] == ["pruned", "measured"]
+    reason = outside.user_attrs["failure_reason"]
+    assert reason.startswith("pruned: outside the quality gate nats<=0.01"), reason
+    assert "capacity [2, -) req/s, not searched beyond the trace's rate" in reason, reason
+    assert outside.values[1] == pytest.approx(2.0)  # what it is known to carry
+    stored = tuner.store.trials("s", outside.number)[0]["summary"]["capacity"]
+    assert stored["verdict"] == "pruned" and stored["bracket_scale"] == [1.0, None]
+
+
+def test_the_search_stops_at_the_traces_rate_only_for_a_trial_clearly_outside_the_gate(tmp_path):
+    """`EngineRunner._outside_gate`: a trial whose whole quality interval lies past the gate; not one within
+    it or undecided (its interval reaches both sides), not the reference, none under --no-prune or without
+    a gate."""
+    import dataclasses
+
+    from tracetune.quality.gate import QualityGate
+    from tracetune.replay.metrics import Estimate
+    from tracetune.tuner.measure import _Run
+
+    runner = engine_runner(tmp_path)
+    runner.settings = dataclasses.replace(runner.settings, max_quality_loss=QualityGate("nats", 0.01))
+
+    def stops(label: str, loss: float, low: float | None = None) -> bool:
+        quality = dataclasses.replace(fake_quality(loss), nll_delta_per_token=Estimate(loss, low or loss, loss))
+        return bool(runner._outside_gate(_Run(label=label, probe=None, quality=quality)))
+
+    assert stops("outside", 0.02)
+    assert not stops("within", 0.004)
+    assert not stops("undecided", 0.02, low=0.005)
+    assert not stops("reference", 0.02)
+    assert not runner._outside_gate(_Run(label="unprobed", probe=None))
+    runner.settings = dataclasses.replace(runner.settings, prune=False)
+    assert not stops("no-prune", 0.02)
+    runner.settings = dataclasses.replace(runner.settings, prune=True, max_quality_loss=None)
+    assert not stops("no gate", 0.02)

@@ -39,4 +39,5 @@ def test_a_pruned_trial_stands_for_the_middle_of_its_bracket():
     assert stands_for(capacity(0.0, 2.0, "pruned"), 0.125) == pytest.approx(math.sqrt(0.125 * 2.0))
     assert stands_for(capacity(1.0, 2.0, "pruned"), 0.125) == pytest.approx(math.sqrt(2.0))
     assert stands_for(capacity(0.0, None), 0.125) is None  # no capacity, no bracket: nothing to go by
+    assert stands_for(capacity(1.0, None, "pruned"), 0.125) is None  # outside the gate: searched no further
     assert stands_for(None, 0.125) is None
