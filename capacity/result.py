@@ -346,6 +346,10 @@ class CapacityResult:
                     f"req/s, {self.confirmation()}), where the trial cannot be on the front (an incumbent as good "
                     f"on every other objective passes, or it missed the SLOs at the trace's rate): capacity "
                     f"[{low}, {high:.3g}] req/s, not searched further")
+        if self.verdict == Verdict.PRUNED and self.capacity_scale is not None:  # no level failed: a lower bound
+            return (f"capacity at least {self.capacity_rps:.3g} req/s = {self.capacity_scale:.3g}x the trace's rate "
+                    f"(pruned: the trial cannot be on the front whatever its capacity, so it was searched no "
+                    f"further)")
         if self.capacity_scale is None:
             return (f"capacity 0: not even {min(s.scale for s in self.steps):g}x the trace's rate met the SLO "
                     f"({self.attainment_target:.0%} attainment; the search goes no lower)") if self.steps \

@@ -33,6 +33,7 @@ class ConsoleReporter(NullReporter):
         self.window_said = False
         self.remaining = 0  # trials still to run, for the estimate of the time left
         self.walls: list[float] = []  # wall seconds of the trials ended in this run
+        self.reference_s: float | None = None  # the reference's (its search is never stopped early)
 
     def print(self, text: str) -> None:
         self.console.print(text, highlight=False)
@@ -74,6 +75,7 @@ class ConsoleReporter(NullReporter):
         split = cost_text(summary.cost, len(steps) if isinstance(steps, list) else None)
         if split:
             self.print(f"    time: {split}")
+        self.reference_s = (summary.cost or {}).get("wall_s")
         self._end_task()  # else its progress line stayed on screen to the study's end
 
     def on_waiting(self, *, what: str, owner: str, trial: int | None) -> None:
@@ -179,7 +181,7 @@ class ConsoleReporter(NullReporter):
         steps = (summary.capacity or {}).get("steps") if summary is not None else None
         split = cost_text(summary.cost if summary is not None else None,
                           len(steps) if isinstance(steps, list) else None)
-        parts = [p for p in (split, time_left(self.walls, self.remaining)) if p]
+        parts = [p for p in (split, time_left(self.walls, self.remaining, full_s=self.reference_s)) if p]
         if parts:
             self.print("    time: " + "; ".join(parts))
 

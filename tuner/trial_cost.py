@@ -11,6 +11,8 @@ import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
+# Trials whose wall times lie within this factor of each other give one estimate of the time left, not a range.
+SAME_PACE = 1.5
 # The stored keys, in the order they are shown, and their words.
 PARTS = {"start_s": "engine start", "levels_s": "levels", "probe_s": "quality probe",
          "acceptance_s": "acceptance probe", "stop_s": "stop"}
@@ -67,11 +69,19 @@ def cost_text(cost: Mapping[str, float] | None, levels: int | None = None) -> st
     return " · ".join(shown)
 
 
-def time_left(walls: Sequence[float], remaining: int) -> str:
-    """`about 12m for 3 more trials` from the trials ended so far (their mean wall time); "" when
-    none is left or none ended yet."""
+def time_left(walls: Sequence[float], remaining: int, *, full_s: float | None = None) -> str:
+    """The time the `remaining` trials may take at the pace of the trials ended so far (`walls`): "about
+    12m left for 3 more trials" where they took about the same, else a range, e.g. "36s to 19m left for
+    2 more trials (a trial so far: 18s to 9m30s, the reference's search to the end included)": a trial
+    stopped early takes seconds, one searched to the end many minutes, and which comes next is not
+    known. `full_s`: the reference's wall time (a search never stopped early). "" when none is left or
+    no trial ended yet."""
     if remaining <= 0 or not walls:
         return ""
-    mean = sum(walls) / len(walls)
     trials = "trial" if remaining == 1 else "trials"
-    return f"about {duration(mean * remaining)} left for {remaining} more {trials}"
+    low, high = min(walls), max([*walls, full_s or 0.0])
+    if high <= SAME_PACE * low:
+        return f"about {duration(sum(walls) / len(walls) * remaining)} left for {remaining} more {trials}"
+    note = ", the reference's search to the end included" if full_s is not None and full_s > max(walls) else ""
+    return (f"{duration(low * remaining)} to {duration(high * remaining)} left for {remaining} more {trials} "
+            f"(a trial so far: {duration(low)} to {duration(high)}{note})")

@@ -400,6 +400,9 @@ def test_a_trial_outside_the_quality_gate_is_measured_at_the_traces_rate_only(tm
     assert outside.values[1] == pytest.approx(2.0)  # what it is known to carry
     stored = tuner.store.trials("s", outside.number)[0]["summary"]["capacity"]
     assert stored["verdict"] == "pruned" and stored["bracket_scale"] == [1.0, None]
+    from tracetune.capacity.result import CapacityResult
+
+    assert CapacityResult.from_dict(stored).headline().startswith("capacity at least 2 req/s = 1x the trace's rate")
 
 
 def test_the_search_stops_at_the_traces_rate_only_for_a_trial_clearly_outside_the_gate(tmp_path):

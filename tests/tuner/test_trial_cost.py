@@ -27,8 +27,12 @@ def test_words_and_the_time_left():
     text = cost_text({"start_s": 24.0, "levels_s": 130.0, "probe_s": 18.0, "acceptance_s": 0.0, "stop_s": 0.2}, 6)
     assert text == "engine start 24s · levels 2m10s (6) · quality probe 18s"
     assert cost_text(None) == ""
-    assert time_left([100.0, 200.0], 3) == "about 7m30s left for 3 more trials"
+    assert time_left([100.0, 140.0], 3) == "about 6m00s left for 3 more trials"
     assert time_left([100.0], 0) == "" and time_left([], 2) == ""
+    # A trial stopped early and one searched to the end: which comes next is not known, so a range.
+    assert time_left([18.0, 282.0], 1) == "18s to 4m42s left for 1 more trial (a trial so far: 18s to 4m42s)"
+    assert time_left([18.0], 2, full_s=570.0) == ("36s to 19m00s left for 2 more trials (a trial so far: 18s to "
+                                                  "9m30s, the reference's search to the end included)")
 
 
 def test_a_summary_keeps_its_cost_and_an_older_one_reads_without():
