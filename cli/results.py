@@ -55,7 +55,14 @@ def _row(label: int | str, values: dict[str, float], result: dict, ref_config: d
 def report_results(tuner, study, args, console, run_dir: Path) -> None:
     """The front (the engine's defaults competing like any trial), the verdict in plain words, failures
     grouped by reason, and best.json / pareto.json."""
-    from tracetune.tuner.front import REFERENCE, Candidate, decide, pareto_trials, trials_outside_constraints
+    from tracetune.tuner.front import (
+        REFERENCE,
+        Candidate,
+        decide,
+        pareto_trials,
+        trials_outside_constraints,
+        trials_stopped_early,
+    )
     from tracetune.tuner.objectives import keeps_slos
 
     name, objectives = tuner.settings.study_name, tuner.settings.objectives
@@ -71,6 +78,7 @@ def report_results(tuner, study, args, console, run_dir: Path) -> None:
         ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
     decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
                       objectives, directions, outside_constraints=trials_outside_constraints(study),
+                      stopped_early=trials_stopped_early(study),
                       reference_feasible=keeps_slos(_summary_of(reference), tuner.settings.slos),
                       beyond_gate=_beyond_gate(study, results, tuner.settings.max_quality_loss),
                       reference_breach=_breach(reference, tuner.settings.slos),

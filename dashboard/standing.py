@@ -95,6 +95,7 @@ def mark_front(study: StudyView) -> None:
     study.decision = decide(points, None if ref is None else Candidate(REFERENCE, ref), study.objectives,
                             study.directions, reference_feasible=ref_ok, beyond_gate=beyond,
                             outside_constraints=sum(t.category == "infeasible" for t in study.trials),
+                            stopped_early=sum(t.category == "pruned" for t in study.trials),
                             reference_breach=judged.breach(study.reference, study.parsed_slos, ref_ok),
                             quality_words=judged.quality_words(study.trials, study.gate_words),
                             speculation_words=judged.speculation_words(study.trials),

@@ -145,6 +145,7 @@ class Decision:
     reference_feasible: bool = True  # the reference keeps within the study's SLOs (else: no candidate)
     reference_breach: str = ""  # how they break it, e.g. "TTFT p95 17.8 s against 2 s, every load failed"
     outside_constraints: int = 0  # measured trials left out of the front for breaking a constraint
+    stopped_early: int = 0  # trials pruned where they could no longer reach the front (`tuner.incumbents`)
     beyond_gate: BeyondGate | None = None  # the best trade the quality gate turned down
     reference_values: tuple[float, ...] | None = None  # the reference's, on the front or not
     # the quality gate's word on trials it does not hold within (`quality.gate.GateDecision.text`)
@@ -222,23 +223,28 @@ class Decision:
         """Why no trial is on the front beside the reference (which keeps the SLO: else it is no candidate)."""
         broke = (f"{self.outside_constraints} measured trial(s) broke the SLO or the quality gate"
                  if self.outside_constraints else "")
+        stopped = (f"; {self.stopped_early} trial(s) were stopped early where they could no longer reach the front"
+                   if self.stopped_early else "")
         if self.outside_constraints and not self.dominated_by_reference:
-            return (f"no configuration beats {self.reference_name}: {broke}, and none is within them. "
+            return (f"no configuration beats {self.reference_name}: {broke}, and none is within them{stopped}. "
                     "Keep the defaults.")
+        if self.stopped_early and not self.dominated_by_reference:
+            return f"no configuration beats {self.reference_name}{stopped.replace(';', ':', 1)}. Keep the defaults."
         return (f"no configuration beats {self.reference_name}: every measured trial is worse on at least one "
                 "objective and no better on any" + (", or broke the SLO or the quality gate" if broke else "")
-                + ". Keep the defaults.")
+                + stopped + ". Keep the defaults.")
 
 
 def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
            directions: Sequence[str], *, reference_feasible: bool = True, outside_constraints: int = 0,
-           beyond_gate: Sequence[BeyondGate] = (), reference_breach: str = "",
+           stopped_early: int = 0, beyond_gate: Sequence[BeyondGate] = (), reference_breach: str = "",
            quality_words: Mapping[Label, str] | None = None,
            speculation_words: Mapping[Label, str] | None = None, reference_name: str | None = None) -> Decision:
     """The front of the feasible trials and the reference (while it keeps the SLO: `reference_feasible`;
     one that breaks it is neither on the front nor best, and beats no trial that keeps it), and the
     best of it by the deciding objective (ties go to the reference: a change must earn its place).
-    `outside_constraints` (measured trials that broke a constraint) and `reference_breach` (how the
+    `outside_constraints` (measured trials that broke a constraint), `stopped_early` (trials pruned
+    where they could no longer reach the front) and `reference_breach` (how the
     reference breaks the SLO, `slo_breach`) shape the verdict's words; `beyond_gate` (trials that broke
     only the quality gate) too: the best of them is named, with its cost, when it beats the
     recommendation by the deciding objective. `quality_words`: the gate's word on the trials it does
@@ -257,7 +263,7 @@ def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives:
     return Decision(objectives=list(objectives), front=on_front, best=best, dominated_by_reference=beaten,
                     by=objectives[key] if objectives else "", reference_feasible=reference_feasible,
                     reference_breach=reference_breach if not reference_feasible else "",
-                    outside_constraints=outside_constraints,
+                    outside_constraints=outside_constraints, stopped_early=stopped_early,
                     beyond_gate=next((b for b in beyond_gate if b.candidate is turned_down), None),
                     reference_values=reference.values if reference is not None else None,
                     quality_words=dict(quality_words or {}), speculation_words=dict(speculation_words or {}),
@@ -369,6 +375,14 @@ def trials_outside_constraints(study: Study) -> int:
     from tracetune.tuner.trial_record import TrialRecord
 
     return sum(not TrialRecord.of(t).is_feasible for t in _complete_measured(study))
+
+
+def trials_stopped_early(study: Study) -> int:
+    """Trials pruned where they could no longer reach the front (`tuner.incumbents`)."""
+    from tracetune.tuner.storage import Status
+    from tracetune.tuner.trial_record import TrialRecord
+
+    return sum(TrialRecord.of(t).status == Status.PRUNED for t in study.get_trials(deepcopy=False))
 
 
 def pareto_trials(study: Study) -> list[FrozenTrial]:

@@ -153,14 +153,14 @@ def as_gate(max_quality_loss: QualityGate | float) -> QualityGate:
 
 def outside_gate(quality: QualityResult | None, max_quality_loss: QualityGate | float | None) -> str:
     """The quality gate's words on a measured quality whose whole 95% interval lies past its limit, e.g.
-    "outside the quality gate ppl<=+1% (+3.2% perplexity [+2.9%, +3.4%] ...)"; "" for one within it,
+    "outside the quality gate ppl<=+1% at +3.2% perplexity [+2.9%, +3.4%] (KLD ...)"; "" for one within it,
     undecided, not measured, or a study without a gate. Such a configuration is infeasible whatever
     else it measures."""
     if quality is None or max_quality_loss is None:
         return ""
     stored = quality.as_dict()
     decision = as_gate(max_quality_loss).decide(stored)
-    return f"{decision.text()} ({cost_text(stored)})" if decision.word == OUTSIDE else ""
+    return f"{decision.text()} at {cost_text(stored)}" if decision.word == OUTSIDE else ""
 
 
 def feasible(error_rate: float, constraints: list[float]) -> bool:

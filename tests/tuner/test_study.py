@@ -104,6 +104,18 @@ def test_trials_left_out_for_their_constraints_are_not_called_worse():
     assert "no better on any, or broke the SLO or the quality gate. Keep the defaults." in d.verdict()
 
 
+def test_trials_stopped_early_are_named_not_called_worse():
+    """Every trial pruned (the quickstart once: two missed the SLO at 1x, one was outside the gate): no
+    measured trial to call worse."""
+    ref = Candidate(REFERENCE, (0.698, 134.7, 0.0))
+    assert decide([], ref, OBJS, DIRS, stopped_early=3).verdict() == (
+        "no configuration beats vLLM's defaults: 3 trial(s) were stopped early where they could no longer reach "
+        "the front. Keep the defaults.")
+    d = decide([], ref, OBJS, DIRS, outside_constraints=1, stopped_early=2)
+    assert d.verdict().endswith("none is within them; 2 trial(s) were stopped early where they could no longer "
+                                "reach the front. Keep the defaults.")
+
+
 def test_the_reference_is_judged_by_the_trials_feasibility_rule():
     slos = parse_slos("ttft:p99<2s")
     assert keeps_slos(summary(ttft_p99=1.5), slos)
