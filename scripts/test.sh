@@ -12,4 +12,5 @@ bash scripts/typecheck.sh
 # The fast part (no model, no engine; four processes), then the integration set in one process:
 # its tests share engines and the mini study, and two at once would share the machine's cores.
 .venv/bin/python -m pytest -m "not integration" "$@"
-exec .venv/bin/python -m pytest -m integration -n 0 "$@"
+# --durations: where the integration part's time goes (docs/testing.md), printed at its end.
+exec .venv/bin/python -m pytest -m integration -n 0 --durations=25 "$@"
