@@ -223,16 +223,17 @@ class Decision:
         """Why no trial is on the front beside the reference (which keeps the SLO: else it is no candidate)."""
         broke = (f"{self.outside_constraints} measured trial(s) broke the SLO or the quality gate"
                  if self.outside_constraints else "")
-        stopped = (f"; {self.stopped_early} trial(s) were stopped early where they could no longer reach the front"
+        stopped = (f"{self.stopped_early} trial(s) were stopped early where they could no longer reach the front"
                    if self.stopped_early else "")
         if self.outside_constraints and not self.dominated_by_reference:
-            return (f"no configuration beats {self.reference_name}: {broke}, and none is within them{stopped}. "
-                    "Keep the defaults.")
-        if self.stopped_early and not self.dominated_by_reference:
-            return f"no configuration beats {self.reference_name}{stopped.replace(';', ':', 1)}. Keep the defaults."
-        return (f"no configuration beats {self.reference_name}: every measured trial is worse on at least one "
-                "objective and no better on any" + (", or broke the SLO or the quality gate" if broke else "")
-                + stopped + ". Keep the defaults.")
+            why = f"{broke}, and none is within them"
+        elif self.stopped_early and not self.dominated_by_reference:
+            why = ""
+        else:
+            why = ("every measured trial is worse on at least one objective and no better on any"
+                   + (", or broke the SLO or the quality gate" if broke else ""))
+        return f"no configuration beats {self.reference_name}: " + "; ".join(w for w in (why, stopped) if w) \
+            + ". Keep the defaults."
 
 
 def decide(trials: Sequence[Candidate], reference: Candidate | None, objectives: Sequence[str],
