@@ -31,15 +31,13 @@ def fmt_objective(name: str, value: float) -> str:
     return f"{value:.2f}"
 
 
-def _row(label: int | str, values: dict[str, float], result: dict, ref_config: dict, args, engine=None) -> dict:
+def _row(label: int | str, values: dict[str, float], result: dict, ref_config: dict, args, engine) -> dict:
     """One candidate of the final table: the reference or a trial, with what it was measured (`engine`,
-    the study's `EngineKind`: how its configs read against the reference; default: --engine's)."""
-    from tracetune.engine_adapter.registry import engine_kind
+    the study's `EngineKind`: how its configs read against the reference)."""
     from tracetune.tuner.front import economics
 
     config = result.get("config") or {}
     summary = result.get("summary") or {}
-    engine = engine or engine_kind(args.engine_type)
     diff = {} if label == "reference" else engine.config_diff(config, ref_config) if config else {}
     if "model" in diff and "weight_bits" in (result.get("values") or {}):
         # a quantized checkpoint's path says less than the search-space value that made it

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from tracetune.replay.metrics import SLO
     from tracetune.replay.types import ReplayOptions
     from tracetune.search_spaces.space import Param, SearchSpace
+    from tracetune.tuner.plan import StudyPlan
     from tracetune.tuner.settings import StudySettings
     from tracetune.tuner.study import Tuner
     from tracetune.types import ParamValues
@@ -183,65 +183,6 @@ def _check_flags(args: argparse.Namespace) -> None:
     # Numeric flags are checked as they are read (their argparse types, cli/options.py).
 
 
-def _api_key(args: argparse.Namespace, base_config: EngineConfig, engine: EngineKind) -> str | None:
-    """The key engines require: from --api-key-env (handed to the engine's server through the variable
-    it reads, `EngineKind.api_key_env`, so it never appears in a command line, a config or the
-    database), or one the engine settings pass the server themselves (`EngineKind.given_api_key`)."""
-    import os
-
-    from tracetune.errors import InputError
-
-    if args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            raise InputError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-        names = [kind.api_key_env for kind in engine.engines if kind.api_key_env]
-        if len(names) < len(engine.engines):
-            raise InputError(f"--api-key-env: {engine.shown} servers take no API key")
-        for name in names:  # each engine's server reads its own variable
-            os.environ[name] = key
-        return key
-    return None if engine.given_api_key is None else engine.given_api_key(base_config)
-
-
-def _no_gate_on_random_weights(args: argparse.Namespace, console: Console) -> None:
-    """Random weights (--load-format dummy) have no output quality: no gate applies to them, and one
-    the user asked for is an error (quality is measured on real weights)."""
-    from tracetune.errors import InputError
-    from tracetune.quality.gate import parse_gate
-
-    if parse_gate(args.max_quality_loss) is not None:
-        raise InputError(f"--max-quality-loss {args.max_quality_loss}: random weights (--load-format dummy) have no "
-                         f"output quality to gate; measure quality on the real weights, or leave the flag out")
-    console.print("[dim]·[/] random weights (--load-format dummy): output quality is not measurable, so no "
-                  "quality gate applies")
-
-
-def _no_quality_on_random_weights(args: argparse.Namespace, objectives: list[str], console: Console) -> list[str]:
-    """Random weights' quality numbers mean nothing: quality_loss leaves the default objectives (no
-    probe runs), and asking for it by name is an error."""
-    from tracetune.errors import InputError
-
-    if "quality_loss" not in objectives:
-        return objectives
-    if args.objectives:
-        raise InputError(f"--objectives {args.objectives}: random weights (--load-format dummy) have no output "
-                         f"quality to measure; drop quality_loss, or measure quality on the real weights")
-    console.print("[dim]·[/] objectives: quality_loss left out (random weights)", highlight=False)
-    return [o for o in objectives if o != "quality_loss"]
-
-
-def _no_speculation_on_random_weights(space: SearchSpace, console: Console) -> None:
-    """Random weights make a draft's acceptance meaningless: say so when the space speculates (its
-    trials are measured, flagged and kept off the front: `tuner.front.not_meaningful`)."""
-    spec = space.parameters.get("speculative")
-    offered = set(spec.choices or []) if spec is not None else {space.fixed.get("speculative", "none")}
-    if offered - {"none"}:
-        console.print("[dim]·[/] random weights (--load-format dummy): speculative decoding is measured but kept off "
-                      "the front, since how many draft tokens random weights accept says nothing about real traffic",
-                      highlight=False)
-
-
 def _with_drafts(space: SearchSpace, drafts: list[str], model_dir: Path, engine: EngineKind) -> SearchSpace:
     """The space searching also the --draft-model drafts; every draft model it names checked against
     the model (`EngineKind.check_drafts`: tokenizer and vocabulary; derived ones by name) before
@@ -267,6 +208,16 @@ def _tries(args: argparse.Namespace) -> list[ParamValues]:
             raise InputError(f"--try {item!r}: {nested[0]} is not one value (a string, number, true/false or null)")
         out.append(params)
     return out
+
+
+def study_plan(args: argparse.Namespace, console: Console) -> StudyPlan:
+    """The study's rules (`tuner.plan.StudyPlan`) as the flags ask them, saying on the console what
+    they decide."""
+    from tracetune.tuner.plan import StudyPlan
+
+    return StudyPlan(engine=args.engine_type, own_space=args.space is not None, objectives=args.objectives,
+                     max_quality_loss=args.max_quality_loss, api_key_env=args.api_key_env,
+                     say=lambda line: console.print(f"[dim]·[/] {line}", highlight=False))
 
 
 def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
@@ -300,62 +251,30 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
         check_warm_start(_warm_start_url(args, storage), args.warm_start, run_dir,
                          flag="--warm-start-storage" if args.warm_start_storage else "--storage")
     platform = engine_kind(args.engine_type or DEFAULT_ENGINE).platform()  # where the named engine runs
+    plan = study_plan(args, console)
     stored = stored_study_attrs(storage, study_name, tables)
-    engine = _main_engine(args, platform, console, stored)
-    args.engine_type = engine.name  # as resolved: the results read it
+    engine = plan.choose_engine(platform, stored)
     space = load_space(args.space or default_space(engine), engine)
     model_dir = resolve_model(args.model, lambda m: console.print(f"[dim]·[/] {m}")) if engine.loads_model \
         else Path(args.model or engine.name)  # a simulator loads no model: a name (or a tokenizer's folder)
     base_config, base = _base(args, model_dir, engine)
     space = _with_drafts(space, drafts_given(args, engine), model_dir, engine)
-    if "dummy" in (base.get("load_format"), space.fixed.get("load_format")):
-        _no_gate_on_random_weights(args, console)
-        gate = None
-        objectives = _no_quality_on_random_weights(args, objectives, console)
-        _no_speculation_on_random_weights(space, console)
-    api_key = _api_key(args, base_config, engine)
+    random_weights = "dummy" in (base.get("load_format"), space.fixed.get("load_format"))
+    gate, objectives = plan.quality_rules(gate, objectives, space, random_weights=random_weights)
+    api_key = plan.api_key(engine, base_config, os.environ)
     # Keys, tokens and passwords given to the tuner (engine environment, engine arguments, the
     # storage URL, the environment tracetune runs in) are scrubbed from everything stored.
     engine_env, engine_args = passed_through(args, engine)
     secrets = secret_values(env=engine_env, process_env=dict(os.environ), args=engine_args,
-                            urls=[storage], extra=[api_key] if api_key else [])
+                            urls=[storage], extra=[api_key.value] if api_key.value else [])
     settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
-                         enqueue=enqueue, secrets=secrets, api_key=api_key, trace_sha256=sha256_file(args.trace))
-    settings.trace_profile = trace_profile
+                         enqueue=enqueue, secrets=secrets, api_key=api_key.value, trace_sha256=sha256_file(args.trace))
+    settings.trace_profile, settings.engine_env = trace_profile, dict(api_key.env)
     request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
                           run_dir=run_dir, base=base, storage_shown=display_url(storage), engine=engine)
     request.space = _runnable_space(request, console)
     check_resume(request, stored, console)
     return request
-
-
-# What the main job tunes on a CPU where each of its engines is installed.
-CPU_CHOICE = "vllm+llamacpp"
-
-
-def _main_engine(args: argparse.Namespace, platform: Platform, console: Console,
-                 stored: Mapping[str, object] | None = None) -> EngineKind:
-    """The engine the main job tunes: --engine; else the engine of the study resumed (its `stored` user
-    attributes); else, on a CPU without --space, vLLM or llama.cpp trial by trial where llama.cpp is
-    installed (vLLM alone otherwise, saying how to add it); else vLLM."""
-    from tracetune.engine_adapter.platform import Platform
-    from tracetune.engine_adapter.registry import DEFAULT_ENGINE, engine_kind
-    from tracetune.tuner.trial_record import StudyAttr
-
-    if args.engine_type is not None:
-        return engine_kind(args.engine_type)
-    rules = (stored or {}).get(StudyAttr.RULES.value)
-    if isinstance(rules, Mapping) and isinstance(rules.get("engine"), str):
-        return engine_kind(rules["engine"])  # a study resumes on the engines it was measured with
-    if platform is not Platform.CPU or args.space is not None:
-        return engine_kind(DEFAULT_ENGINE)
-    choice = engine_kind(CPU_CHOICE)
-    lacking = [f"{kind.shown}: {why}" for kind in choice.engines if (why := kind.missing())]
-    if not lacking:
-        return choice
-    console.print(f"[dim]·[/] engine: {engine_kind(DEFAULT_ENGINE).shown} alone; the study would compare "
-                  f"{choice.shown} on this CPU, but {'; '.join(lacking)}", highlight=False)
-    return engine_kind(DEFAULT_ENGINE)
 
 
 def _base(args: argparse.Namespace, model_dir: Path, engine: EngineKind) -> tuple[EngineConfig, dict[str, object]]:

@@ -196,8 +196,8 @@ class _Parts:
         return _of(self.kinds, config)
 
     def make(self, run_dir: Path | None = None, *, platform: Platform | None = None,
-             port: int | None = None) -> Engine:
-        return ChosenEngine(self._of, run_dir, platform=platform, port=port)
+             port: int | None = None, env: Mapping[str, str] | None = None) -> Engine:
+        return ChosenEngine(self._of, run_dir, platform=platform, port=port, env=env)
 
     def command(self, config: EngineConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
                 python: str | None = None) -> tuple[list[str], dict[str, str]]:
@@ -318,8 +318,10 @@ class ChosenEngine:
     managed = True
 
     def __init__(self, kind_of: Callable[[EngineConfig], EngineKind], run_dir: Path | None = None, *,
-                 platform: Platform | None = None, port: int | None = None) -> None:
+                 platform: Platform | None = None, port: int | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self._kind_of, self._run_dir, self._platform, self._port = kind_of, run_dir, platform, port
+        self._env = env
         self.running: Engine | None = None
         self.name = "engine"  # the running engine's, once one is made
         self.quality_probe = False
@@ -328,7 +330,8 @@ class ChosenEngine:
     def _for(self, config: EngineConfig) -> Engine:
         """The engine `config` runs on, made now (one already running is stopped first)."""
         self.stop()
-        self.running = self._kind_of(config).make(self._run_dir, platform=self._platform, port=self._port)
+        self.running = self._kind_of(config).make(self._run_dir, platform=self._platform, port=self._port,
+                                                  env=self._env)
         self.name, self.quality_probe = self.running.name, self.running.quality_probe
         self.scoring = self.running.scoring
         return self.running

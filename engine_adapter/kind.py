@@ -101,10 +101,11 @@ class SpaceView(Protocol):
 
 
 class EngineFactory(Protocol):
-    """A not yet started engine that logs under `run_dir`."""
+    """A not yet started engine that logs under `run_dir`; a server it starts gets `env` on top of
+    this process's environment (the study's API key, in the variable its engine reads)."""
 
     def __call__(self, run_dir: Path | None = None, *, platform: Platform | None = None,
-                 port: int | None = None) -> Engine: ...
+                 port: int | None = None, env: Mapping[str, str] | None = None) -> Engine: ...
 
 
 class CommandBuilder(Protocol):

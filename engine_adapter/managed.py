@@ -11,6 +11,7 @@ it needs before anything starts (`prepare`), its command (`command`), the header
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
@@ -44,11 +45,14 @@ class ManagedServer(HTTPEngine, Generic[Settings]):
     start_timeout_s = 600.0  # how long a start waits for health unless told
     poll_s = 0.5  # how often a start asks for health
 
-    def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.run_dir = Path(run_dir).resolve()  # the server runs in its log folder: relative paths would move
         self.host = host
         self.port = port  # None: a free port at each start, and a start retried where it was taken
+        # What every start adds to this process's environment (a key: never written to the log)
+        self.env = dict(env or {})
         self.process: ServerProcess | None = None
         self.config: Settings | None = None
         self.starts = 0  # starts made: the next one's log is engine-{starts + 1}-{port}.log
@@ -100,7 +104,7 @@ class ManagedServer(HTTPEngine, Generic[Settings]):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text("$ " + " ".join(argv) + "\n")
         self.config = settings
-        self.process = ServerProcess(argv, env={**os.environ, **extra_env}, log_path=log_path,
+        self.process = ServerProcess(argv, env={**os.environ, **self.env, **extra_env}, log_path=log_path,
                                      health_url=f"http://{self.host}:{port}/health", name=f"{self.shown} (port {port})")
         self.process.start()
         self.endpoint = Endpoint(base_url=f"http://{self.host}:{port}", model=settings.name(),

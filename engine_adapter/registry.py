@@ -7,7 +7,7 @@ this package and must start instantly, and `tune --help` must stay fast."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -19,10 +19,12 @@ if TYPE_CHECKING:
     from tracetune.engine_adapter.platform import Platform
     from tracetune.engine_adapter.scoring import Scorer
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineKind", "engine_kind", "make_engine", "scorer"]
+__all__ = ["CPU_CHOICE", "DEFAULT_ENGINE", "ENGINES", "EngineKind", "engine_kind", "make_engine", "scorer"]
 
 # The engine tracetune starts and tunes when none is named.
 DEFAULT_ENGINE = "vllm"
+# What the main job tunes on a CPU where each of its engines is installed (`tuner.plan.StudyPlan`).
+CPU_CHOICE = "vllm+llamacpp"
 
 
 def _vllm() -> EngineKind:
@@ -68,8 +70,9 @@ def _openai() -> EngineKind:
     return EngineKind("openai", OpenAIEndpointConfig, _make_openai, label="OpenAI-compatible endpoint")
 
 
-def _make_openai(run_dir: Path | None = None, *, platform: Platform | None = None, port: int | None = None) -> Engine:
-    """A running endpoint needs no run directory, platform or port of its own."""
+def _make_openai(run_dir: Path | None = None, *, platform: Platform | None = None, port: int | None = None,
+                 env: Mapping[str, str] | None = None) -> Engine:
+    """A running endpoint needs no run directory, platform, port or environment of its own."""
     from tracetune.engine_adapter.openai_endpoint import OpenAIEndpoint
 
     return OpenAIEndpoint()

@@ -22,7 +22,7 @@ KNOWN = Counter({
     "cli/main.py": 6,  # --help examples and usage
     "cli/record.py": 1,  # --help examples
     "cli/replay.py": 1,  # --help examples
-    "cli/tune.py": 3,  # --help examples, --engine's help, the CPU's choice of engines (vllm+llamacpp)
+    "cli/tune.py": 2,  # --help examples, --engine's help
     "cli/workers.py": 1,  # a message: --gpus runs vLLM on NVIDIA GPUs
     "dashboard/export/__init__.py": 1,  # the vllm-cmd format's name (a public export name)
     "dashboard/export/document.py": 2,  # measured_vllm/target_vllm keys of the JSON export (public format)

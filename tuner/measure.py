@@ -122,7 +122,8 @@ class EngineRunner:
     def measure(self, config: EngineConfig, label: str, *, probe: QualityProbe | None, start: float = 1.0,
                 prune: PruneAt | None = None) -> Measurement:
         """One engine run of `config` (`TrialRunner.measure`); an `EngineError` names the phase it failed in."""
-        server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.settings.engine_port)
+        server = self.engine.make(self.run_dir / label, platform=self.platform, port=self.settings.engine_port,
+                                  env=self.settings.engine_env)
         run = _Run(label=label, probe=probe)
         try:
             with run.clock.part("start_s"):

@@ -50,6 +50,9 @@ class StudySettings:
     engine_port: int | None = None  # fixed port for this worker's engines (default: a free one)
     secrets: list[str] = dataclasses.field(default_factory=list, repr=False)  # never stored
     api_key: str | None = dataclasses.field(default=None, repr=False)  # sent to our own engines
+    # What every engine server of the study gets in its environment (the API key, in the variable its
+    # engine reads: `tuner.plan.StudyPlan.api_key`); never stored, never in this process's environment
+    engine_env: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
     trace_sha256: str | None = None  # the trace file's content hash: one of the study's rules (`study_rules`)
     trace_profile: dict[str, object] | None = None  # `replay.profile.Profile.as_dict()`, kept with the study
 

@@ -12,7 +12,7 @@ verbosity 4, where llama.cpp states what it applied (`verify.py` checks every kn
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -161,8 +161,8 @@ class LlamaServer(ManagedServer[LlamaCppConfig]):
     start_timeout_s = 300.0
 
     def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 platform: Platform | None = None) -> None:
-        super().__init__(run_dir, host=host, port=port)
+                 platform: Platform | None = None, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(run_dir, host=host, port=port, env=env)
         self.platform = platform or Platform.CPU
 
     def settings(self, config: EngineConfig) -> LlamaCppConfig:
@@ -178,7 +178,7 @@ class LlamaServer(ManagedServer[LlamaCppConfig]):
         return build_command(config, self.platform, host=self.host, port=port, slot_dir=slot_dir)
 
     def headers(self, config: LlamaCppConfig) -> dict[str, str]:
-        key = given_api_key(config) or os.environ.get(API_KEY_ENV)
+        key = given_api_key(config) or self.env.get(API_KEY_ENV) or os.environ.get(API_KEY_ENV)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def started_problems(self, config: LlamaCppConfig) -> list[str]:
@@ -207,11 +207,11 @@ class LlamaServer(ManagedServer[LlamaCppConfig]):
 
 
 def make_server(run_dir: Path | None = None, *, platform: Platform | None = None,
-                port: int | None = None) -> LlamaServer:
+                port: int | None = None, env: Mapping[str, str] | None = None) -> LlamaServer:
     """A not yet started llama-server logging under `run_dir` (the registry's factory)."""
     if run_dir is None:
         raise EngineError("a llama-server needs a run directory for its logs")
-    return LlamaServer(run_dir, platform=platform, port=port)
+    return LlamaServer(run_dir, platform=platform, port=port, env=env)
 
 
 __all__ = ["DERIVED_PREFIX", "FORMATS", "QUANTIZED_CACHE", "LlamaCppConfig", "LlamaServer", "build_command",

@@ -4,6 +4,7 @@ this Python) -> a managed process, started, checked and stopped as every engine'
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,8 +62,8 @@ class SimEngine(ManagedServer[SimConfig]):
 
 
 def make_engine(run_dir: Path | None = None, *, platform: Platform | None = None,
-                port: int | None = None) -> SimEngine:
+                port: int | None = None, env: Mapping[str, str] | None = None) -> SimEngine:
     """A not yet started simulated engine logging under `run_dir` (the registry's factory)."""
     if run_dir is None:
         raise EngineError("the simulated engine needs a run directory for its log")
-    return SimEngine(run_dir, port=port)
+    return SimEngine(run_dir, port=port, env=env)

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -347,8 +347,8 @@ class VLLMServer(ManagedServer[VLLMConfig]):
     start_timeout_s = 600.0
 
     def __init__(self, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 platform: Platform | None = None) -> None:
-        super().__init__(run_dir, host=host, port=port)
+                 platform: Platform | None = None, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(run_dir, host=host, port=port, env=env)
         self.platform = platform or detect_platform()
 
     def settings(self, config: EngineConfig) -> VLLMConfig:
@@ -368,8 +368,8 @@ class VLLMServer(ManagedServer[VLLMConfig]):
 
 
 def make_server(run_dir: Path | None = None, *, platform: Platform | None = None,
-                port: int | None = None) -> VLLMServer:
+                port: int | None = None, env: Mapping[str, str] | None = None) -> VLLMServer:
     """A not yet started vLLM server logging under `run_dir` (the registry's factory)."""
     if run_dir is None:
         raise EngineError("a vLLM server needs a run directory for its logs")
-    return VLLMServer(run_dir, platform=platform, port=port)
+    return VLLMServer(run_dir, platform=platform, port=port, env=env)

@@ -94,12 +94,13 @@ def test_the_main_job_takes_a_choice_of_engines_by_name(capsys):
 
 
 def _main_engine(argv: list[str], platform: Platform, stored: dict | None = None) -> tuple[str, str]:
-    from tracetune.cli.tune import _main_engine
+    """The engine the flags `argv` choose on `platform` (`tuner.plan.StudyPlan.choose_engine`), and what
+    the console said."""
+    from tracetune.cli.tune import study_plan
 
     out = io.StringIO()
-    kind = _main_engine(_build_parser().parse_args(["--trace", "t.jsonl", *argv]), platform, Console(file=out),
-                        stored)
-    return kind.name, out.getvalue()
+    plan = study_plan(_build_parser().parse_args(["--trace", "t.jsonl", *argv]), Console(file=out))
+    return plan.choose_engine(platform, stored).name, out.getvalue()
 
 
 def test_on_a_cpu_with_llamacpp_the_main_job_chooses_between_both_engines(monkeypatch):

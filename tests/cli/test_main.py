@@ -97,43 +97,6 @@ def test_a_commands_own_options_are_not_taken_for_the_main_jobs():
     assert (args.command, str(args.trace), args.trials, args.eager) == (None, "t.jsonl", 2, True)
 
 
-def test_random_weights_get_no_quality_gate_and_refuse_one_asked_for():
-    import argparse
-    import io
-
-    from rich.console import Console
-
-    from tracetune.cli.tune import _no_gate_on_random_weights
-    from tracetune.errors import InputError
-
-    out = io.StringIO()
-    for given in (None, "none"):
-        assert _no_gate_on_random_weights(argparse.Namespace(max_quality_loss=given), Console(file=out)) is None
-    assert "output quality is not measurable, so no quality gate applies" in " ".join(out.getvalue().split())
-    with pytest.raises(InputError, match=r"--max-quality-loss ppl:\+2%: random weights .* have no output quality"):
-        _no_gate_on_random_weights(argparse.Namespace(max_quality_loss="ppl:+2%"), Console(file=out))
-
-
-def test_random_weights_leave_quality_out_of_the_objectives_and_refuse_it_by_name():
-    import argparse
-    import io
-
-    from rich.console import Console
-
-    from tracetune.cli.tune import _no_quality_on_random_weights
-    from tracetune.errors import InputError
-
-    out = io.StringIO()
-    defaulted = argparse.Namespace(objectives=None)
-    assert _no_quality_on_random_weights(defaulted, ["ttft_p99", "capacity", "quality_loss"], Console(file=out)) == \
-        ["ttft_p99", "capacity"]
-    assert "quality_loss left out (random weights)" in out.getvalue()
-    assert _no_quality_on_random_weights(defaulted, ["ttft_p99"], Console(file=out)) == ["ttft_p99"]
-    with pytest.raises(InputError, match=r"--objectives ttft_p99,quality_loss: random weights .* no output quality"):
-        _no_quality_on_random_weights(argparse.Namespace(objectives="ttft_p99,quality_loss"),
-                                      ["ttft_p99", "quality_loss"], Console(file=out))
-
-
 def test_front_table_fits_80_columns_and_lists_configurations_below_it():
     import argparse
     import io

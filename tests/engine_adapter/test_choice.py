@@ -95,7 +95,7 @@ def _kind(name: str, model: type[BaseModel], knobs: dict[str, Knob], made: list[
         return [name, str(port)], {}
 
     flags = (EngineFlag("model", "--model"), EngineFlag(f"{name}_only", f"--{name}-only"))
-    return EngineKind(name, model, lambda run_dir=None, *, platform=None, port=None: FakeEngine(name, made),
+    return EngineKind(name, model, lambda run_dir=None, *, platform=None, port=None, env=None: FakeEngine(name, made),
                       command, translate=translate, reference=reference, knobs=knobs, label=name.upper(),
                       flags=flags, unrunnable=unrunnable or (lambda space, **_: {}),
                       make_checkpoint=lambda model_dir, scheme, progress: Path(f"/ckpt/{name}/{scheme}"),

@@ -5,6 +5,7 @@ and the stand-in server of test_process.py for the checks a started server must 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import sys
 from pathlib import Path
@@ -143,3 +144,15 @@ def test_a_start_waits_its_engines_own_timeout_unless_told(tmp_path):
 def test_a_relative_run_dir_is_made_absolute_for_every_managed_engine(make, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the server runs in its log folder, where "runs/x" would not exist
     assert make(Path("runs/x")).run_dir == tmp_path.resolve() / "runs" / "x"
+
+
+def test_the_environment_a_server_is_made_with_reaches_each_start_and_not_its_log(tmp_path, started, monkeypatch):
+    monkeypatch.delenv("STUDY_KEY", raising=False)
+    server = FakeServer(tmp_path, env={"STUDY_KEY": "s3cret"})
+    server.launch(FakeSettings())
+    try:
+        environ = Path(f"/proc/{started[0].pid}/environ").read_bytes().split(b"\0")
+        assert b"STUDY_KEY=s3cret" in environ  # the server's process has it (its guard, which it inherits)
+        assert "STUDY_KEY" not in os.environ and "s3cret" not in server.log_text()
+    finally:
+        server.stop()

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from tests.reliability.scripted import make_tuner
 from tracetune.cli.results import _front_table, _row, spec_text
+from tracetune.engine_adapter.registry import engine_kind
 from tracetune.tuner.front import measured_trials, not_meaningful, pareto_trials, trials_outside_constraints
 
 SPACE = """\
@@ -19,7 +20,8 @@ parameters:
   speculative: {choices: [none, ngram]}
   num_speculative_tokens: {low: 3, high: 3, when: {speculative: [ngram]}}
 """
-ARGS = argparse.Namespace(gpu_hour_cost=None, target_rate=None, engine_type="vllm")
+ARGS = argparse.Namespace(gpu_hour_cost=None, target_rate=None)
+VLLM = engine_kind("vllm")
 
 
 def test_speculation_on_random_weights_is_not_meaningful():
@@ -53,9 +55,9 @@ def test_the_table_shows_acceptance_compactly_at_80_columns():
     cfg = {"model": "/m", "speculative": {"method": "draft_model", "num_speculative_tokens": 4,
                                           "draft_model": "/cache/drafts/m-layers-4-0123456789ab"}}
     trial = _row(3, {"output_tps": 12.0}, {"config": cfg, "values": {"draft_model": "derived:layers-4"},
-                                           "summary": {"engine": engine}}, ref, ARGS)
+                                           "summary": {"engine": engine}}, ref, ARGS, VLLM)
     assert trial["differs_from_reference"]["draft_model"] == "derived:layers-4"
-    reference = _row("reference", {"output_tps": 10.0}, {"config": ref, "summary": {}}, ref, ARGS)
+    reference = _row("reference", {"output_tps": 10.0}, {"config": ref, "summary": {}}, ref, ARGS, VLLM)
     out = io.StringIO()
     Console(file=out, width=80).print(_front_table([reference, trial], ["output_tps"], "s", 1, ARGS))
     text = out.getvalue()
