@@ -228,7 +228,7 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: Path, kind: Eng
         target = fields
         for parent in parents:
             target = cast("dict[str, object]", target.setdefault(parent, {}))
-        if value is not None or not parents:
+        if value is not None:  # a flag left out: the engine's own default for its field
             target[name] = value
     try:
         config = kind.load_config(fields)

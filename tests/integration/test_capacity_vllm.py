@@ -33,7 +33,7 @@ def test_tune_capacity_brackets_the_highest_passing_level(tmp_path, spread_trace
     # Windows of the 30 s floor (2 lifetimes of 13.3 s within the SLO: 27 s), not 5 lifetimes' 67 s, and
     # one trace's 24 requests, not 100: 100 requests at half the trace's rate take 200 s a level, and a
     # machine whose capacity lies below 1x searches there (CI time).
-    res = run_tune("capacity", "--trace", str(spread_trace), "--eager", "--slo", SLO, "--precision", "0.2",
+    res = run_tune("capacity", "--trace", str(spread_trace), "--eager", "--slo", SLO, "--precision", "0.5",
                    "--level-lifetimes", "2", "--level-requests", "24", "--json", str(out),
                    "--out", str(tmp_path / "run"), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -54,7 +54,7 @@ def test_tune_capacity_brackets_the_highest_passing_level(tmp_path, spread_trace
     assert steps[0]["scale"] == 1.0 and cap["capacity_scale"] in passed
     low, high = cap["bracket_scale"]
     assert low == cap["capacity_scale"] and high in failed and high > low
-    assert high / low - 1 <= 0.2 + 1e-9
+    assert high / low - 1 <= 0.5 + 1e-9
     assert cap["capacity_rps"] == pytest.approx(cap["capacity_scale"] * cap["base_rps"])
     # Guided rules: each end of the bracket is repeated where its outcome is marginal, and says why.
     # A failed level that measured the client or a busy machine is not counted: its retry is the level.
