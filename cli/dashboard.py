@@ -11,10 +11,7 @@ import sys
 from pathlib import Path
 
 from tracetune.dashboard import APP, ENV_STORAGE, ENV_STORAGE_PICKER, ENV_STUDY
-
-# = dashboard.export.FORMATS and FORMAT_ALIASES (not imported: fast --help)
-FORMATS = ("command", "compose", "k8s", "helm-values", "json")
-FORMAT_ALIASES = {"vllm-cmd": "command"}  # the earlier names, still accepted
+from tracetune.dashboard.export_formats import FORMATS, canonical, export_format
 
 DASHBOARD_EPILOG = """\
 examples:
@@ -93,7 +90,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--reference", action="store_true",
                        help=f"{defaults} as the study measured them (the answer when no trial beats them)")
     exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt",
-                     type=lambda name: FORMAT_ALIASES.get(name, name),
+                     type=canonical,
                      help="command: the server's shell command (vllm serve or llama-server; vllm-cmd is its "
                           "earlier name); compose, k8s, helm-values: a deployment; json: everything measured")
     exp.add_argument("-o", "--output", type=Path, metavar="PATH", help="write here instead of stdout")
@@ -206,7 +203,7 @@ def export_command(args: argparse.Namespace, console) -> int:
     from rich.console import Console
 
     from tracetune.dashboard.data import load_study
-    from tracetune.dashboard.export import FILE_NAMES, ExportOptions, export
+    from tracetune.dashboard.export import ExportOptions, export
     from tracetune.dashboard.export.notes import choice_notes
     from tracetune.dashboard.export.pick import best_rule, parse_pick, select_trial
     from tracetune.dashboard.storage import storage_url
@@ -217,7 +214,7 @@ def export_command(args: argparse.Namespace, console) -> int:
                             engine_version=args.engine_version, allow_dummy_weights=args.allow_dummy_weights,
                             cpu=args.cpu, memory=args.memory, shm_gib=args.shm_gib)
     url = storage_url(args.storage)
-    out = None if args.output is None else export_target(args.output, FILE_NAMES[args.fmt], url)
+    out = None if args.output is None else export_target(args.output, export_format(args.fmt).file_name, url)
     study = load_study(url, args.study)
     trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick, reference=args.reference)
     options.chosen_by = best_rule(study) if args.best else parse_pick(args.pick) if args.pick else None

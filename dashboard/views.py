@@ -21,14 +21,14 @@ from tracetune.dashboard import (
     tiles,
     trace,
 )
-from tracetune.dashboard.export import FILE_NAMES, FORMATS, ExportOptions, export, image_of
+from tracetune.dashboard.export import ExportOptions, export, image_of
 from tracetune.dashboard.export.pick import ReferenceIsBest, best_rule, best_trial, parse_pick, pick_for
+from tracetune.dashboard.export_formats import FORMATS, export_format
 from tracetune.errors import TuneError
 from tracetune.stored import Stored, listed, mapping
 from tracetune.tuner import trial_cost
 
 PAGES = ("Pareto", "Trials", "Trial detail", "Compare", "Export")
-LANG = {"command": "bash", "compose": "yaml", "k8s": "yaml", "helm-values": "yaml", "json": "json"}
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -439,10 +439,11 @@ def page_export(study: data.StudyView) -> None:
     except TuneError as exc:
         st.error(str(exc))
         return
-    st.download_button(f"Download {FILE_NAMES[fmt]}", data=text, file_name=FILE_NAMES[fmt],
-                       mime="application/json" if fmt == "json" else "text/plain", key="export_download",
-                       type="primary", icon=":material/download:")
-    st.code(text, language=LANG[fmt], wrap_lines=True, height=min(24 * (text.count("\n") + 2), 640))
+    written = export_format(fmt)
+    st.download_button(f"Download {written.file_name}", data=text, file_name=written.file_name,
+                       mime="application/json" if written.language == "json" else "text/plain",
+                       key="export_download", type="primary", icon=":material/download:")
+    st.code(text, language=written.language, wrap_lines=True, height=min(24 * (text.count("\n") + 2), 640))
     flags = (("image", image), ("port", port if port != 8000 else ""), ("gpus", gpus if gpus != 1 else ""),
              ("models-pvc", pvc if pvc != "models" else ""))
     extra = "".join(f" --{k} {shlex.quote(str(v))}" for k, v in flags if v != "")

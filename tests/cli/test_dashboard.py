@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -186,11 +187,24 @@ def test_dashboard_serves_the_latest_run_on_loopback_only(synthetic_url, tmp_pat
     assert "dashboard for study synth" in output and f"http://localhost:{port}" in output
 
 
-def test_cli_formats_are_the_exporters():
-    from tracetune.cli import dashboard as command
-    from tracetune.dashboard import export
+def test_every_export_format_is_one_record_the_cli_offers_and_its_writer_loads(capsys):
+    from tracetune.cli.main import _build_parser
+    from tracetune.dashboard.export_formats import EXPORT_FORMATS, FORMATS, export_format
+    from tracetune.errors import InputError
 
-    assert command.FORMATS == export.FORMATS and command.FORMAT_ALIASES == export.FORMAT_ALIASES
+    parser = _build_parser()
+    for name in (*FORMATS, "vllm-cmd"):
+        assert parser.parse_args(["export", "--best", "--format", name]).fmt == export_format(name).name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["export", "--best", "--format", "pdf"])
+    assert "choose from " + ", ".join(map(repr, FORMATS)) in " ".join(capsys.readouterr().err.split())
+    assert len({f.file_name for f in EXPORT_FORMATS}) == len(FORMATS)
+    for fmt in EXPORT_FORMATS:
+        module, function = fmt.writer.split(":")
+        assert callable(getattr(importlib.import_module(f"tracetune.dashboard.export.{module}"), function)), fmt
+        assert export_format(fmt.name) is fmt and all(export_format(a) is fmt for a in fmt.aliases)
+    with pytest.raises(InputError, match="--format 'pdf' is not one of command, compose, k8s, helm-values, json"):
+        export_format("pdf")
 
 
 def test_the_earlier_names_of_a_format_and_the_version_flag_still_work(synthetic_url):
