@@ -10,12 +10,10 @@ from pathlib import Path
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.files import write_atomic
-from tracetune.quality.gate import QualityGate
 from tracetune.replay.acceptance import Acceptance, stored_caveats
 from tracetune.replay.metrics import Summary
 from tracetune.stored import Stored, mapping
 from tracetune.tuner.objectives import OBJECTIVES
-from tracetune.types import JsonDict
 
 
 def fmt_objective(name: str, value: float) -> str:
@@ -53,35 +51,16 @@ def _row(label: int | str, values: dict[str, float], result: dict, ref_config: d
 def report_results(tuner, study, args, console, run_dir: Path) -> None:
     """The front (the engine's defaults competing like any trial), the verdict in plain words, failures
     grouped by reason, and best.json / pareto.json."""
-    from tracetune.tuner.front import (
-        REFERENCE,
-        Candidate,
-        decide,
-        pareto_trials,
-        trials_outside_constraints,
-        trials_stopped_early,
-    )
-    from tracetune.tuner.objectives import keeps_slos
+    from tracetune.dashboard.data import load_study
+    from tracetune.tuner.front import REFERENCE
 
     name, objectives = tuner.settings.study_name, tuner.settings.objectives
-    directions = [OBJECTIVES[o] for o in objectives]
     reference = tuner.store.reference(name)
     ref_config = reference["config"] if reference else {}
-    if tuner.reference_values is None and reference and reference.get("summary"):
-        tuner._set_reference_values(reference["summary"])
     results = {r["trial_number"]: r for r in tuner.store.trials(name)}
-    trials = {t.number: t for t in pareto_trials(study)}
-    ref_candidate = None
-    if tuner.reference_values is not None:
-        ref_candidate = Candidate(REFERENCE, tuple(tuner.reference_values))
-    decision = decide([Candidate(n, tuple(t.values)) for n, t in sorted(trials.items())], ref_candidate,
-                      objectives, directions, outside_constraints=trials_outside_constraints(study),
-                      stopped_early=trials_stopped_early(study),
-                      reference_feasible=keeps_slos(_summary_of(reference), tuner.settings.slos),
-                      beyond_gate=_beyond_gate(study, results, tuner.settings.max_quality_loss),
-                      reference_breach=_breach(reference, tuner.settings.slos),
-                      quality_words=_quality_words(results, tuner.settings.max_quality_loss),
-                      speculation_words=_speculation_words(results), reference_name=tuner.engine.defaults_label)
+    # The front and the verdict as the dashboard reads them: one reader, one decision
+    decision = load_study(tuner.settings.storage_url, name).decision
+    assert decision is not None  # a study with objectives has one
     defaults = decision.reference_name
     rows = []
     for c in decision.front:
@@ -192,50 +171,12 @@ def _objectives_text(study, number: int, objectives: list[str]) -> str:
     return ": " + ", ".join(f"{o} {fmt_objective(o, v)}" for o, v in zip(objectives, trial.values))
 
 
-def _beyond_gate(study, results: dict[int, dict], gate) -> list:
-    """The trials the quality gate alone turned down (every request served, every SLO kept), with
-    their quality cost in words."""
-    from tracetune.quality.gate import cost_text
-    from tracetune.tuner.front import BeyondGate, Candidate, trials_beyond_only_the_gate
-    from tracetune.tuner.storage import StoredRun
-
-    out = []
-    for t in trials_beyond_only_the_gate(study):
-        row = StoredRun.from_row(results[t.number]) if t.number in results else StoredRun(t.number, "")
-        if row.summary is None or row.summary.error_rate == 0:
-            out.append(BeyondGate(Candidate(t.number, tuple(t.values)), str(gate), cost_text(row.quality)))
-    return out
 
 
-def _quality_words(results: dict[int, JsonDict], gate: QualityGate | float | None) -> dict[int | str, str]:
-    """The quality gate's word (`QualityGate.decide`: outside, or undecided) on each trial it does not hold
-    within; a study without a gate is judged by the default gate, as the dashboard judges it."""
-    from tracetune.quality.gate import DEFAULT_GATE, parse_gate, shown_quality
-
-    judge = parse_gate(DEFAULT_GATE) if gate is None else gate if isinstance(gate, QualityGate) \
-        else QualityGate("nats", gate)
-    assert judge is not None
-    name = f"the quality gate {judge}" if gate is not None else \
-        f"the default quality gate {judge} (this study set none)"
-    out: dict[int | str, str] = {}
-    for number, row in results.items():
-        decision = judge.decide(shown_quality(row.get("config"), row.get("quality")))
-        if decision.measured is not None and not decision.within:
-            out[number] = decision.text(name)
-    return out
 
 
-def _breach(reference: Stored | None, slos: list) -> str:
-    """How the reference breaks the SLO, in words (`tuner.front.slo_breach`; "" when it keeps it)."""
-    from tracetune.tuner.front import slo_breach
-
-    return slo_breach(mapping(mapping(reference).get("summary")), slos)
 
 
-def _summary_of(stored: Stored | None) -> Summary | None:
-    """A stored row's (or the reference's) summary, read back; None: not measured."""
-    summary = mapping(mapping(stored).get("summary"))
-    return Summary.from_dict(summary) if summary else None
 
 
 def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args, *,
@@ -332,9 +273,6 @@ def natural_text(summary: Stored | None) -> str:
     return f", nat {'-' if math.isnan(rate) else f'{rate:.0%}'}" + ("!" if acceptance.caveats() else "")
 
 
-def _speculation_words(results: dict[int, JsonDict]) -> dict[int | str, str]:
-    """Why each trial's draft acceptance may not hold on real traffic, for the verdict."""
-    return {n: words for n, r in results.items() if (words := stored_caveats(r.get("summary")))}
 
 
 def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:

@@ -29,9 +29,13 @@ parameters:
 """
 
 
+def _b():
+    """The other engine, `b` (scripted: it is never started)."""
+    return _kind("b", BConfig, {"threads": Knob("threads"), "speculative": Knob("spec")}, [])
+
+
 def _tuner(tmp_path, trials: int, configs: list, b_crashes: bool = False) -> Tuner:
-    choice = choice_of([engine_kind("vllm"), _kind("b", BConfig, {"threads": Knob("threads"),
-                                                                  "speculative": Knob("spec")}, [])])
+    choice = choice_of([engine_kind("vllm"), _b()])
     (tmp_path / "trace.jsonl").write_text(TRACE)
     (tmp_path / "space.yaml").write_text(SPACE)
     settings = StudySettings(study_name="s", storage_url=f"sqlite:///{tmp_path / 'study.db'}", trials=trials,
@@ -74,14 +78,16 @@ def test_a_resumed_study_does_not_queue_the_defaults_again(tmp_path):
 
 
 @pytest.mark.parametrize("b_crashes", [False, True])
-def test_the_results_label_the_other_engines_defaults(tmp_path, b_crashes):
+def test_the_results_label_the_other_engines_defaults(tmp_path, b_crashes, monkeypatch):
     import argparse
     import io
 
     from rich.console import Console
 
     from tracetune.cli.results import report_results
+    from tracetune.engine_adapter.registry import ENGINES
 
+    monkeypatch.setitem(ENGINES, "b", _b)  # the results read the study as the dashboard does: by its engine's name
     tuner = _tuner(tmp_path, 3, [], b_crashes)
     study = tuner.run()
     out = io.StringIO()
