@@ -118,8 +118,8 @@ def run_study_on_gpus(args, request, console) -> int:
 
     groups = parse_gpus(args.gpus)
     if request.platform is not Platform.CUDA:
-        raise InputError(f"--gpus starts one worker per NVIDIA GPU, and this machine runs vLLM on "
-                         f"{request.platform.value}; several workers on CPU hosts share a study through --storage "
+        raise InputError(f"--gpus starts one worker per NVIDIA GPU, and this machine runs {request.engine.shown} "
+                         f"on {request.platform.value}; several workers on CPU hosts share a study through --storage "
                          f"(README, \"Several workers\")")
     available = host_gpus()  # --gpus names the host's GPUs: each worker's CUDA_VISIBLE_DEVICES replaces the user's
     wanted = max(int(i) for g in groups for i in g.split(","))

@@ -425,7 +425,8 @@ def page_export(study: data.StudyView) -> None:
     with st.expander("Deployment settings"):
         d1, d2, d3, d4 = st.columns(4)
         image = d1.text_input("image", value="", placeholder=default_image, key="export_image",
-                              help="default: vLLM's image at the GPU release the deployment runs")
+                              help="default: the image of the engine that ran the trial, at the release the "
+                                   "deployment runs")
         port = d2.number_input("port", value=8000, min_value=1, max_value=65535, key="export_port")
         gpus = d3.number_input("GPUs", value=1, min_value=0, max_value=64, key="export_gpus")
         pvc = d4.text_input("models PVC (k8s/helm)", value="models", key="export_pvc")

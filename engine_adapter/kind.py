@@ -189,6 +189,9 @@ class Deployment:
     records_version: bool = False  # the study's recorded engine version (`vllm_version`) is this engine's
     measurement_env: frozenset[str] = frozenset()  # environment only measuring needed
     measurement_args: Mapping[str, int] = dataclasses.field(default_factory=dict)  # flag -> values it takes
+    # What a config measured on the CPU loses in an image for another platform, removed from its stored
+    # settings (a JSON dict, changed in place), with why for each (a line per setting).
+    cpu_only: Callable[[dict[str, object]], list[str]] | None = None
     # How the files a config serves are made again from the model (lines for people), when tracetune made them.
     remake: Callable[[EngineConfig], list[str]] | None = None
     # The image holds everything a trial runs (the server, its tools, the engine's Python libraries), so a

