@@ -49,7 +49,8 @@ class ReferenceRun:
         if stored is None:
             self._measure(config)
             return
-        self.reference = Reference.from_json(stored["probe"])
+        probe = stored.get("probe")
+        self.reference = Reference.from_json(probe) if probe else None  # none: a study that measures no quality
         summary = stored.get("summary")
         if summary:
             self.set_values(summary)
@@ -65,16 +66,21 @@ class ReferenceRun:
             if busy:  # every trial is compared with it: a lower bound is no reference (nothing stored)
                 raise TuneError(f"the reference could not be measured: {busy}")
             self.reference = measured.reference
-            assert self.reference is not None, "the reference's run measures its continuations"
-            self.store.save_reference(name, config=config_json, probe=self.reference.to_json(),
+            assert self.reference is not None or not self.settings.measures_quality, \
+                "the reference's run measures its continuations"
+            self.store.save_reference(name, config=config_json,
+                                      probe=None if self.reference is None else self.reference.to_json(),
                                       summary=measured.summary.as_dict())
             self.store.save_trial(name, REFERENCE_RUN, Status.MEASURED, config=config_json, **measured.stored())
             self.store.save_levels(name, REFERENCE_RUN, measured.levels)
         self.set_values(measured.summary)
         self.reporter.on_reference_done(summary=measured.summary, quality=measured.quality)
 
-    def probe(self) -> QualityProbe:
-        """What this study's quality probes compare against, and the qualities it already knows."""
+    def probe(self) -> QualityProbe | None:
+        """What this study's quality probes compare against, and the qualities it already knows; None
+        in a study that measures no quality (`StudySettings.measures_quality`)."""
+        if not self.settings.measures_quality:
+            return None
         config = None if self.config is None else json.loads(self.config.model_dump_json())
         return QualityProbe(reference=self.reference, reference_config=config, known=self._known_quality)
 

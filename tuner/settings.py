@@ -61,6 +61,13 @@ class StudySettings:
         return 2 * self.heartbeat_s
 
     @property
+    def measures_quality(self) -> bool:
+        """Whether the study probes its trials' quality: quality is an objective, or the study gates it.
+        One that does neither (random weights, whose plan drops both: `tuner.plan.StudyPlan`) spends
+        no time on a probe."""
+        return "quality_loss" in self.objectives or self.max_quality_loss is not None
+
+    @property
     def n_user_constraints(self) -> int:
         return len(self.slos) + (self.max_quality_loss is not None)
 

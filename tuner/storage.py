@@ -137,12 +137,12 @@ _JSON_FIELDS = ("values", "config", "summary", "quality", "engine")
 
 
 class StoredReference(TypedDict, total=False):
-    """A study's reference run as stored (`ResultStore.save_reference`): vLLM's defaults' engine config,
-    their quality probe (`quality.probe.Reference.to_json`) and their summary (`Summary.as_dict`); a page
-    may hold the config and summary alone."""
+    """A study's reference run as stored (`ResultStore.save_reference`): the engine's defaults' config,
+    their quality probe (`quality.probe.Reference.to_json`; None in a study that measures no quality)
+    and their summary (`Summary.as_dict`); a page may hold the config and summary alone."""
 
     config: JsonDict
-    probe: JsonDict | list[JsonDict]
+    probe: JsonDict | list[JsonDict] | None
     summary: dict[str, object] | None
 
 
@@ -386,7 +386,7 @@ class ResultStore:
             rows = conn.execute(query.order_by(level_records.c.position)).mappings().all()
         return [{"scale": row["scale"], "repeat": row["repeat"], **decode_levels(row["records"])} for row in rows]
 
-    def save_reference(self, study_name: str, *, config: dict, probe: dict, summary: dict | None) -> None:
+    def save_reference(self, study_name: str, *, config: dict, probe: dict | None, summary: dict | None) -> None:
         with self.engine.begin() as conn:
             conn.execute(references.delete().where(references.c.study_name == study_name))
             conn.execute(references.insert().values(
@@ -408,5 +408,6 @@ def read_reference(engine: Engine, study_name: str) -> StoredReference | None:
         row = conn.execute(select(references).where(references.c.study_name == study_name)).mappings().first()
     if row is None:
         return None
-    return {"config": json.loads(row["config_json"]), "probe": json.loads(row["probe_json"]),
+    return {"config": json.loads(row["config_json"]),
+            "probe": json.loads(row["probe_json"]) if row["probe_json"] else None,
             "summary": json.loads(row["summary_json"]) if row["summary_json"] else None}

@@ -17,6 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "examples" / "traffic.jsonl"
 FAST = ["--max-requests", "6", "--warmup", "1", "--probe-prompts", "4", "--probe-tokens", "16"]
+# Kills and faults test a study's lifecycle, not its quality: no probe, whose reference alone takes about
+# a minute on llama-server on 2 cores (one request per scored position; the mini study tests quality).
+NO_QUALITY = ["--objectives", "ttft_p99,output_tps", "--max-quality-loss", "none"]
 
 
 def new_tag() -> str:

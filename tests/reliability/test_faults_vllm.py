@@ -18,7 +18,17 @@ import httpx
 import optuna
 import pytest
 
-from tests.reliability.engines import FAST, TRACE, engine_port, engines, gone_within, new_tag, run_tune, tagged
+from tests.reliability.engines import (
+    FAST,
+    NO_QUALITY,
+    TRACE,
+    engine_port,
+    engines,
+    gone_within,
+    new_tag,
+    run_tune,
+    tagged,
+)
 from tracetune.engine_adapter.metrics import parse_metrics
 from tracetune.tuner.coordination import make_storage
 from tracetune.tuner.storage import ResultStore
@@ -84,7 +94,7 @@ def faults(tmp_path_factory, default_model):
     (run_dir / "space.yaml").write_text(SPACE)
     tag = new_tag()
     base = ["--trace", str(TRACE), "--space", str(run_dir / "space.yaml"), "--study", "faults",
-            "--run-dir", str(run_dir), *FAST, "--sampler", "nsga2", "--api-key-env", "TT_TEST_API_KEY",
+            "--run-dir", str(run_dir), *FAST, *NO_QUALITY, "--sampler", "nsga2", "--api-key-env", "TT_TEST_API_KEY",
             "--engine-env", f"HF_TOKEN={HF_TOKEN}", "--engine-env", f"TRACETUNE_TEST_TAG={tag}"]
     env = {"TT_TEST_API_KEY": API_KEY}
     runs = {}

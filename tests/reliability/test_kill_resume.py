@@ -14,6 +14,7 @@ import pytest
 
 from tests.reliability.engines import (
     FAST,
+    NO_QUALITY,
     TRACE,
     Tune,
     describe,
@@ -59,7 +60,7 @@ def scenario(request, tmp_path_factory, default_model):
     (run_dir / "space.yaml").write_text(engine.space())
     tag = new_tag()
     args = ["--trace", str(TRACE), "--engine", engine.name, "--space", str(run_dir / "space.yaml"), "--trials", "3",
-            "--study", "rel", "--run-dir", str(run_dir), *FAST, "--sampler", "random", "--heartbeat", "5",
+            "--study", "rel", "--run-dir", str(run_dir), *FAST, *NO_QUALITY, "--sampler", "random", "--heartbeat", "5",
             "--engine-env", f"TRACETUNE_TEST_TAG={tag}", *engine.tries()]
     store = ResultStore(f"sqlite:///{run_dir / 'study.db'}")
     out: dict = {"run_dir": run_dir, "tag": tag, "engine": engine}
