@@ -16,12 +16,11 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
-    from tracetune.engine_adapter.kind import EngineConfig, EngineKind, Unrunnable
-    from tracetune.engine_adapter.platform import Platform
+    from tracetune.engine_adapter.kind import EngineConfig, EngineKind
     from tracetune.quality.gate import QualityGate
     from tracetune.replay.metrics import SLO
     from tracetune.replay.types import ReplayOptions
-    from tracetune.search_spaces.space import Param, SearchSpace
+    from tracetune.search_spaces.space import SearchSpace
     from tracetune.tuner.plan import StudyPlan
     from tracetune.tuner.settings import StudySettings
     from tracetune.tuner.study import Tuner
@@ -270,9 +269,10 @@ def build_request(args: argparse.Namespace, console: Console) -> TuneRequest:
     settings = _settings(args, study_name=study_name, storage=storage, objectives=objectives, slos=slos, gate=gate,
                          enqueue=enqueue, secrets=secrets, api_key=api_key.value, trace_sha256=sha256_file(args.trace))
     settings.trace_profile, settings.engine_env = trace_profile, dict(api_key.env)
+    space = plan.runnable_space(space, engine, platform=platform, model_dir=model_dir, base=base,
+                                tries=settings.enqueue)
     request = TuneRequest(settings=settings, trace=trace, space=space, model_dir=model_dir, platform=platform,
                           run_dir=run_dir, base=base, storage_shown=display_url(storage), engine=engine)
-    request.space = _runnable_space(request, console)
     check_resume(request, stored, console)
     return request
 
@@ -341,61 +341,6 @@ def _settings(args: argparse.Namespace, *, study_name: str, storage: str, object
                          start_timeout_s=args.start_timeout, timeout_s=args.timeout,
                          enqueue=enqueue, heartbeat_s=args.heartbeat, engine_port=args.engine_port, secrets=secrets,
                          api_key=api_key, client_procs=args.client_procs, trace_sha256=trace_sha256)
-
-
-def _runnable_space(request: TuneRequest, console: Console) -> SearchSpace:
-    """The space without the choices this platform can never run (said once, with the reason, not
-    rejected trial after trial) and with the engine settings given on the command line pinned; --try
-    values checked against it."""
-    space, platform = request.space, request.platform
-    never = {} if request.engine.unrunnable is None else \
-        request.engine.unrunnable(space, platform=platform, model_dir=request.model_dir, base=request.base)
-    for name, choices in never.items():
-        for choice, reason in choices.items():
-            console.print(f"[dim]·[/] search space: {name}={choice} removed on this {platform.value} machine: {reason}",
-                          highlight=False)
-    if never:
-        space = space.without({name: list(choices) for name, choices in never.items()})
-    space, pinned = space.pinned(request.base)
-    for name in pinned:
-        console.print(f"[dim]·[/] search space: {name}={request.base[name]} for every trial (set on the command line)",
-                      highlight=False)
-    _check_tries(request.settings.enqueue, space, never, platform)
-    return space
-
-
-def _check_tries(enqueue: list[ParamValues], space: SearchSpace, never: Unrunnable, platform: Platform) -> None:
-    from tracetune.errors import InputError
-
-    unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
-    if unknown:
-        raise InputError(f"--try names {unknown}, which are not parameters of the search space {space.name!r}")
-    for params in enqueue:
-        for name, value in params.items():
-            choices = space.parameters[name].choices
-            if choices is not None and value not in choices:
-                why = never.get(name, {}).get(value)
-                where = f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"
-                raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}{where}")
-            if choices is None and (why := _off_range(space.parameters[name], value)):
-                raise InputError(f"--try {name}={value!r}: {why} of the search space {space.name!r}")
-
-
-def _off_range(param: Param, value: object) -> str | None:
-    """Why `value` is not a value numeric parameter `param` can take (None when it is one)."""
-    import math
-
-    assert param.low is not None and param.high is not None  # a parameter without choices has a range
-    kind = "a number" if param.float_ else "a whole number"
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or (not param.float_ and value != int(value)):
-        return f"expected {kind}, as in the range [{param.low:g}, {param.high:g}]"
-    if not param.low <= value <= param.high:
-        return f"outside the range [{param.low:g}, {param.high:g}]"
-    if param.step and not math.isclose((value - param.low) / param.step, round((value - param.low) / param.step),
-                                       abs_tol=1e-9):
-        return f"not on the steps of {param.step:g} from {param.low:g} in the range [{param.low:g}, {param.high:g}]"
-    return None
 
 
 def _run_study(tuner: Tuner, progress: Progress, request: TuneRequest, console: Console) -> optuna.Study | None:

@@ -1,7 +1,8 @@
 """The rules that turn what a study is asked into the study it runs, in one place any entry point
 builds (the command line, a Python caller, a job scheduler): which engine its trials start, what
-random weights allow (no quality gate, no quality objective, speculation kept off the front), and
-the API key its engines require, handed to each engine's server in the study's own settings
+random weights allow (no quality gate, no quality objective, speculation kept off the front), the
+space this platform can run (with the settings given for every trial pinned, --try values checked
+against it), and the API key its engines require, handed to each engine's server in the study's own settings
 (`StudySettings.engine_env`), never through this process's environment.
 
 What a rule decided that the user should read goes to `say`, one line at a time; what cannot run
@@ -10,16 +11,18 @@ is an `InputError` naming the setting, in the command line's words."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from tracetune.errors import InputError
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.config import EngineConfig
-    from tracetune.engine_adapter.kind import EngineKind
+    from tracetune.engine_adapter.kind import EngineKind, Unrunnable
     from tracetune.engine_adapter.platform import Platform
-    from tracetune.search_spaces.space import SearchSpace
+    from tracetune.search_spaces.space import Param, SearchSpace
+    from tracetune.types import ParamValues
 
 RANDOM_WEIGHTS = "random weights (--load-format dummy)"
 Gate = TypeVar("Gate")  # a quality gate, however it is given
@@ -122,3 +125,53 @@ class StudyPlan:
             return ApiKey(key, {name: key for name in names})
         return ApiKey(None if engine.given_api_key is None else engine.given_api_key(base_config))
 
+    def runnable_space(self, space: SearchSpace, engine: EngineKind, *, platform: Platform, model_dir: Path,
+                       base: Mapping[str, object], tries: Sequence[ParamValues]) -> SearchSpace:
+        """The space without the choices this platform can never run (said once, with the reason, not
+        rejected trial after trial) and with the engine settings given for every trial (`base`)
+        pinned; the values to try first (`tries`, --try) checked against it."""
+        never = {} if engine.unrunnable is None else \
+            engine.unrunnable(space, platform=platform, model_dir=model_dir, base=base)
+        for name, choices in never.items():
+            for choice, reason in choices.items():
+                self.say(f"search space: {name}={choice} removed on this {platform.value} machine: {reason}")
+        if never:
+            space = space.without({name: list(choices) for name, choices in never.items()})
+        space, pinned = space.pinned(base)
+        for name in pinned:
+            self.say(f"search space: {name}={base[name]} for every trial (set on the command line)")
+        _check_tries(tries, space, never, platform)
+        return space
+
+
+def _check_tries(enqueue: Sequence[ParamValues], space: SearchSpace, never: Unrunnable, platform: Platform) -> None:
+    """An InputError for a --try value the space (as this platform runs it) does not offer."""
+    unknown = sorted({k for params in enqueue for k in params} - set(space.parameters))
+    if unknown:
+        raise InputError(f"--try names {unknown}, which are not parameters of the search space {space.name!r}")
+    for params in enqueue:
+        for name, value in params.items():
+            choices = space.parameters[name].choices
+            if choices is not None and value not in choices:
+                why = never.get(name, {}).get(value)
+                where = f" on this {platform.value} machine ({why})" if why else f"; choose from {choices}"
+                raise InputError(f"--try {name}={value!r}: not a choice of the search space {space.name!r}{where}")
+            if choices is None and (why := _off_range(space.parameters[name], value)):
+                raise InputError(f"--try {name}={value!r}: {why} of the search space {space.name!r}")
+
+
+def _off_range(param: Param, value: object) -> str | None:
+    """Why `value` is not a value numeric parameter `param` can take (None when it is one)."""
+    import math
+
+    assert param.low is not None and param.high is not None  # a parameter without choices has a range
+    kind = "a number" if param.float_ else "a whole number"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or (not param.float_ and value != int(value)):
+        return f"expected {kind}, as in the range [{param.low:g}, {param.high:g}]"
+    if not param.low <= value <= param.high:
+        return f"outside the range [{param.low:g}, {param.high:g}]"
+    if param.step and not math.isclose((value - param.low) / param.step, round((value - param.low) / param.step),
+                                       abs_tol=1e-9):
+        return f"not on the steps of {param.step:g} from {param.low:g} in the range [{param.low:g}, {param.high:g}]"
+    return None

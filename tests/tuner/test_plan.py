@@ -75,3 +75,16 @@ def test_without_a_variable_the_key_is_the_one_the_engine_settings_give_their_se
     assert plan([]).api_key(VLLM, given, {}).value == "in-args"
     key = plan([]).api_key(VLLM, VLLMConfig(model="m"), {"VLLM_API_KEY": "not-asked"})
     assert key.value is None and not key.env
+
+
+def test_the_space_pins_the_settings_given_for_every_trial_and_checks_the_tries(tmp_path):
+    from tracetune.engine_adapter.platform import Platform
+
+    lines: list[str] = []
+    space = plan(lines).runnable_space(SPACE, VLLM, platform=Platform.CPU, model_dir=tmp_path,
+                                       base={"max_num_seqs": 8}, tries=[{"weight_bits": 16}])
+    assert "max_num_seqs" not in space.parameters and "max_num_seqs" in SPACE.parameters
+    assert "search space: max_num_seqs=8 for every trial (set on the command line)" in lines
+    with pytest.raises(InputError, match=r"--try names \['no_such'\], which are not parameters"):
+        plan([]).runnable_space(SPACE, VLLM, platform=Platform.CPU, model_dir=tmp_path, base={},
+                                tries=[{"no_such": 1}])
