@@ -378,14 +378,6 @@ def trials_outside_constraints(study: Study) -> int:
     return sum(not TrialRecord.of(t).is_feasible for t in _complete_measured(study))
 
 
-def trials_stopped_early(study: Study) -> int:
-    """Trials pruned where they could no longer reach the front (`tuner.incumbents`)."""
-    from tracetune.tuner.storage import Status
-    from tracetune.tuner.trial_record import TrialRecord
-
-    return sum(TrialRecord.of(t).status == Status.PRUNED for t in study.get_trials(deepcopy=False))
-
-
 def pareto_trials(study: Study) -> list[FrozenTrial]:
     """Measured, feasible trials on their Pareto front, by the project's one dominance rule
     (`tuner.front.front`; the reference joins it in `tuner.front.decide`)."""

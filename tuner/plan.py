@@ -1,9 +1,9 @@
 """The rules that turn what a study is asked into the study it runs, in one place any entry point
 builds (the command line, a Python caller, a job scheduler): which engine its trials start, what
 random weights allow (no quality gate, no quality objective, speculation kept off the front), the
-space this platform can run (with the settings given for every trial pinned, --try values checked
-against it), and the API key its engines require, handed to each engine's server in the study's own settings
-(`StudySettings.engine_env`), never through this process's environment.
+space this platform can run (the settings given for every trial pinned, --try values checked
+against it), and the API key its engines require, handed to each engine's server in the study's
+own settings (`StudySettings.engine_env`), never through this process's environment.
 
 What a rule decided that the user should read goes to `say`, one line at a time; what cannot run
 is an `InputError` naming the setting, in the command line's words."""

@@ -117,9 +117,6 @@ class Tuner:
         """The reference's objective values, once measured (or read back): a front candidate."""
         return self.ref.values
 
-    def _set_reference_values(self, summary: Summary | dict[str, object]) -> None:
-        self.ref.set_values(summary)
-
     # -- the Optuna objective ------------------------------------------------------------------
     def objective(self, trial: optuna.trial.Trial) -> list[float]:
         """One trial: its outcome computed (`_measure`, `_reused`, or infeasible before any engine

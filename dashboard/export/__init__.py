@@ -31,10 +31,10 @@ from tracetune.dashboard.export.notes import is_dummy, label
 from tracetune.dashboard.export.options import DEFAULT_PORT, ExportOptions, k8s_name
 from tracetune.dashboard.export.serve import exported_engine, image_of
 from tracetune.dashboard.export.text import comment_safe
-from tracetune.dashboard.export_formats import FORMAT_ALIASES, FORMATS, export_format
+from tracetune.dashboard.export_formats import FORMATS, export_format
 from tracetune.errors import InputError
 
-__all__ = ["DEFAULT_PORT", "FORMAT_ALIASES", "FORMATS", "ExportOptions", "comment_safe", "export",
+__all__ = ["DEFAULT_PORT", "FORMATS", "ExportOptions", "comment_safe", "export",
            "image_of", "k8s_name"]
 
 
