@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tracetune.dashboard import APP, ENV_STORAGE, ENV_STORAGE_PICKER, ENV_STUDY
-from tracetune.dashboard.export_formats import FORMATS, canonical, export_format
+from tracetune.dashboard.export_formats import FORMATS, STUDY_FORMATS, canonical, export_format
 
 DASHBOARD_EPILOG = """\
 examples:
@@ -34,6 +34,7 @@ examples:
   tune export --pick "max:output_tps where ttft_p99<500ms" --format compose -o compose.yaml
   tune export --pick "min:ttft_p99 where quality_loss<0.01 and output_tps>20" --format helm-values
   tune export --reference --format k8s             # {defaults}, when no trial beats them
+  tune export --format pareto -o runs/traffic/     # the front and the verdict, as pareto.json
 
 --pick chooses among the feasible trials on the Pareto front and {defaults} (ties go to the
 defaults): max:METRIC or min:METRIC, then optionally 'where' and conditions joined by 'and'
@@ -77,22 +78,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            "when --host is not a loopback address)")
 
     exp = sub.add_parser("export", help="write a trial's config as a server command, compose service, "
-                                        "Kubernetes manifests, Helm values or JSON",
+                                        "Kubernetes manifests, Helm values or JSON; or the study's front",
                          epilog=EXPORT_EPILOG.format(defaults=defaults),
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     exp.add_argument("--storage", metavar="URL", help="study database (default: the newest runs/*/study.db)")
     exp.add_argument("--study", metavar="NAME", help="study name (default: the only study in the storage)")
-    which = exp.add_mutually_exclusive_group(required=True)
+    which = exp.add_mutually_exclusive_group()
     which.add_argument("--trial", type=int, metavar="N", help="this trial number")
     which.add_argument("--best", action="store_true",
                        help="the front's best on the first objective to maximize (as best.json)")
     which.add_argument("--pick", metavar="EXPR", help="a rule over the front, e.g. 'max:output_tps where ttft_p99<0.5'")
     which.add_argument("--reference", action="store_true",
                        help=f"{defaults} as the study measured them (the answer when no trial beats them)")
-    exp.add_argument("--format", required=True, choices=FORMATS, dest="fmt",
+    exp.add_argument("--format", required=True, choices=(*FORMATS, *STUDY_FORMATS), dest="fmt",
                      type=canonical,
-                     help="command: the server's shell command (vllm serve or llama-server; vllm-cmd is its "
-                          "earlier name); compose, k8s, helm-values: a deployment; json: everything measured")
+                     help="a trial's (one of --trial, --best, --pick, --reference): command: the server's shell "
+                          "command (vllm serve or llama-server; vllm-cmd is its earlier name); compose, k8s, "
+                          "helm-values: a deployment; json: everything measured. The study's (no trial): "
+                          "pareto: the front and the verdict (pareto.json); best: the front's best (best.json)")
     exp.add_argument("-o", "--output", type=Path, metavar="PATH", help="write here instead of stdout")
     exp.add_argument("--image", metavar="IMAGE",
                      help="container image (default: the engine's, vllm/vllm-openai:v<GPU vLLM release, see "
@@ -207,15 +210,23 @@ def export_command(args: argparse.Namespace, console) -> int:
     from tracetune.dashboard.export.notes import choice_notes
     from tracetune.dashboard.export.pick import best_rule, parse_pick, select_trial
     from tracetune.dashboard.storage import storage_url
-    from tracetune.files import write_atomic
+    from tracetune.errors import InputError
 
     options = ExportOptions(image=args.image, port=args.port, host=args.host, gpus=args.gpus, name=args.name,
                             namespace=args.namespace, models_pvc=args.models_pvc, replicas=args.replicas,
                             engine_version=args.engine_version, allow_dummy_weights=args.allow_dummy_weights,
                             cpu=args.cpu, memory=args.memory, shm_gib=args.shm_gib)
     url = storage_url(args.storage)
-    out = None if args.output is None else export_target(args.output, export_format(args.fmt).file_name, url)
+    fmt = export_format(args.fmt)
+    chosen = args.trial is not None or args.best or args.pick is not None or args.reference
+    if chosen == (fmt.scope == "study"):
+        raise InputError(f"--format {fmt.name} writes the whole study: leave out --trial, --best, --pick and "
+                         f"--reference" if chosen else f"--format {fmt.name} exports one trial: add --trial N, "
+                         f"--best, --pick EXPR or --reference")
+    out = None if args.output is None else export_target(args.output, fmt.file_name, url)
     study = load_study(url, args.study)
+    if fmt.scope == "study":
+        return _write_export(fmt.write(study, None, options), out, f"study {study.name}, {fmt.name}", console)
     trial = select_trial(study, trial=args.trial, best=args.best or False, pick=args.pick, reference=args.reference)
     options.chosen_by = best_rule(study) if args.best else parse_pick(args.pick) if args.pick else None
     text = export(study, trial, args.fmt, options)
@@ -225,11 +236,18 @@ def export_command(args: argparse.Namespace, console) -> int:
                     f"better; exporting the defaults")
     for line in choice_notes(study, trial, options.chosen_by):
         notes.print(line, markup=False)
+    return _write_export(text, out, f"study {study.name}, trial {trial.number}, {args.fmt}", console)
+
+
+def _write_export(text: str, out: Path | None, what: str, console) -> int:
+    """An export to stdout, or to `out` (said on the console, with `what` it holds)."""
+    from tracetune.files import write_atomic
+
     if out is None:
         sys.stdout.write(text)
         return 0
     write_atomic(out, text)
-    console.print(f"wrote {out} (study {study.name}, trial {trial.number}, {args.fmt})", highlight=False)
+    console.print(f"wrote {out} ({what})", highlight=False)
     return 0
 
 

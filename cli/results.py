@@ -4,8 +4,8 @@ cause, and best.json / pareto.json."""
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from tracetune.engine_adapter.metrics import EngineMetrics
@@ -29,158 +29,114 @@ def fmt_objective(name: str, value: float) -> str:
     return f"{value:.2f}"
 
 
-def _row(label: int | str, values: dict[str, float], result: dict, ref_config: dict, args, engine) -> dict:
-    """One candidate of the final table: the reference or a trial, with what it was measured (`engine`,
-    the study's `EngineKind`: how its configs read against the reference)."""
-    from tracetune.tuner.front import economics
-
-    config = result.get("config") or {}
-    summary = result.get("summary") or {}
-    diff = {} if label == "reference" else engine.config_diff(config, ref_config) if config else {}
-    if "model" in diff and "weight_bits" in (result.get("values") or {}):
-        # a quantized checkpoint's path says less than the search-space value that made it
-        diff = {"weight_bits": result["values"]["weight_bits"], **{k: v for k, v in diff.items() if k != "model"}}
-    if "draft_model" in diff and "draft_model" in (result.get("values") or {}):
-        diff["draft_model"] = result["values"]["draft_model"]  # derived:layers-4 rather than its cache directory
-    return {"trial": label, "values": values, "config": config, "differs_from_reference": diff, "summary": summary,
-            "quality": result.get("quality") or {}, "capacity": summary.get("capacity"),
-            "economics": economics(summary.get("capacity"), gpu_hour_cost=args.gpu_hour_cost,
-                                   target_rate=args.target_rate)}
-
-
-def report_results(tuner, study, args, console, run_dir: Path) -> None:
+def report_results(tuner, console, run_dir: Path) -> None:
     """The front (the engine's defaults competing like any trial), the verdict in plain words, failures
-    grouped by reason, and best.json / pareto.json."""
+    grouped by reason, and best.json / pareto.json: all read from the one `StudyView` the dashboard
+    reads (`dashboard.data.load_study`), the files written by their export formats."""
     from tracetune.dashboard.data import load_study
-    from tracetune.tuner.front import REFERENCE
+    from tracetune.dashboard.export.front import defaults_label, front_rows
+    from tracetune.dashboard.export.options import ExportOptions
+    from tracetune.dashboard.export_formats import export_format
 
-    name, objectives = tuner.settings.study_name, tuner.settings.objectives
-    reference = tuner.store.reference(name)
-    ref_config = reference["config"] if reference else {}
-    results = {r["trial_number"]: r for r in tuner.store.trials(name)}
-    # The front and the verdict as the dashboard reads them: one reader, one decision
-    decision = load_study(tuner.settings.storage_url, name).decision
+    view = load_study(tuner.settings.storage_url, tuner.settings.study_name)
+    decision, objectives = view.decision, view.objectives
     assert decision is not None  # a study with objectives has one
     defaults = decision.reference_name
-    rows = []
-    for c in decision.front:
-        result = {"config": ref_config, "summary": reference.get("summary"), "quality": None} \
-            if c.label == REFERENCE else results.get(c.label, {})
-        rows.append(_row(c.label, dict(zip(objectives, c.values)), result, ref_config, args, tuner.engine))
-    engine_defaults = _engine_defaults(study, tuner.engine)
-    for r in rows:
-        if r["trial"] in engine_defaults:
-            r["shown"] = f"{r['trial']} ({engine_defaults[r['trial']]})"
-    console.print(_front_table(rows, objectives, name, len(study.trials), args, reference_name=defaults))
+    rows = front_rows(view)
+    engine_defaults = {t.number: label for t in view.trials if (label := defaults_label(view, t))}
+    console.print(_front_table(rows, objectives, view.name, len(view.trials), view.economics,
+                               reference_name=defaults))
     for line in config_lines(rows, reference_name=defaults):
         console.print(line, highlight=False, markup=False)
     for number, label in engine_defaults.items():
         if number not in {r["trial"] for r in rows}:
-            console.print(f"  {label} (trial {number}): not on the front{_objectives_text(study, number, objectives)}",
+            console.print(f"  {label} (trial {number}): not on the front{_objectives_text(view.trial(number))}",
                           highlight=False)
-    _print_quality_floor(reference, results, console)
-    _print_cross_engine_floor(engine_defaults, results, console, defaults)
+    _print_quality_floor(view, console)
+    _print_cross_engine_floor(view, engine_defaults, console, defaults)
     for r in rows:
         if caveats := stored_caveats(r["summary"]):
             console.print(f"  {r.get('shown') or r['trial']}: acceptance caveat: {caveats}", highlight=False,
                           markup=False)
     console.print(f"[bold]verdict[/]: {decision.verdict()}", highlight=False)
-    if standings := _engine_standings(study, results, reference, decision, tuner):
+    if standings := _engine_standings(view, tuner.engine.engines, tuner.settings.max_quality_loss is not None):
         console.print(standings, highlight=False, markup=False)
     if decision.dominated_by_reference:
         console.print(f"  {defaults} beat trials {', '.join(map(str, decision.dominated_by_reference))} on every "
                       f"objective: they are not on the front.", highlight=False)
-    _print_failures(study, console)
-    write_atomic(run_dir / "pareto.json", json.dumps({"study": name, "objectives": objectives, "trials": rows,
-                                                   "verdict": decision.verdict()}, indent=2, default=str))
+    _print_failures(view, console)
+    pareto, best = export_format("pareto"), export_format("best")
+    write_atomic(run_dir / pareto.file_name, pareto.write(view, None, ExportOptions()))
     if decision.best is None:
         console.print("no feasible measured trial yet: nothing on the front.")
         return
-    best = next(r for r in rows if r["trial"] == decision.best.label)
-    best = {**best, "verdict": decision.verdict(), "by": decision.by,
-            "reference_is_best": decision.reference_is_best}
-    write_atomic(run_dir / "best.json", json.dumps(best, indent=2, default=str))
-    which = f"{defaults} (the reference)" if decision.reference_is_best else f"trial {best['trial']}"
+    write_atomic(run_dir / best.file_name, best.write(view, None, ExportOptions()))
+    which = f"{defaults} (the reference)" if decision.reference_is_best else f"trial {decision.best.label}"
     if not decision.reference_feasible and decision.reference_is_best:
         which += ", which break the SLO themselves"
-    console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / 'best.json'} and "
-                  f"{run_dir / 'pareto.json'}", highlight=False)
+    console.print(f"best by {decision.by} on the front: {which} · wrote {run_dir / best.file_name} and "
+                  f"{run_dir / pareto.file_name}", highlight=False)
 
 
-def _engine_defaults(study, engine) -> dict[int, str]:
-    """The trials measuring another engine's own defaults (a study choosing between engines), as the
-    results label them: trial number -> "llama.cpp defaults"."""
-    from tracetune.tuner.trial_record import TrialRecord
-
-    shown = {kind.name: kind.shown for kind in engine.engines}
-    return {t.number: f"{shown.get(name, name)} defaults" for t in study.trials
-            if (name := TrialRecord.of(t).defaults_of) is not None}
-
-
-def _engine_standings(study, results: dict[int, dict], reference: dict | None, decision, tuner) -> str:
-    """In a study choosing between engines, each engine's best within the quality gate by the
-    deciding objective, and which is ahead (`tuner.engine_standings`); "" in a one-engine study."""
-    from tracetune.capacity.result import bracket_rps
+def _engine_standings(view, kinds, gated: bool) -> str:
+    """In a study choosing between engines (`kinds`, the first the reference's), each engine's best
+    within the quality gate by the deciding objective, and which is ahead (`tuner.engine_standings`);
+    "" in a one-engine study."""
+    from tracetune.dashboard.capacity import capacity_of
     from tracetune.tuner.engine_standings import Entry, standings_text
-    from tracetune.tuner.storage import Status
-    from tracetune.tuner.trial_record import TrialRecord
 
-    kinds = tuner.engine.engines
-    if len(kinds) < 2 or not decision.by:
+    decision = view.decision
+    if len(kinds) < 2 or decision is None or not decision.by:
         return ""
     shown = {kind.name: kind.shown for kind in kinds}
     key, by = decision.objectives.index(decision.by), decision.by
-    gated = tuner.settings.max_quality_loss is not None
 
-    def entry(engine: str, name: str, value: float, summary: dict | None) -> Entry:
-        high = bracket_rps((summary or {}).get("capacity"))[1] if by == "capacity" else None
-        return Entry(shown.get(engine, engine), name, value, high)
+    def entry(engine: str, name: str, value: float, summary: Summary | None) -> Entry:
+        capacity = capacity_of(summary) if by == "capacity" else None
+        return Entry(shown.get(engine, engine), name, value, capacity.bracket_rps()[1] if capacity else None)
 
     entries: list[Entry] = []
     outside: dict[str, int] = {}
     unprobed: dict[str, int] = {}  # missed the SLOs at the trace's rate: measured, its quality not probed
     if decision.reference_values is not None and decision.reference_feasible:
-        entries.append(entry(kinds[0].name, "its defaults", decision.reference_values[key],
-                             (reference or {}).get("summary")))
-    for t in study.trials:
-        record = TrialRecord.of(t)
-        if not t.values or record.status not in (Status.MEASURED, Status.PRUNED):
+        entries.append(entry(kinds[0].name, "its defaults", decision.reference_values[key], view.reference_summary))
+    for t in view.trials:
+        value = _standing_value(t, by)
+        if value is None:
             continue
-        engine = str((record.values or {}).get("engine") or record.defaults_of or kinds[0].name)
+        engine = str(t.params.get("engine") or t.defaults_of or kinds[0].name)
         label = shown.get(engine, engine)
-        if gated and (results.get(t.number) or {}).get("quality") is None:
+        if gated and t.quality is None:
             unprobed[label] = unprobed.get(label, 0) + 1
-        elif gated and record.constraints and record.constraints[-1] > 0:
+        elif gated and t.constraints and t.constraints[-1] > 0:
             outside[label] = outside.get(label, 0) + 1
             continue
-        name = "its defaults" if record.defaults_of else f"trial {t.number}"
-        entries.append(entry(engine, name, t.values[key], (results.get(t.number) or {}).get("summary")))
+        name = "its defaults" if t.defaults_of else f"trial {t.number}"
+        entries.append(entry(engine, name, value, t.summary))
     return standings_text(entries, [kind.shown for kind in kinds], by, OBJECTIVES[by] == "maximize",
                           lambda v: fmt_objective(by, v), outside, unprobed)
 
 
-def _objectives_text(study, number: int, objectives: list[str]) -> str:
+def _standing_value(t, by: str) -> float | None:
+    """A trial's value of the deciding objective for the standings: as measured, or a pruned trial's
+    bound as its run reads it (None: neither)."""
+    from tracetune.dashboard.metrics import metric_value
+
+    if t.status == "measured":
+        return t.objective_values.get(by)
+    return metric_value(by, t.run) if t.status == "pruned" and t.summary is not None else None
+
+
+def _objectives_text(t) -> str:
     """': ttft_p99 300 ms, ...' for a measured trial; ' (its status)' for one that was not (an
     infeasible trial's values are the sampler's penalties, not measurements)."""
-    from tracetune.tuner.trial_record import TrialRecord
-
-    trial = study.trials[number]
-    record = TrialRecord.of(trial)
-    if not trial.values or not record.measured:
-        return f" ({record.status or 'not measured'}: see below)"
-    return ": " + ", ".join(f"{o} {fmt_objective(o, v)}" for o, v in zip(objectives, trial.values))
+    if not t.objective_values:
+        return f" ({t.status or 'not measured'}: see below)"
+    return ": " + ", ".join(f"{o} {fmt_objective(o, v)}" for o, v in t.objective_values.items())
 
 
-
-
-
-
-
-
-
-
-def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, args, *,
-                 reference_name: str | None = None):
+def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: int, economics: Mapping[str, float],
+                 *, reference_name: str | None = None):
     """The front as a table, the reference (`reference_name`: the study's `EngineKind.defaults_label`; default:
     the default engine's) a row like any trial."""
     from rich.table import Table
@@ -197,10 +153,10 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
         table.add_column(objective, justify="right")
     if has_capacity:
         table.add_column("capacity bracket", justify="right")
-    if args.gpu_hour_cost is not None:
+    if "gpu_hour_cost" in economics:
         table.add_column("$/1M out tok", justify="right")
-    if args.target_rate is not None:
-        table.add_column(f"GPUs for {args.target_rate:g} req/s", justify="right")
+    if "target_rate" in economics:
+        table.add_column(f"GPUs for {economics['target_rate']:g} req/s", justify="right")
     has_units = any((r["quality"] or {}).get("kld") for r in rows)
     if has_units:
         table.add_column("quality vs reference", justify="right")
@@ -222,9 +178,9 @@ def _front_table(rows: list[dict], objectives: list[str], name: str, n_trials: i
         if has_capacity:
             cells.append(_bracket(r["capacity"]))
         econ = r["economics"]
-        if args.gpu_hour_cost is not None:
+        if "gpu_hour_cost" in economics:
             cells.append(f"{econ.get('usd_per_1m_output_tokens', math.nan):.3g}")
-        if args.target_rate is not None:
+        if "target_rate" in economics:
             cells.append(f"{econ.get('gpus_total', math.nan):g}")
         if has_units:
             cells.append(units_text(r["quality"]) if r["trial"] != "reference" else "-")
@@ -275,27 +231,24 @@ def natural_text(summary: Stored | None) -> str:
 
 
 
-def _print_quality_floor(reference: dict | None, results: dict[int, dict], console) -> None:
+def _print_quality_floor(view, console) -> None:
     """The probe's noise floor and the study's self-check on it (lossless configurations within it)."""
-    from tracetune.quality.gate import floor_text, self_check
+    from tracetune.quality.gate import self_check
 
-    floor = floor_text((reference or {}).get("probe"))
-    check = self_check([(n, r.get("quality")) for n, r in sorted(results.items())])
-    for line in (floor, check):
+    check = self_check([(t.number, t.quality) for t in view.trials])
+    for line in (view.floor_text, check):
         if line:
             console.print(("[yellow]" + line + "[/]") if "too noisy" in line else line, highlight=False)
 
 
-def _print_cross_engine_floor(engine_defaults: dict[int, str], results: dict[int, dict], console,
-                              reference_name: str) -> None:
+def _print_cross_engine_floor(view, engine_defaults: dict[int, str], console, reference_name: str) -> None:
     """Another engine's own defaults against the reference (`reference_name`: the first engine's), by the
     same probe: how far two engines serving the same weights differ before any setting changes (the
     floor a cross-engine comparison rests on)."""
     from tracetune.quality.gate import cost_text
 
     for number, label in sorted(engine_defaults.items()):
-        quality = (results.get(number) or {}).get("quality")
-        if quality:
+        if quality := view.trial(number).quality:
             console.print(f"cross-engine floor: {label} (trial {number}) against {reference_name}, same probe: "
                           f"{cost_text(quality)}", highlight=False, markup=False)
 
@@ -309,15 +262,12 @@ def _bracket(stored: Stored | None) -> str:
     return " · ".join([capacity.bracket_text(), *capacity.caveats()])
 
 
-def _print_failures(study, console) -> None:
+def _print_failures(view, console) -> None:
     from tracetune.tuner.front import group_failures
-    from tracetune.tuner.storage import Status
-    from tracetune.tuner.trial_record import TrialRecord
 
-    ended = (Status.PRUNED, Status.REJECTED, Status.ENGINE_FAILED, Status.FAILED, Status.UNMEASURABLE)
-    records = [(t.number, TrialRecord.of(t)) for t in study.trials]
-    failed = [(n, r) for n, r in records if r.status in ended or (r.status == Status.MEASURED and r.failure_reason)]
-    causes = group_failures([(n, str(r.status), clipped(r.failure_reason or "")) for n, r in failed])
+    ended = ("pruned", "rejected", "engine_failed", "failed", "unmeasurable")
+    failed = [t for t in view.trials if t.status in ended or (t.status == "measured" and t.failure_reason)]
+    causes = group_failures([(t.number, t.status, clipped(t.failure_reason or "")) for t in failed])
     for status, reason, numbers in causes:
         console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"
                       f"{', ...' if len(numbers) > 8 else ''}): {reason}", highlight=False)

@@ -163,12 +163,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
         return run_study_on_gpus(args, request, console)
     tuner, progress = make_tuner(request, console)
-    study = _run_study(tuner, progress, request, console)
-    if study is None:
+    if _run_study(tuner, progress, request, console) is None:
         return 130
     from tracetune.cli.results import report_results
 
-    report_results(tuner, study, args, console, request.run_dir)
+    report_results(tuner, console, request.run_dir)
     return 0
 
 

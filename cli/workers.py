@@ -142,8 +142,5 @@ def run_study_on_gpus(args, request, console) -> int:
     from tracetune.cli.results import report_results
 
     tuner, _ = make_tuner(request, console)
-    import optuna
-
-    study = optuna.load_study(study_name=request.settings.study_name, storage=request.settings.storage_url)
-    report_results(tuner, study, args, console, request.run_dir)
+    report_results(tuner, console, request.run_dir)
     return 0

@@ -139,6 +139,7 @@ def load_study(url: str, name: str | None = None) -> StudyView:
             config=config, diff=config_diff(config, ref_config, engine_name) if config and ref_config else {},
             summary=row.summary, quality=shown_quality(config, row.quality), engine=row.engine,
             requests_jsonl=row.requests_jsonl, failure_reason=reason, not_meaningful=ua.not_meaningful,
+            defaults_of=ua.defaults_of,
             log_tail=row.log_tail or ua.log_tail, startup_s=row.startup_s, wall_s=row.wall_s, worker=worker,
             heartbeat_age_s=silent.get(ft.number)))
     probe = None if random_weights(ref_config) else (reference.get("probe") if reference else None)

@@ -1,6 +1,8 @@
 """Every export format, one record each, in the one table its readers take their choices from:
-`tune export --format`, the dashboard's export page and `export.export`. A new format is a module of
-dashboard/export/ with one writer, (study, trial, options) -> text, and one line here.
+`tune export --format`, the dashboard's export page, `export.export` and the files `tune --trace`
+writes when a study ends. A new format is a module of dashboard/export/ with one writer, (study,
+trial, options) -> text, and one line here. A trial's formats export one configuration; a study's
+(`scope="study"`: pareto.json, best.json) write the study's answer and take no trial.
 
 It imports nothing heavy: `tune --help` lists the formats from it, and a format's writer is
 imported only when it writes."""
@@ -19,22 +21,23 @@ if TYPE_CHECKING:
     from tracetune.dashboard.study_view import StudyView
     from tracetune.dashboard.trial import TrialView
 
-Writer = Callable[["StudyView", "TrialView", "ExportOptions"], str]
+Writer = Callable[["StudyView", "TrialView | None", "ExportOptions"], str]
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportFormat:
     """One format: its name, the file `tune export -o FOLDER` and the dashboard's download write, its
-    writer ("module:function" under dashboard/export/), the language the dashboard shows it in, and
-    its earlier names, still accepted."""
+    writer ("module:function" under dashboard/export/), the language the dashboard shows it in, its
+    earlier names, still accepted, and what it exports: one trial's configuration, or the study."""
 
     name: str
     file_name: str
     writer: str
     language: str
     aliases: tuple[str, ...] = ()
+    scope: str = "trial"  # "trial" | "study"
 
-    def write(self, study: StudyView, trial: TrialView, options: ExportOptions) -> str:
+    def write(self, study: StudyView, trial: TrialView | None, options: ExportOptions) -> str:
         module, function = self.writer.split(":")
         found = getattr(importlib.import_module(f"tracetune.dashboard.export.{module}"), function)
         return cast(Writer, found)(study, trial, options)
@@ -46,8 +49,11 @@ EXPORT_FORMATS = (
     ExportFormat("k8s", "deployment.yaml", "kubernetes:to_k8s", "yaml"),
     ExportFormat("helm-values", "values.yaml", "helm:to_helm_values", "yaml"),
     ExportFormat("json", "trial.json", "document:to_json", "json"),
+    ExportFormat("pareto", "pareto.json", "front:to_pareto", "json", scope="study"),
+    ExportFormat("best", "best.json", "front:to_best", "json", scope="study"),
 )
-FORMATS = tuple(f.name for f in EXPORT_FORMATS)
+FORMATS = tuple(f.name for f in EXPORT_FORMATS if f.scope == "trial")  # a configuration's: the dashboard offers these
+STUDY_FORMATS = tuple(f.name for f in EXPORT_FORMATS if f.scope == "study")
 FORMAT_ALIASES = {alias: f.name for f in EXPORT_FORMATS for alias in f.aliases}
 
 
@@ -62,4 +68,4 @@ def export_format(name: str) -> ExportFormat:
     for fmt in EXPORT_FORMATS:
         if fmt.name == wanted:
             return fmt
-    raise InputError(f"--format {name!r} is not one of {', '.join(FORMATS)}")
+    raise InputError(f"--format {name!r} is not one of {', '.join((*FORMATS, *STUDY_FORMATS))}")

@@ -66,6 +66,7 @@ class TrialView:
     requests_jsonl: str | None = None
     failure_reason: str | None = None
     not_meaningful: str | None = None  # why the tuner keeps it off every front (`tuner.front.not_meaningful`)
+    defaults_of: str | None = None  # the engine whose own defaults it measures, in a study choosing engines
     log_tail: str | None = None
     startup_s: float | None = None
     wall_s: float | None = None

@@ -77,7 +77,10 @@ def test_export_of_an_engine_it_cannot_deploy_exits_2(synthetic_url, tmp_path):
 
 def test_export_needs_exactly_one_choice_and_a_known_format(synthetic_url):
     out = tune("export", "--storage", synthetic_url, "--format", "json")
-    assert out.returncode == 2 and "one of the arguments --trial --best --pick --reference is required" in out.stderr
+    # a trial's format needs one of the choices (the study's formats take none)
+    assert out.returncode == 2 and "add --trial N, --best, --pick EXPR or --reference" in out.stderr
+    out = tune("export", "--storage", synthetic_url, "--trial", "1", "--best", "--format", "json")
+    assert out.returncode == 2 and "not allowed with argument" in out.stderr
     out = tune("export", "--storage", synthetic_url, "--best", "--format", "yaml")
     assert out.returncode == 2 and "invalid choice" in out.stderr
 
@@ -189,22 +192,49 @@ def test_dashboard_serves_the_latest_run_on_loopback_only(synthetic_url, tmp_pat
 
 def test_every_export_format_is_one_record_the_cli_offers_and_its_writer_loads(capsys):
     from tracetune.cli.main import _build_parser
-    from tracetune.dashboard.export_formats import EXPORT_FORMATS, FORMATS, export_format
+    from tracetune.dashboard.export_formats import EXPORT_FORMATS, FORMATS, STUDY_FORMATS, export_format
     from tracetune.errors import InputError
 
     parser = _build_parser()
     for name in (*FORMATS, "vllm-cmd"):
         assert parser.parse_args(["export", "--best", "--format", name]).fmt == export_format(name).name
+    for name in STUDY_FORMATS:
+        assert parser.parse_args(["export", "--format", name]).fmt == name
     with pytest.raises(SystemExit):
         parser.parse_args(["export", "--best", "--format", "pdf"])
-    assert "choose from " + ", ".join(map(repr, FORMATS)) in " ".join(capsys.readouterr().err.split())
-    assert len({f.file_name for f in EXPORT_FORMATS}) == len(FORMATS)
+    choices = (*FORMATS, *STUDY_FORMATS)
+    assert "choose from " + ", ".join(map(repr, choices)) in " ".join(capsys.readouterr().err.split())
+    assert len({f.file_name for f in EXPORT_FORMATS}) == len(choices) == len(EXPORT_FORMATS)
     for fmt in EXPORT_FORMATS:
         module, function = fmt.writer.split(":")
         assert callable(getattr(importlib.import_module(f"tracetune.dashboard.export.{module}"), function)), fmt
         assert export_format(fmt.name) is fmt and all(export_format(a) is fmt for a in fmt.aliases)
-    with pytest.raises(InputError, match="--format 'pdf' is not one of command, compose, k8s, helm-values, json"):
+    with pytest.raises(InputError, match="--format 'pdf' is not one of command, compose, k8s, helm-values, json, "
+                                         "pareto, best"):
         export_format("pdf")
+
+
+def test_the_study_formats_write_the_front_and_its_best_and_take_no_trial(synthetic_url, tmp_path):
+    """`--format pareto` and `--format best` export the study (the files `tune --trace` writes when it
+    ends): the best row is the trial `--best` exports; a trial choice with them, or none with a trial's
+    format, is refused before anything is written."""
+    common = ["export", "--storage", synthetic_url, "--study", "synth"]
+    pareto = tune(*common, "--format", "pareto")
+    best = tune(*common, "--format", "best", "-o", str(tmp_path))
+    assert pareto.returncode == best.returncode == 0, pareto.stderr + best.stderr
+    front = json.loads(pareto.stdout)
+    written = json.loads((tmp_path / "best.json").read_text())
+    assert front["study"] == "synth" and front["verdict"] and written["verdict"] == front["verdict"]
+    assert written["trial"] in [row["trial"] for row in front["trials"]]
+    chosen = tune(*common, "--best", "--format", "json")
+    if written["reference_is_best"]:
+        assert chosen.returncode == 2
+    else:
+        assert chosen.returncode == 0 and json.loads(chosen.stdout)["trial"] == written["trial"]
+    both = tune(*common, "--format", "pareto", "--trial", "1")
+    neither = tune(*common, "--format", "json", "-o", str(tmp_path / "t.json"))
+    assert both.returncode == neither.returncode == 2 and not (tmp_path / "t.json").exists()
+    assert "writes the whole study" in both.stderr and "exports one trial" in neither.stderr
 
 
 def test_the_earlier_names_of_a_format_and_the_version_flag_still_work(synthetic_url):

@@ -98,14 +98,12 @@ def test_a_commands_own_options_are_not_taken_for_the_main_jobs():
 
 
 def test_front_table_fits_80_columns_and_lists_configurations_below_it():
-    import argparse
     import io
 
     from rich.console import Console
 
     from tracetune.cli.results import _front_table, config_lines
 
-    args = argparse.Namespace(gpu_hour_cost=None, target_rate=None)
     rows = [{"trial": "reference", "values": {"ttft_p99": 0.2, "quality_loss": 0.0}, "summary": {}, "quality": {},
              "capacity": None, "economics": {}, "differs_from_reference": {}},
             {"trial": 2, "values": {"ttft_p99": 0.14, "quality_loss": 0.0335}, "summary": {}, "quality": {},
@@ -113,7 +111,7 @@ def test_front_table_fits_80_columns_and_lists_configurations_below_it():
              "differs_from_reference": {"quantization": "fp8", "max_num_seqs": 512, "max_num_batched_tokens": 2048}}]
     out = io.StringIO()
     console = Console(file=out, width=80)
-    console.print(_front_table(rows, ["ttft_p99", "quality_loss"], "s", 3, args))
+    console.print(_front_table(rows, ["ttft_p99", "quality_loss"], "s", 3, {}))
     for line in config_lines(rows):
         console.print(line, markup=False)
     text = out.getvalue()

@@ -79,7 +79,6 @@ def test_a_resumed_study_does_not_queue_the_defaults_again(tmp_path):
 
 @pytest.mark.parametrize("b_crashes", [False, True])
 def test_the_results_label_the_other_engines_defaults(tmp_path, b_crashes, monkeypatch):
-    import argparse
     import io
 
     from rich.console import Console
@@ -89,10 +88,9 @@ def test_the_results_label_the_other_engines_defaults(tmp_path, b_crashes, monke
 
     monkeypatch.setitem(ENGINES, "b", _b)  # the results read the study as the dashboard does: by its engine's name
     tuner = _tuner(tmp_path, 3, [], b_crashes)
-    study = tuner.run()
+    tuner.run()
     out = io.StringIO()
-    args = argparse.Namespace(gpu_hour_cost=None, target_rate=None, engine_type="vllm+b")
-    report_results(tuner, study, args, Console(file=out, width=120), tmp_path)
+    report_results(tuner, Console(file=out, width=120), tmp_path)
     text = out.getvalue()
     if b_crashes:  # no penalty values shown as if measured
         assert "B defaults (trial 0): not on the front (engine_failed: see below)" in text
@@ -107,7 +105,6 @@ def test_a_llamacpp_studys_results_name_llamacpps_defaults_as_the_reference(tmp_
     """`tune --engine llamacpp`: the reference is llama.cpp's defaults, and the results say so wherever they
     name it (table title, configurations, verdict, the trials it beats, the best): never vLLM's. Scripted:
     the reference is faster than both trials, so every line that names it is printed."""
-    import argparse
     import io
 
     from rich.console import Console
@@ -125,10 +122,9 @@ def test_a_llamacpp_studys_results_name_llamacpps_defaults_as_the_reference(tmp_
                   space=load_space(tmp_path / "space.yaml", kind), model_dir=tmp_path / "model",
                   platform=Platform.CPU, runner=ScriptedRunner(lambda config: (0.6, 40.0, 0.0), calls=[]),
                   report=Events(), engine=kind)
-    study = tuner.run()
+    tuner.run()
     out = io.StringIO()
-    args = argparse.Namespace(gpu_hour_cost=None, target_rate=None, engine_type="llamacpp")
-    report_results(tuner, study, args, Console(file=out, width=200), tmp_path)
+    report_results(tuner, Console(file=out, width=200), tmp_path)
     text = out.getvalue()
     assert "Pareto front of study s (0 of 2 trials + llama.cpp's defaults)" in text
     assert "configurations (what differs from llama.cpp's defaults):" in text

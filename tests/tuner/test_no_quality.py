@@ -36,7 +36,6 @@ def study(tmp_path, probes: list, trials: int):
 
 
 def test_no_probe_when_quality_is_neither_an_objective_nor_gated(tmp_path):
-    import argparse
 
     from tracetune.cli.results import report_results
     from tracetune.dashboard.data import load_study
@@ -44,15 +43,14 @@ def test_no_probe_when_quality_is_neither_an_objective_nor_gated(tmp_path):
     probes: list = []
     tuner = study(tmp_path, probes, trials=2)
     assert not tuner.settings.measures_quality
-    result = tuner.run()
+    tuner.run()
     assert len(probes) == 3 and probes == [None] * 3  # the reference and both trials
     assert tuner.store.reference("s")["probe"] is None
     resumed = study(tmp_path, probes, trials=3)
     resumed.run()  # the stored reference, without a probe, reads back
     assert len(probes) == 4 and probes[-1] is None
     out = io.StringIO()
-    report_results(resumed, result, argparse.Namespace(gpu_hour_cost=None, target_rate=None),
-                   Console(file=out, width=120), tmp_path)
+    report_results(resumed, Console(file=out, width=120), tmp_path)
     text = out.getvalue()
     assert "verdict:" in text and "noise floor" not in text and "quality vs" not in text
     view = load_study(resumed.settings.storage_url, "s")  # the dashboard reads it too

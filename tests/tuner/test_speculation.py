@@ -3,14 +3,14 @@ flagged not meaningful and kept off the front (a scripted study: real database, 
 
 from __future__ import annotations
 
-import argparse
 import io
 
 from rich.console import Console
 
 from tests.reliability.scripted import make_tuner
-from tracetune.cli.results import _front_table, _row, spec_text
-from tracetune.engine_adapter.registry import engine_kind
+from tracetune.cli.results import _front_table, spec_text
+from tracetune.dashboard.export.front import _shown_diff
+from tracetune.dashboard.trial import TrialView, config_diff
 from tracetune.tuner.front import measured_trials, not_meaningful, pareto_trials, trials_outside_constraints
 
 SPACE = """\
@@ -20,8 +20,6 @@ parameters:
   speculative: {choices: [none, ngram]}
   num_speculative_tokens: {low: 3, high: 3, when: {speculative: [ngram]}}
 """
-ARGS = argparse.Namespace(gpu_hour_cost=None, target_rate=None)
-VLLM = engine_kind("vllm")
 
 
 def test_speculation_on_random_weights_is_not_meaningful():
@@ -54,12 +52,17 @@ def test_the_table_shows_acceptance_compactly_at_80_columns():
     ref = {"model": "/m", "speculative": {"method": "none"}}
     cfg = {"model": "/m", "speculative": {"method": "draft_model", "num_speculative_tokens": 4,
                                           "draft_model": "/cache/drafts/m-layers-4-0123456789ab"}}
-    trial = _row(3, {"output_tps": 12.0}, {"config": cfg, "values": {"draft_model": "derived:layers-4"},
-                                           "summary": {"engine": engine}}, ref, ARGS, VLLM)
-    assert trial["differs_from_reference"]["draft_model"] == "derived:layers-4"
-    reference = _row("reference", {"output_tps": 10.0}, {"config": ref, "summary": {}}, ref, ARGS, VLLM)
+    view = TrialView(number=3, state="COMPLETE", status="measured", objective_values={"output_tps": 12.0},
+                     constraints=[], feasible=True, params={"draft_model": "derived:layers-4"}, config=cfg,
+                     diff=config_diff(cfg, ref, "vllm"))
+    diff = _shown_diff(view)
+    assert diff["draft_model"] == "derived:layers-4"
+    trial = {"trial": 3, "values": {"output_tps": 12.0}, "config": cfg, "differs_from_reference": diff,
+             "summary": {"engine": engine}, "quality": {}, "capacity": None, "economics": {}}
+    reference = {"trial": "reference", "values": {"output_tps": 10.0}, "config": ref, "differs_from_reference": {},
+                 "summary": {}, "quality": {}, "capacity": None, "economics": {}}
     out = io.StringIO()
-    Console(file=out, width=80).print(_front_table([reference, trial], ["output_tps"], "s", 1, ARGS))
+    Console(file=out, width=80).print(_front_table([reference, trial], ["output_tps"], "s", 1, {}))
     text = out.getvalue()
     assert "38% x2.5" in text and "draft accepted: share of draft tokens" in text
     assert max(map(len, text.splitlines())) <= 80
