@@ -11,8 +11,8 @@ import json
 from tracetune.dashboard.data import StudyView, TrialView
 from tracetune.dashboard.export.options import ExportOptions
 from tracetune.errors import InputError
-from tracetune.tuner.front import REFERENCE, Label, economics
 from tracetune.stored import Stored, mapping
+from tracetune.tuner.front import REFERENCE, Label, economics
 from tracetune.types import JsonDict
 
 
