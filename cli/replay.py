@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from tracetune.replay.trace import Trace
     from tracetune.replay.types import PreparedRequest, ReplayOptions, RequestRecord
 
-TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "sharegpt")  # = replay.importers.FORMATS (a test checks)
 
 REPLAY_EPILOG = """\
 examples:
@@ -143,6 +142,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                          "results is kept, and DIR-2 beside it used)")
     rp.add_argument("--keep-text", action="store_true", help="store each response's text in requests.jsonl")
     add_engine_options(rp)
+    from tracetune.replay.trace_formats import FORMATS as TRACE_FORMATS
 
     tp = sub.add_parser("trace", help="trace utilities")
     tsub = tp.add_subparsers(dest="trace_command", metavar="ACTION", required=True)

@@ -6,6 +6,7 @@ Timestamp, Model, Request tokens, Response tokens, Total tokens, Log Type), shar
 conversations; no timing, so arrivals are drawn from a seeded Poisson process at `rate`).
 Rows out of arrival order are sorted (public traces are not always sorted; native traces must be).
 Bad rows are `InputError`s naming the file, the line and the field, found before any tokenizer loads.
+The formats and their readers are listed once, in `replay.trace_formats`.
 
 Length-only formats get prompts synthesised to exact token counts (`replay.synth`). Requests
 longer than the model's context follow an explicit policy, and the report says what it did.
@@ -20,16 +21,16 @@ import io
 import json
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from tracetune.errors import InputError
 from tracetune.replay.synth import PromptSynthesizer, Tokenizer, implied_reuse_ratio, prefix_reuse_ratio
 from tracetune.replay.trace import MAX_TOKENS, Message, TraceRecord
+from tracetune.replay.trace_formats import MOONCAKE_BLOCK_TOKENS, trace_format
 from tracetune.types import Json, JsonDict
 
-MOONCAKE_BLOCK_TOKENS = 512
 Overlong = Literal["truncate", "drop", "scale", "error"]
 
 
@@ -207,7 +208,7 @@ def _json(path: Path, line: int, text: str) -> Json:
         raise InputError(f"{path}:{line}: not valid JSON ({str(exc) or 'nested too deeply'})") from None
 
 
-def read_mooncake(path: Path) -> Iterator[RawRequest]:
+def read_mooncake(path: Path, options: ConvertOptions | None = None) -> Iterator[RawRequest]:
     for line, text in enumerate(_text(path).split("\n"), 1):
         if not text.strip():
             continue
@@ -242,7 +243,7 @@ def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict
         raise InputError(f"{path}:{reader.line_num + 1}: not valid CSV ({exc})") from None
 
 
-def read_azure(path: Path) -> Iterator[RawRequest]:
+def read_azure(path: Path, options: ConvertOptions | None = None) -> Iterator[RawRequest]:
     for line, row in _csv_rows(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
         stamp = row["TIMESTAMP"]
         try:
@@ -258,7 +259,7 @@ def read_azure(path: Path) -> Iterator[RawRequest]:
                          _int_field(path, line, row, "GeneratedTokens", minimum=0))
 
 
-def read_burstgpt(path: Path) -> Iterator[RawRequest]:
+def read_burstgpt(path: Path, options: ConvertOptions | None = None) -> Iterator[RawRequest]:
     for line, row in _csv_rows(path, ("Timestamp", "Request tokens", "Response tokens")):
         yield RawRequest(line, _float_field(path, line, row, "Timestamp"),
                          _int_field(path, line, row, "Request tokens", minimum=1),
@@ -312,31 +313,6 @@ def read_sharegpt(path: Path, options: ConvertOptions) -> Iterator[RawRequest]:
         t += rng.expovariate(options.rate)
 
 
-@dataclasses.dataclass(frozen=True)
-class Importer:
-    """A public trace format: its reader, and the tokens per hash block of its prefix ids (None: the
-    format records none)."""
-
-    read: Callable[[Path, ConvertOptions], Iterator[RawRequest]]
-    block_tokens: int | None = None
-
-
-# Every format `tune trace convert --from` takes (cli/replay.py names them without importing this module).
-IMPORTERS: dict[str, Importer] = {
-    "mooncake": Importer(lambda path, options: read_mooncake(path), MOONCAKE_BLOCK_TOKENS),
-    "azure": Importer(lambda path, options: read_azure(path)),
-    "burstgpt": Importer(lambda path, options: read_burstgpt(path)),
-    "sharegpt": Importer(read_sharegpt),
-}
-FORMATS = tuple(IMPORTERS)
-
-
-def importer(fmt: str) -> Importer:
-    if fmt not in IMPORTERS:
-        raise InputError(f"unknown trace format {fmt!r}; use one of {list(FORMATS)}")
-    return IMPORTERS[fmt]
-
-
 def read_requests(fmt: str, path: Path, options: ConvertOptions) -> tuple[list[RawRequest], ConvertReport]:
     """Read and validate `path` (no tokenizer needed), sorted by arrival: bad input fails here,
     before any model is loaded."""
@@ -345,7 +321,7 @@ def read_requests(fmt: str, path: Path, options: ConvertOptions) -> tuple[list[R
         raise InputError(f"{path}: no such file")
     report = ConvertReport(source=str(path), format=fmt)
     raw: list[RawRequest] = []
-    for request in importer(fmt).read(path, options):
+    for request in cast(Iterator[RawRequest], trace_format(fmt).read(path, options)):
         report.read += 1
         if request.output_length == 0:
             report.skipped += 1
@@ -379,7 +355,7 @@ def convert(fmt: str, path: Path, tokenizer: Tokenizer, options: ConvertOptions,
     if options.overlong == "scale" and longest * scale > options.max_input_tokens:
         scale = options.max_input_tokens / longest
     report.length_scale = scale
-    hashed = importer(fmt).block_tokens
+    hashed = trace_format(fmt).block_tokens
     block = max(1, round(hashed * scale)) if hashed is not None else None
     report.block_tokens = block
 

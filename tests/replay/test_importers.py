@@ -175,12 +175,20 @@ def test_synthesizer_prompts_are_exact_and_deterministic(tokenizer):
 
 
 def test_the_cli_offers_every_registered_format_and_only_mooncake_hashes_blocks(tmp_path):
-    from tracetune.cli.replay import TRACE_FORMATS
-    from tracetune.errors import InputError
-    from tracetune.replay.importers import FORMATS, IMPORTERS, ConvertOptions, read_requests
+    import inspect
 
-    assert TRACE_FORMATS == FORMATS == tuple(IMPORTERS)
-    assert [f for f, imp in IMPORTERS.items() if imp.block_tokens] == ["mooncake"]
+    from tracetune.cli.main import _build_parser
+    from tracetune.errors import InputError
+    from tracetune.replay import importers
+    from tracetune.replay.importers import ConvertOptions, read_requests
+    from tracetune.replay.trace_formats import FORMATS, TRACE_FORMATS
+
+    convert = _build_parser().parse_args(["trace", "convert", "--from", "azure", "in.csv", "out.jsonl"])
+    assert convert.fmt == "azure"
+    for fmt in TRACE_FORMATS:  # each reader is a function of replay.importers taking (path, options)
+        assert list(inspect.signature(getattr(importers, fmt.reader)).parameters)[:2] == ["path", "options"]
+        assert _build_parser().parse_args(["trace", "convert", "--from", fmt.name, "in", "out"]).fmt == fmt.name
+    assert [f.name for f in TRACE_FORMATS if f.block_tokens] == ["mooncake"] and len(set(FORMATS)) == len(FORMATS)
     path = tmp_path / "t.in"
     path.write_text("{}\n")
     with pytest.raises(InputError, match="unknown trace format 'vcr'; use one of"):
