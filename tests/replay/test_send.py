@@ -76,7 +76,9 @@ def test_open_loop_does_not_wait_for_slow_responses():
     server = SSEServer(tokens=5, gap_s=0.1)  # every response takes ~0.5 s
     t = trace(*[i * 0.05 for i in range(8)])
     records, _, server = run(prepare(t, ReplayOptions()), ReplayOptions(), server)
-    assert max(r.lag_s for r in records) < 0.05
+    # A closed loop would send each request ~0.5 s late; the bound leaves room for a test run sharing
+    # 2 cores with 3 other test processes (70 ms measured so in CI, stop 52's rehearsal)
+    assert max(r.lag_s for r in records) < 0.2
     assert server.peak >= 5
 
 
