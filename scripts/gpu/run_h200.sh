@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU host (after device_setup.sh). One step per run, each inside a 10-minute
 # limit; studies resume across runs (same --study and storage). Results go to $OUT.
-#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity|mooncake|start-cost|sustained|workers|tp [seconds] [tune options...]
+#   bash scripts/gpu/run_h200.sh ceiling|study-b|study-a|capacity|mooncake|start-cost|sustained|workers|tp|hour [seconds] [tune options...]
 # CONFIG=default|best|fp8|gated picks the configuration of the `sustained` step; GPUS=0,1 (default) or 0
 # the workers of the `workers` step (a host with two GPUs; its one-GPU baseline with GPUS=0).
 # STOP_SIGNAL=INT|TERM|KILL (default TERM): how the time limit stops the tuner; after every step the
@@ -116,6 +116,32 @@ case $step in
         --json "$OUT/start-$run.json" "${args[@]}" "${extra[@]}" 2>&1 | grep -E "healthy after|^start:|rror" \
         | sed "s/^/[$run] /" | tee -a "$OUT/start_cost.txt"
     done ;;
+  hour)
+    # A full study on the whole Azure 2023 conversation hour (19,366 requests, 58.4 min, 5.53 req/s):
+    # vLLM's defaults as the reference, then trials from space A, capacity by the windows that decide the
+    # hour (the search's defaults: guided rules, repeats only where marginal, pruning). It outlasts one
+    # command, so it runs in the background (setsid), from /root (run from the frozen source folder,
+    # `python3 -m tracetune` imports its root modules instead of the package env.sh lays out), stopped with
+    # SIGINT after BUDGET s; console and study stay in /root/hour ($OUT is emptied by every command).
+    # The first call launches it (HOUR_TIMEOUT: the study's --timeout, counted from the reference's end;
+    # RESUME=1 launches again a study that has stopped); later calls wait WAIT s, then copy what is stored.
+    H=/root/hour; mkdir -p $H
+    running=$(pgrep -f "^python3 -m tracetune --trace $H/" | head -1)
+    if [ -z "$running" ] && { [ ! -f $H/console.txt ] || [ "${RESUME:-0}" = 1 ]; }; then
+      [ -f $H/azure_conv_hour.jsonl ] || python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+        "$REPO"/scripts/gpu/data/azure_conv_hour.jsonl.xz $H/azure_conv_hour.jsonl
+      (cd /root && setsid nohup timeout -s INT -k 120 "$budget" $TUNE --trace $H/azure_conv_hour.jsonl --study hour \
+        --run-dir $H/run --trials 6 --space "$SRC"/scripts/gpu/space_a.yaml "${MODEL8B[@]}" --slo "$CHAT_SLO" \
+        --attainment 0.95 --precision 0.1 --objectives ttft_p99,capacity --probe-prompts 2 --probe-tokens 8 --warmup 8 \
+        --gpu-hour-cost 3.5 --timeout "${HOUR_TIMEOUT:-60}" "${extra[@]}" >> $H/console.txt 2>&1 < /dev/null &)
+      sleep 15; echo "launched: $(pgrep -fa "^python3 -m tracetune --trace $H/")"
+    else
+      echo "study running: ${running:-no (stopped)}"; sleep "${WAIT:-0}"
+    fi
+    tail -c 6000 $H/console.txt
+    cp $H/console.txt $H/run/study.db $H/run/*.json "$OUT"/ 2>/dev/null
+    grep -HE "Model loading took|torch.compile took|Directly load the compiled|Compiling a graph for|Graph capturing finished|init engine \(" \
+      $H/run/*/engine-*.log 2>/dev/null | sed "s|^$H/run/||" > "$OUT/hour_engine_start_lines.txt" ;;
 esac
 grep -HE "Model loading took|torch.compile took|Directly load the compiled|Compiling a graph for|Graph capturing finished|init engine \(" \
   /root/runs/*/*/engine-*.log /root/runs/*/engine-*.log 2>/dev/null > "$OUT/engine_start_lines.txt"
