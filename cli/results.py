@@ -13,20 +13,15 @@ from tracetune.files import write_atomic
 from tracetune.replay.acceptance import Acceptance, stored_caveats
 from tracetune.replay.metrics import Summary
 from tracetune.stored import Stored, mapping
-from tracetune.tuner.objectives import OBJECTIVES
+from tracetune.tuner.objectives import OBJECTIVE_METRIC, OBJECTIVES
 
 
 def fmt_objective(name: str, value: float) -> str:
-    """An objective's value as the console shows it."""
+    """An objective's value as the console shows it (`tuner.objectives.Metric.shown`)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if name == "capacity":
-        return f"{value:.3g} req/s"
-    if name.endswith(("_p50", "_p90", "_p99", "_mean")):
-        return f"{value * 1000:.0f} ms"
-    if name == "quality_loss":  # nats per token, shown as the perplexity change it means
-        return f"ppl {math.expm1(value) * 100:+.2f}%"
-    return f"{value:.2f}"
+    metric = OBJECTIVE_METRIC.get(name)
+    return metric.shown(value) if metric is not None else f"{value:.2f}"
 
 
 def report_results(tuner, console, run_dir: Path) -> None:

@@ -321,11 +321,12 @@ def _replay_options(args: argparse.Namespace) -> ReplayOptions:
 def _settings(args: argparse.Namespace, *, study_name: str, storage: str, objectives: list[str], slos: list[SLO],
               gate: QualityGate | float | None, enqueue: list[ParamValues], secrets: list[str],
               api_key: str | None, trace_sha256: str) -> StudySettings:
+    from tracetune.tuner.objectives import Needs, needs
     from tracetune.tuner.settings import StudySettings
 
     replay_options = _replay_options(args)
     capacity_options = None
-    if "capacity" in objectives:
+    if needs(objectives, Needs.CAPACITY):
         from tracetune.cli.capacity import capacity_options as options_of
 
         capacity_options = options_of(args, slos)

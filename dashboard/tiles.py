@@ -15,9 +15,6 @@ from tracetune.quality.gate import random_weights, verdict
 from tracetune.quality.probe import StoredQuality
 from tracetune.replay.metrics import StoredEstimate
 
-# Tiles' units, short enough for a tile of a wide page (the table and axis labels say them in full).
-TILE_UNITS = {"capacity": "req/s/GPU", "output_tps": "tok/s", "request_tps": "req/s", "goodput": "req/s"}
-
 
 def tile_value(name: str, value: float) -> str:
     """An objective on a tile: with its unit, at most 4 significant digits; the quality loss (nats per
@@ -26,8 +23,9 @@ def tile_value(name: str, value: float) -> str:
         return "-"
     if name == "quality_loss":
         return f"{math.expm1(value) * 100:+.2f}% ppl"
-    if name in TILE_UNITS or name.endswith("_tps"):
-        return f"{value:.4g} {TILE_UNITS.get(name, 'tok/s')}"
+    metric = metrics.METRIC.get(name)
+    if metric is not None and metric.unit:  # short enough for a tile (the table and axis labels say it in full)
+        return f"{value:.4g} {metric.unit}"
     return metrics.display_value(name, value)
 
 

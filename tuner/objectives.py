@@ -51,17 +51,38 @@ class Run:
         return CapacityResult.from_dict(cap) if isinstance(cap, dict) and cap.get("steps") is not None else None
 
 
+class Needs(enum.StrEnum):
+    """What measuring a metric takes beyond replaying the trace at its own rate."""
+
+    SLO = "slo"              # --slo: it counts requests meeting the SLO
+    CAPACITY = "capacity"    # a capacity search (levels of load) on every configuration
+    PROBE = "quality probe"  # the quality probe against the reference
+
+
 @dataclasses.dataclass(frozen=True)
 class Metric:
     """One metric, described once: its name, which way is better, its axis label, the factor from the
-    stored SI value to the shown one (1000: shown in ms; 100: a change, shown in percent), and how it is
-    read from a run (an `Estimate` where it is measured with a 95% interval; None: not measured)."""
+    stored SI value to the shown one (1000: shown in ms; 100: a change, shown in percent), how it is
+    read from a run (an `Estimate` where it is measured with a 95% interval; None: not measured), its
+    short unit, how the console writes a value (None: by its scale, ms or two decimals) and what
+    measuring it takes (`Needs`)."""
 
     name: str
     direction: Direction
     label: str
     read: Callable[[Run], Estimate | float | None]
     scale: float = 1.0
+    unit: str = ""
+    text: Callable[[float], str] | None = None
+    needs: tuple[Needs, ...] = ()
+
+    def shown(self, value: float) -> str:
+        """A value as the console's tables and lines write it ("-" where not measured)."""
+        if math.isnan(value):
+            return "-"
+        if self.text is not None:
+            return self.text(value)
+        return f"{value * 1000:.0f} ms" if self.scale == 1000.0 else f"{value:.2f}"
 
     def estimate(self, run: Run) -> Estimate | None:
         """The stored estimate the metric is read from (None: not measured, or not an estimate)."""
@@ -88,14 +109,19 @@ def _capacity_per_gpu(run: Run) -> float:
 # throughput, goodput and capacity at the SLO, quality loss. A new objective is one entry here.
 OBJECTIVE_METRICS: tuple[Metric, ...] = (
     *(_latency(m, s) for m in METRICS for s in STATS),
-    Metric("output_tps", Direction.MAXIMIZE, "output_tps (tokens/s)", lambda run: run.summary.output_throughput_tps),
-    Metric("request_tps", Direction.MAXIMIZE, "request_tps (req/s)", lambda run: run.summary.request_throughput_rps),
-    # measured only with --slo, which a goodput objective requires
-    Metric("goodput", Direction.MAXIMIZE, "goodput (req/s meeting SLOs)", lambda run: run.summary.goodput_rps),
+    Metric("output_tps", Direction.MAXIMIZE, "output_tps (tokens/s)", lambda run: run.summary.output_throughput_tps,
+           unit="tok/s"),
+    Metric("request_tps", Direction.MAXIMIZE, "request_tps (req/s)", lambda run: run.summary.request_throughput_rps,
+           unit="req/s"),
+    Metric("goodput", Direction.MAXIMIZE, "goodput (req/s meeting SLOs)", lambda run: run.summary.goodput_rps,
+           unit="req/s", needs=(Needs.SLO,)),
     # requests/s per GPU at the SLO (capacity.step); its interval is its bracket, not an estimate
-    Metric("capacity", Direction.MAXIMIZE, "capacity (req/s per GPU at the SLO)", _capacity_per_gpu),
+    Metric("capacity", Direction.MAXIMIZE, "capacity (req/s per GPU at the SLO)", _capacity_per_gpu,
+           unit="req/s/GPU", text=lambda v: f"{v:.3g} req/s", needs=(Needs.SLO, Needs.CAPACITY)),
+    # nats per token, shown as the perplexity change it means
     Metric("quality_loss", Direction.MINIMIZE, "quality_loss (nats/token vs reference)",
-           lambda run: run.quality.nll_delta_per_token if run.quality else None),
+           lambda run: run.quality.nll_delta_per_token if run.quality else None,
+           text=lambda v: f"ppl {math.expm1(v) * 100:+.2f}%", needs=(Needs.PROBE,)),
 )
 OBJECTIVE_METRIC: dict[str, Metric] = {m.name: m for m in OBJECTIVE_METRICS}
 OBJECTIVES: dict[str, str] = {m.name: m.direction.value for m in OBJECTIVE_METRICS}
@@ -110,13 +136,18 @@ def parse_objectives(spec: str | None, *, has_slo: bool) -> list[str]:
     unknown = [n for n in names if n not in OBJECTIVES]
     if unknown:
         raise InputError(f"--objectives: unknown {unknown}; choose from {sorted(OBJECTIVES)}")
-    for needs_slo in ("goodput", "capacity"):
-        if needs_slo in names and not has_slo:
-            raise InputError(f"--objectives {needs_slo} needs --slo (it counts requests meeting the SLO), "
+    for name in names:
+        if Needs.SLO in OBJECTIVE_METRIC[name].needs and not has_slo:
+            raise InputError(f"--objectives {name} needs --slo (it counts requests meeting the SLO), "
                              f"e.g. --slo 'ttft:p99<2s,tpot:p99<100ms'")
     if len(set(names)) != len(names):
         raise InputError("--objectives: each objective once")
     return names
+
+
+def needs(objectives: list[str], what: Needs) -> bool:
+    """Whether measuring `objectives` takes `what` (a capacity search, the quality probe, an SLO)."""
+    return any(what in OBJECTIVE_METRIC[o].needs for o in objectives if o in OBJECTIVE_METRIC)
 
 
 def objective_estimate(name: str, summary: Summary, quality: QualityResult | None) -> Estimate | None:

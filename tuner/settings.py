@@ -11,7 +11,7 @@ from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
 from tracetune.replay.metrics import SLO, parse_slos
 from tracetune.replay.types import ReplayOptions
-from tracetune.tuner.objectives import constraint_names
+from tracetune.tuner.objectives import Needs, constraint_names, needs
 from tracetune.tuner.trial_record import ParamValue, StudyAttr
 
 
@@ -65,7 +65,7 @@ class StudySettings:
         """Whether the study probes its trials' quality: quality is an objective, or the study gates it.
         One that does neither (random weights, whose plan drops both: `tuner.plan.StudyPlan`) spends
         no time on a probe."""
-        return "quality_loss" in self.objectives or self.max_quality_loss is not None
+        return needs(self.objectives, Needs.PROBE) or self.max_quality_loss is not None
 
     @property
     def n_user_constraints(self) -> int:
