@@ -4,7 +4,10 @@
 # (bundled SmolLM2 into TRACETUNE_HOME, the 8B-shaped config beside its tokenizer). Idempotent.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-cd /root/stage
+mkdir -p /root/stage && cd /root/stage
+if [ ! -f install.sh ] && [ -f /root/xfer/piece.00 ]; then  # the pieces stage.sh cut, joined and unpacked
+  cat /root/xfer/piece.[0-9][0-9] | tar -x -C /root/stage || { echo "a staged transfer is missing or cut"; exit 1; }
+fi
 if [ ! -f /root/.payload-ok ]; then
   shopt -s nullglob
   got=$(cat s[0-9][0-9] t[0-9][0-9] | sha256sum | cut -d' ' -f1)

@@ -4,8 +4,9 @@
 #
 #   bash scripts/gpu/stage.sh
 #
-# Then make the transfers listed at the end (docs/results/h200.md has the whole procedure):
-# .gpu/cNN = one kit part (../shared/gpu kit, 50 MiB) + one payload chunk, .gpu/dNN = payload only.
+# Then make the transfers listed at the end (docs/results/h200.md has the whole procedure): .gpu/xNN,
+# each one piece of a single stream (the kit, its 8 wheel parts, the payload), sized so that a piece
+# and the working tree fit one 64 MiB transfer; device_setup.sh joins and unpacks them.
 # The payload holds the bundled SmolLM2-135M (its tokenizer always: the 8B shape uses it; its real
 # weights only with STAGE_WEIGHTS=1, for a quality study), the wheels the GPU host lacks (optuna
 # and its deps) and a frozen copy of this checkout's tracetune source (without docs/ and tests/).
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/../.."
 [ -d .gpu/p00 ] || bash ../shared/gpu/prepare.sh
 MODEL=$(.venv/bin/python -c 'from tracetune.engine_adapter.models import prepare_default_model; print(prepare_default_model())')
 work=.gpu/payload-build
-rm -rf "$work" .gpu/c[0-9][0-9] .gpu/d[0-9][0-9] .gpu/extra
+rm -rf "$work" .gpu/c[0-9][0-9] .gpu/d[0-9][0-9] .gpu/x[0-9][0-9] .gpu/extra
 mkdir -p "$work/th/models" "$work/extra"
 python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
@@ -32,19 +33,18 @@ git archive --format=tar --prefix=src/ HEAD -- . ':!docs' ':!tests' | tar -x -C 
 tar -cf .gpu/payload.tar -C "$work" th extra src
 sha256sum .gpu/payload.tar | cut -d' ' -f1 > .gpu/payload.sha256
 rm -rf "$work"
-# 8 small chunks (2 MiB) ride with the 8 kit parts (50 MiB), the rest go alone (48 MiB): each transfer
-# stays under 64 MiB with a working tree of up to ~11 MiB (the rest: ~15 MiB).
-mkdir -p .gpu/chunks && rm -f .gpu/chunks/*
-head -c $((8 * 2 * 1048576)) .gpu/payload.tar | split -b $((2 * 1048576)) -d -a 2 - .gpu/chunks/s
-tail -c +$((8 * 2 * 1048576 + 1)) .gpu/payload.tar | split -b $((48 * 1048576)) -d -a 2 - .gpu/chunks/t
-for i in 00 01 02 03 04 05 06 07; do
-  mkdir -p .gpu/c$i && cp .gpu/p$i/* .gpu/c$i/ && { [ -f .gpu/chunks/s$i ] && cp .gpu/chunks/s$i .gpu/c$i/ || true; }
-done
-cp .gpu/kit/* .gpu/c00/
-cp .gpu/payload.sha256 .gpu/c00/
-n=0; for f in .gpu/chunks/t*; do [ -s "$f" ] || continue; d=$(printf '.gpu/d%02d' $n); mkdir -p $d && cp "$f" $d/; n=$((n+1)); done
+# One stream of the kit's files, its 8 parts and the payload (cut as device_setup.sh joins it), split
+# into pieces that fit one transfer each beside the working tree (64 MiB in all, the tree included).
+tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+piece=$(( (64 * 1048576 - tree) / 1048576 - 2 ))
+((piece >= 8)) || { echo "the working tree ($((tree / 1048576)) MiB) leaves no room in a 64 MiB transfer"; exit 1; }
+mkdir -p .gpu/chunks && rm -f .gpu/chunks/* && rm -rf .gpu/x[0-9][0-9]
+split -b $((48 * 1048576)) -d -a 2 .gpu/payload.tar .gpu/chunks/t
+cp .gpu/payload.sha256 .gpu/chunks/
+tar -cf - -C .gpu/kit . $(for i in 00 01 02 03 04 05 06 07; do echo "-C $PWD/.gpu/p$i ."; done) -C "$PWD/.gpu/chunks" . \
+  | split -b $((piece * 1048576)) -d -a 2 - .gpu/piece.
+n=0; for f in .gpu/piece.*; do d=$(printf '.gpu/x%02d' $n); mkdir -p $d && mv "$f" $d/; n=$((n+1)); done
 rm -rf .gpu/chunks
-du -sh .gpu/c[0-9][0-9] $( ((n)) && echo .gpu/d[0-9][0-9]) | sed 's/^/  /'
-echo "transfers: copy .gpu/c00 to the GPU host, there 'mkdir -p /root/stage && cp .gpu/c00/* /root/stage/', then .gpu/c01..c07"
-((n == 0)) || echo "and .gpu/d00..d$(printf %02d $((n-1))) the same way (cp .gpu/XNN/* /root/stage/)"
-echo "then: bash scripts/gpu/device_setup.sh"
+du -sh .gpu/x[0-9][0-9] | sed 's/^/  /'
+echo "transfers: $n, each .gpu/xNN (pieces of ${piece} MiB beside a $((tree / 1048576)) MiB working tree): copy it to the"
+echo "GPU host, there 'mkdir -p /root/xfer && cp .gpu/xNN/* /root/xfer/'; then bash scripts/gpu/device_setup.sh"
