@@ -116,10 +116,11 @@ def _standing_value(t, by: str) -> float | None:
     """A trial's value of the deciding objective for the standings: as measured, or a pruned trial's
     bound as its run reads it (None: neither)."""
     from tracetune.dashboard.metrics import metric_value
+    from tracetune.tuner.storage import Status
 
-    if t.status == "measured":
+    if t.status == Status.MEASURED:
         return t.objective_values.get(by)
-    return metric_value(by, t.run) if t.status == "pruned" and t.summary is not None else None
+    return metric_value(by, t.run) if t.status == Status.PRUNED and t.summary is not None else None
 
 
 def _objectives_text(t) -> str:
@@ -259,9 +260,10 @@ def _bracket(stored: Stored | None) -> str:
 
 def _print_failures(view, console) -> None:
     from tracetune.tuner.front import group_failures
+    from tracetune.tuner.storage import Status
 
-    ended = ("pruned", "rejected", "engine_failed", "failed", "unmeasurable")
-    failed = [t for t in view.trials if t.status in ended or (t.status == "measured" and t.failure_reason)]
+    ended = (Status.PRUNED, Status.REJECTED, Status.ENGINE_FAILED, Status.FAILED, Status.UNMEASURABLE)
+    failed = [t for t in view.trials if t.status in ended or (t.status == Status.MEASURED and t.failure_reason)]
     causes = group_failures([(t.number, t.status, clipped(t.failure_reason or "")) for t in failed])
     for status, reason, numbers in causes:
         console.print(f"  {status} x{len(numbers)} (trials {', '.join(map(str, numbers[:8]))}"

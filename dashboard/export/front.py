@@ -30,7 +30,7 @@ def to_best(study: StudyView, trial: TrialView | None = None, options: ExportOpt
     if decision is None or decision.best is None:
         raise InputError(f"study {study.name!r} has no feasible measured trial yet: nothing on the front, "
                          "no best to write")
-    row = next(r for r in front_rows(study) if r["trial"] == decision.best.label)
+    row = _row(study, decision.best.label, dict(zip(study.objectives, decision.best.values)))
     return _dumps({**row, "verdict": decision.verdict(), "by": decision.by,
                    "reference_is_best": decision.reference_is_best})
 
@@ -57,19 +57,20 @@ def defaults_label(study: StudyView, t: TrialView) -> str | None:
 def _row(study: StudyView, label: Label, values: dict[str, float]) -> JsonDict:
     quality: Stored = {}
     diff: JsonDict = {}
+    shown = None
     if label == REFERENCE:
         stored = study.reference or {}
         config, summary = stored.get("config") or {}, mapping(stored.get("summary"))
     else:
         t = study.trial(int(label))
         config, summary, quality = t.config or {}, t.summary.as_dict() if t.summary else {}, t.quality or {}
-        diff = _shown_diff(t)
+        diff, shown = _shown_diff(t), defaults_label(study, t)
     capacity = mapping(summary.get("capacity")) or None
     row: JsonDict = {"trial": label, "values": values, "config": config, "differs_from_reference": diff,
                      "summary": summary, "quality": quality, "capacity": capacity,
                      "economics": economics(capacity, gpu_hour_cost=study.economics.get("gpu_hour_cost"),
                                             target_rate=study.economics.get("target_rate"))}
-    if label != REFERENCE and (shown := defaults_label(study, study.trial(int(label)))):
+    if shown:
         row["shown"] = f"{label} ({shown})"
     return row
 
