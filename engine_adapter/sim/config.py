@@ -31,6 +31,8 @@ class SimConfig(BaseModel):
     ttft_ms: float = Field(50.0, gt=0, description="Milliseconds from a slot to the first token, in bf16.")
     tpot_ms: float = Field(10.0, gt=0, description="Milliseconds a token with one request decoding, in bf16.")
     alpha: float = Field(0.05, ge=0, description="Slow-down of every token per other request holding a slot.")
+    extra_args: list[str] = Field(default_factory=list, description="Passed to the server verbatim, last.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
 
     @model_validator(mode="before")
     @classmethod

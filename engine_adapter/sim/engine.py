@@ -28,12 +28,13 @@ def own(config: EngineConfig) -> SimConfig:
 
 def build_command(config: EngineConfig, platform: Platform, *, host: str = "127.0.0.1", port: int = 8000,
                   python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
-    """The simulated server's argv for `config` (any platform) and the environment it needs (none)."""
+    """The simulated server's argv for `config` (any platform) and the environment it is given."""
     config = own(config)
     argv = [python, "-m", SERVER_MODULE, "--host", host, "--port", str(port), "--served-model-name", config.name(),
             "--max-num-seqs", str(config.max_num_seqs), "--precision", config.dtype,
-            "--ttft-ms", f"{config.ttft_ms:g}", "--tpot-ms", f"{config.tpot_ms:g}", "--alpha", f"{config.alpha:g}"]
-    return argv, {}
+            "--ttft-ms", f"{config.ttft_ms:g}", "--tpot-ms", f"{config.tpot_ms:g}", "--alpha", f"{config.alpha:g}",
+            *config.extra_args]
+    return argv, dict(config.env)
 
 
 def this_machine() -> Platform:

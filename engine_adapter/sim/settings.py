@@ -31,6 +31,8 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("alpha", "--sim-alpha", "float", "F",
                f"{_WHAT}: every token slows by this share per other request holding a slot "
                f"(default {SimConfig.model_fields['alpha'].default:g})"),
+    EngineFlag("extra_args", "--engine-arg", "many", "ARG", "extra server argument, repeatable"),
+    EngineFlag("env", "--engine-env", "pairs", "KEY=VALUE", "extra environment variable for the server, repeatable"),
 )
 
 KNOBS: Knobs = {
