@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tracetune.errors import EngineError
+from tracetune.stored import Record
 
 # Sample names as vLLM and llama-server export them. Several names are listed where vLLM renamed a
 # metric between releases (the first one found wins); `_total` is part of the sample name of counters.
@@ -49,11 +49,13 @@ _SUMS: dict[str, tuple[str, ...]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineMetrics:
+class EngineMetrics(Record[dict[str, float]]):
     """One snapshot of the engine's counters (cumulative since start) and gauges (now).
 
     A counter the engine does not export (e.g. speculative counters with speculation off) is 0.
-    `kv_cache_usage` is a fraction in [0, 1].
+    `kv_cache_usage` is a fraction in [0, 1]. Stored with its rates (`derived`: read back, they
+    are derived again); a counter an older or another engine's dump left out, or stored as no
+    number, reads as 0.
     """
 
     prefix_cache_queries: float = 0.0
@@ -96,27 +98,10 @@ class EngineMetrics:
         changes = {name: getattr(self, name) - getattr(earlier, name) for name in _COUNTERS}
         return dataclasses.replace(self, **changes)
 
-    def as_dict(self) -> dict[str, float]:
-        out = dataclasses.asdict(self)
-        out["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
-        out["spec_decode_acceptance_rate"] = self.spec_decode_acceptance_rate
-        out["spec_decode_mean_accepted_length"] = self.spec_decode_mean_accepted_length
-        return out
-
-    @classmethod
-    def from_dict(cls, stored: Mapping[str, object] | None) -> EngineMetrics:
-        """Counters as `as_dict` stored them (the rates are derived again, not read); a counter missing
-        or not a number (an older or another engine's dump) is 0."""
-        values: dict[str, float] = {}
-        for field in dataclasses.fields(cls):
-            raw = (stored or {}).get(field.name)
-            try:
-                value = float(raw) if isinstance(raw, int | float | str) else math.nan
-            except ValueError:
-                continue
-            if not math.isnan(value):
-                values[field.name] = value
-        return cls(**values)
+    def derived(self) -> dict[str, float]:
+        return {"prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+                "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
+                "spec_decode_mean_accepted_length": self.spec_decode_mean_accepted_length}
 
 
 def parse_metrics(text: str) -> EngineMetrics:

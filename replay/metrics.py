@@ -28,15 +28,16 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import Protocol, TypedDict
+from typing import Annotated, Protocol, TypedDict
 
 import numpy as np
+from pydantic import Field
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.engine_adapter.openai_client import stream_fault
 from tracetune.errors import InputError
 from tracetune.replay.types import ReplayResult, RequestRecord
-from tracetune.stored import Stored, listed, mapping, number, text, whole
+from tracetune.stored import Record, Stored, listed, mapping, number, text, whole
 
 # Schedule lag beyond which a replay measures the client, not the engine: 10 ms, or 5% of the
 # tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the
@@ -140,19 +141,13 @@ class StoredEstimate(TypedDict, total=False):
 
 
 @dataclasses.dataclass
-class Estimate:
-    value: float
-    low: float
-    high: float
+class Estimate(Record[StoredEstimate]):
+    """A value with its 95% interval; stored as `StoredEstimate` (NaN where a value is missing or
+    not a number)."""
 
-    def as_dict(self) -> StoredEstimate:
-        return {"value": self.value, "ci_low": self.low, "ci_high": self.high}
-
-    @classmethod
-    def from_dict(cls, raw: object) -> Estimate:
-        """An estimate as `as_dict` stored it (NaN where a value is missing or not a number)."""
-        stored = mapping(raw)
-        return cls(number(stored.get("value")), number(stored.get("ci_low")), number(stored.get("ci_high")))
+    value: float = math.nan
+    low: Annotated[float, Field(alias="ci_low")] = math.nan
+    high: Annotated[float, Field(alias="ci_high")] = math.nan
 
 
 # Above this many values the interval comes from large-sample theory instead of the bootstrap: a

@@ -1,14 +1,18 @@
 """Reading back what tracetune stored as JSON: a raw value is `object`, narrowed here.
 
-A typed record's `from_dict` takes a `Stored` (a JSON object as read back, or the record's own
-`as_dict()`) and turns each field into its type with these helpers, which never raise on a
-missing or mistyped field: an older tracetune may have stored less, or stored it differently.
+A stored record's schema is its own dataclass: a `Codec` (pydantic underneath) writes it as
+JSON-ready data and reads it back, a field an older tracetune did not store, or stored as
+something else, taking its default. The helpers below narrow single raw values the same way, for
+readers of JSON that is no record of tracetune's (an engine's answer, a user's file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import SupportsFloat, SupportsIndex
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Generic, Self, SupportsFloat, SupportsIndex, TypeVar, cast
+
+from pydantic import TypeAdapter, ValidationError
 
 Stored = Mapping[str, object]
 """A JSON object read back from storage (or a record's `as_dict()`), before it is parsed."""
@@ -44,3 +48,112 @@ def listed(value: object) -> list[object]:
 def text(value: object) -> str:
     """A stored string; empty where it is missing."""
     return str(value) if value else ""
+
+
+R = TypeVar("R")
+S = TypeVar("S", bound=Mapping[str, object])  # a record's stored shape (a TypedDict, or a plain dict)
+# Passes of dropping what an older tracetune stored differently: each drops every field pydantic
+# refused, so nested records need one pass per level.
+_REPAIRS = 8
+_DROPPED = object()  # a list item `_without` removes
+
+
+class Codec(Generic[R]):
+    """One stored record's codec, from its dataclass (the schema, with its defaults and its fields'
+    stored names, `Annotated[..., Field(alias=...)]`).
+
+    `dump` writes the record as JSON-ready data (stored names; enums by value; tuples as lists),
+    then what `derived` adds for readers outside Python (rates, outcomes), and leaves out the
+    fields in `unset_omitted` while they are None or empty. `load` reads it back: keys it does not
+    know (the derived ones among them) are ignored, numbers come from numeric strings, and a field
+    stored as something its type refuses takes its default; a required field missing is a
+    ValidationError."""
+
+    def __init__(self, record: type[R], *, derived: Callable[[R], Mapping[str, object]] | None = None,
+                 unset_omitted: tuple[str, ...] = ()) -> None:
+        self.adapter: TypeAdapter[R] = TypeAdapter(record)
+        self.derived = derived
+        self.unset_omitted = unset_omitted
+
+    def dump(self, record: R) -> dict[str, object]:
+        out: dict[str, object] = self.adapter.dump_python(record, mode="json", by_alias=True)
+        for key in self.unset_omitted:
+            if out.get(key) in (None, "", [], {}):
+                out.pop(key, None)
+        if self.derived is not None:
+            out.update(self.derived(record))
+        return out
+
+    def load(self, raw: object) -> R:
+        data: object = dict(raw) if isinstance(raw, Mapping) else {}
+        for _ in range(_REPAIRS):
+            try:
+                return self.adapter.validate_python(data)
+            except ValidationError as exc:
+                repaired = _without(data, [error["loc"] for error in exc.errors()])
+                if repaired == data:
+                    raise
+                data = repaired
+        return self.adapter.validate_python(data)
+
+
+class Record(Generic[S]):
+    """A stored record (a dataclass) with its `Codec`: `as_dict()` writes it (typed as `S`, the
+    stored shape), `from_dict(raw)` reads it back. A record adds what readers outside Python need
+    beside its fields by overriding `derived`, and names the fields stored only while set in
+    `unset_omitted`."""
+
+    unset_omitted: ClassVar[tuple[str, ...]] = ()
+    _codecs: ClassVar[dict[type, Codec[Any]]] = {}
+
+    def derived(self) -> Mapping[str, object]:
+        """What `as_dict` adds beside the fields (derived again when read back, never read)."""
+        return {}
+
+    @classmethod
+    def codec(cls) -> Codec[Self]:
+        """The record's codec, made once its class is complete (its annotations resolvable)."""
+        found = Record._codecs.get(cls)
+        if found is None:
+            found = Record._codecs[cls] = Codec(cls, derived=lambda record: record.derived(),
+                                                unset_omitted=cls.unset_omitted)
+        return cast("Codec[Self]", found)
+
+    def as_dict(self) -> S:
+        return cast(S, self.codec().dump(self))
+
+    @classmethod
+    def from_dict(cls, raw: object) -> Self:
+        return cls.codec().load(raw)
+
+
+def _without(data: object, locations: list[tuple[int | str, ...]]) -> object:
+    """`data` (a copy) without the values at `locations` (pydantic's error locations)."""
+    out = copy.deepcopy(data)
+    for location in locations:
+        *path, last = location
+        parent = out
+        for key in path:
+            parent = _child(parent, key)
+        if isinstance(parent, dict) and last in parent:
+            del parent[last]
+        elif isinstance(parent, list) and isinstance(last, int) and 0 <= last < len(parent):
+            parent[last] = _DROPPED  # kept in place: the other locations' indices still hold
+    return _pruned(out)
+
+
+def _child(parent: object, key: int | str) -> object:
+    if isinstance(parent, dict):
+        return parent.get(key)
+    if isinstance(parent, list) and isinstance(key, int) and 0 <= key < len(parent):
+        return parent[key]
+    return None
+
+
+def _pruned(value: object) -> object:
+    """`value` without the list items `_without` marked dropped."""
+    if isinstance(value, dict):
+        return {k: _pruned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value if v is not _DROPPED]
+    return value
