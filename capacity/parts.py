@@ -11,7 +11,7 @@ import numpy as np
 
 from tracetune.capacity import segments
 from tracetune.capacity.response import slo_ratio
-from tracetune.capacity.step import CapacityOptions, DecidedBy, Step
+from tracetune.capacity.step import CapacityOptions, DecidedBy, Step, StoredPartOutcome
 from tracetune.replay.metrics import SLO, slo_value
 from tracetune.replay.types import PreparedRequest, RequestRecord
 
@@ -27,12 +27,13 @@ class PartOutcome:
     requests: list[PreparedRequest]
     stands_for: tuple[int, int] = (0, 0)  # the trace's requests and windows it stands for
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> StoredPartOutcome:
+        """The window and its replay's outcome, as the level's `Step.parts` stores it."""
         s = self.step
-        return {**self.part.as_dict(), "attainment": s.attainment, "good": s.good, "planned": s.planned,
-                "sent": s.requests, "outcome": s.outcome, "abandoned": s.abandoned, "duration_s": s.duration_s,
-                "lag_p99_s": s.lag_p99_s, "stands_for_requests": self.stands_for[0],
-                "stands_for_windows": self.stands_for[1]}
+        return StoredPartOutcome(**self.part.as_dict(), attainment=s.attainment, good=s.good, planned=s.planned,
+                                 sent=s.requests, outcome=s.outcome, abandoned=s.abandoned, duration_s=s.duration_s,
+                                 lag_p99_s=s.lag_p99_s, stands_for_requests=self.stands_for[0],
+                                 stands_for_windows=self.stands_for[1])
 
 
 def weighted_targets_met(parts: Sequence[tuple[float, Sequence[RequestRecord], int]], slos: Sequence[SLO]) -> bool:

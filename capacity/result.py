@@ -1,6 +1,7 @@
 """The records of a capacity search, as measured and as stored: each load level (`Step`, its
-`Outcome` and the test that `DecidedBy` it) and the search's result (`CapacityResult`, its `Verdict`,
-bracket and caveats), each reading back what it wrote (`from_dict`). The definitions they record
+`Outcome`, the test that decided it, `sustain.DecidedBy`, and the windows of the trace it replayed)
+and the search's result (`CapacityResult`, its `Verdict`, bracket and caveats), each reading back
+what it wrote (`from_dict`). The definitions they record
 (good request, attainment, sustained, capacity) are `capacity.step`'s."""
 
 from __future__ import annotations
@@ -8,10 +9,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Mapping
+from typing import Annotated, NotRequired, cast
+
+from pydantic import AliasPath, Field, model_validator
+from typing_extensions import TypedDict  # pydantic reads typing's own only from Python 3.12
 
 from tracetune.capacity import segments
-from tracetune.stored import Stored, listed, mapping, number, text, whole
-from tracetune.types import JsonDict
+from tracetune.capacity.sustain import DecidedBy
+from tracetune.stored import Record, Stored, number
 
 
 class Outcome(enum.StrEnum):
@@ -20,21 +26,6 @@ class Outcome(enum.StrEnum):
     PASS = "pass"
     FAIL = "fail"
     ABANDONED = "abandoned"  # failed before its end: the outcome was certain
-
-
-class DecidedBy(enum.StrEnum):
-    """The test that decided a level (`capacity.sustain`): held (passed every test), or the one that failed it."""
-
-    HELD = "held"
-    ATTAINMENT = "attainment"
-    PERCENTILE_TARGET = "percentile target"
-    LAST_THIRD = "last third"
-    QUEUE_RISING = "queue rising"
-    TTFT_RISING = "TTFT rising"
-    MISSES = "misses"  # abandoned: more certain misses than the target allows
-    LAST_THIRD_MISSES = "last-third misses"  # abandoned: as many in the window's last third
-    SLO_MISSED = "SLO missed"  # ended: a TTFT or E2E target's statistic certainly past it (`step.MissedSLO`)
-    WINDOW_SHORT = "window short"
 
 
 class Verdict(enum.StrEnum):
@@ -50,35 +41,52 @@ class Verdict(enum.StrEnum):
     MACHINE_BUSY = "machine_busy"  # a level failed while other work took the engine's cores, again when retried
 
 
+class StoredPartOutcome(segments.StoredPart, total=False):
+    """A window of the trace a level replayed, as its `Step.parts` stores it: the window and how its
+    own replay went (`capacity.parts.PartOutcome.as_dict`)."""
+
+    attainment: float
+    good: int
+    planned: int
+    sent: int
+    outcome: Outcome
+    abandoned: bool
+    duration_s: float
+    lag_p99_s: float
+    stands_for_requests: int  # the trace's requests and windows it stands for
+    stands_for_windows: int
+
+
 # The failed tests whose words need no numbers (`Step.why`).
-_WHY: dict[str, str] = {DecidedBy.MISSES: "more misses than the target allows",
-                        DecidedBy.LAST_THIRD_MISSES: "more misses in the last third than the target allows",
-                        DecidedBy.ATTAINMENT: "below the target",
-                        DecidedBy.PERCENTILE_TARGET: "a percentile target missed",
-                        DecidedBy.SLO_MISSED: "the SLO certainly missed"}
+_WHY: dict[DecidedBy, str] = {DecidedBy.MISSES: "more misses than the target allows",
+                              DecidedBy.LAST_THIRD_MISSES: "more misses in the last third than the target allows",
+                              DecidedBy.ATTAINMENT: "below the target",
+                              DecidedBy.PERCENTILE_TARGET: "a percentile target missed",
+                              DecidedBy.SLO_MISSED: "the SLO certainly missed"}
 
 
 @dataclasses.dataclass
-class Step:
-    """One load level as measured: `requests` were sent of `planned`, `duration_s` of wall time."""
+class Step(Record[dict[str, object]]):
+    """One load level as measured: `requests` were sent of `planned`, `duration_s` of wall time.
+    Stored with its `outcome` (`derived`); a field an older tracetune did not store takes its
+    default (NaN for a load, an attainment or a duration)."""
 
-    scale: float
-    rps: float  # offered requests/s at this level
-    output_tps: float  # offered output tokens/s at this level
-    attainment: float
-    passed: bool
-    abandoned: bool
-    requests: int
-    planned: int
-    good: int
-    duration_s: float
+    scale: float = math.nan
+    rps: float = math.nan  # offered requests/s at this level
+    output_tps: float = math.nan  # offered output tokens/s at this level
+    attainment: float = math.nan
+    passed: bool = False
+    abandoned: bool = False
+    requests: int = 0
+    planned: int = 0
+    good: int = 0
+    duration_s: float = math.nan
     lag_p99_s: float = 0.0
     client_overloaded: bool = False
     repeat: bool = False
     errors: int = 0
     client_procs: int = 1
-    # How the level was decided (`capacity.sustain`): a `DecidedBy` value ("" before it was judged).
-    decided_by: str = ""
+    decided_by: DecidedBy = DecidedBy.NOT_JUDGED  # how the level was decided (`capacity.sustain`)
     window_s: float = 0.0  # the level's length: its requests over its rate
     passes: int = 1  # times the trace was replayed end to end to fill the window
     last_third: float | None = None  # attainment of the requests scheduled in the window's last third
@@ -87,7 +95,7 @@ class Step:
     ttft_trend: list[float] | None = None  # median TTFT at the end (s): slope/s, 95% low, high, end value
     # A level of a long trace replays some of its windows (`capacity.segments`): each with what it stands
     # for and its own verdict; `trace_windows`: the windows the trace was cut into. None: the whole trace.
-    parts: list[JsonDict] | None = None
+    parts: list[StoredPartOutcome] | None = None
     trace_windows: int = 0
     attainment_bounds: list[float] | None = None  # the whole trace's, [low, high], from the parts replayed
     undecided: bool = False  # the bounds still straddled the target after the most parts: the estimate decided
@@ -98,9 +106,10 @@ class Step:
     cut: int = 0  # requests still in flight when the level's outcome was certain, cut and counted as misses
     ended: str = ""  # the SLO target it certainly missed when it ended early (`step.MissedSLO`); "" otherwise
     cause: str = ""  # a failed level: why, in words with its numbers (`capacity.causes`); "" unexplained
-    # Who used the machine's cores while the level ran (`replay.machine.Share.as_dict`; None: not accounted),
-    # and why it measured the machine rather than the engine ("" when it did not: `replay.machine.busy_reason`).
-    machine: dict[str, float] | None = None
+    # Who used the machine's cores while the level ran (`replay.machine.Share.as_dict`, its count of cpus
+    # kept whole; None: not accounted), and why it measured the machine rather than the engine ("" when it
+    # did not: `replay.machine.busy_reason`).
+    machine: dict[str, int | float] | None = None
     machine_busy: str = ""
     quiet_wait_s: float = 0.0  # waited before the level for the machine to be quiet again
 
@@ -110,22 +119,8 @@ class Step:
         nothing about the configuration (`capacity.search` measures it again)."""
         return not self.passed and (self.client_overloaded or bool(self.machine_busy))
 
-    def as_dict(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "outcome": self.outcome}
-
-    @classmethod
-    def from_dict(cls, stored: Stored) -> Step:
-        """A level as `as_dict` stored it; a field an older tracetune did not store takes its default
-        (`outcome` is derived, not read)."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        values: JsonDict = {k: v for k, v in stored.items() if k in known}  # as stored: fields typed below
-        for name in ("scale", "rps", "output_tps", "attainment", "duration_s"):
-            values[name] = number(values.get(name))
-        for name in ("passed", "abandoned"):
-            values[name] = bool(values.get(name))
-        for name in ("requests", "planned", "good"):
-            values[name] = whole(values.get(name))
-        return cls(**values)
+    def derived(self) -> dict[str, object]:
+        return {"outcome": self.outcome}
 
     @property
     def outcome(self) -> Outcome:
@@ -203,24 +198,74 @@ VERDICT_NOTES = {
 }
 
 
-@dataclasses.dataclass
-class CapacityResult:
+class StoredCapacity(TypedDict):
+    """A `CapacityResult` as stored (`CapacityResult.as_dict`), in the order it is written: the
+    capacity with its rates and bracket, the search's settings and verdict, then its levels."""
+
+    capacity_scale: float  # 0: not even the lowest level passed
+    capacity_rps: float
+    capacity_output_tps: float
+    capacity_rps_per_gpu: float
+    bracket_scale: list[float | None]  # [highest passing, lowest failing (None: none failed above)]
+    bracket_rps: list[float | None]
+    gpus: int
     attainment_target: float
     precision: float
-    slos: list[str]
-    steps: list[Step]
-    capacity_scale: float | None  # highest passing level (None: not even the lowest level passed)
-    bracket_high: float | None  # lowest failing level above it (None: no level failed up to the maximum)
-    base_rps: float  # offered requests/s at k = 1
+    slo: list[str]
+    unstable: bool
+    verdict: Verdict
+    base_rps: float
     base_output_tps: float
+    capacity_input_tps: float
+    search_s: float
+    replay_s: float
+    steps: list[dict[str, object]]  # `Step.as_dict()` each
+    usd_per_1m_output_tokens: NotRequired[float]
+
+
+@dataclasses.dataclass
+class CapacityResult(Record[StoredCapacity]):
+    """A capacity search's result; stored as `StoredCapacity`, its rates beside its fields (`derived`).
+    A field an older tracetune did not store takes its default (its base rate: the capacity it
+    offered over its scale)."""
+
+    attainment_target: float = 0.95
+    precision: float = 0.05
+    slos: Annotated[list[str], Field(alias="slo")] = dataclasses.field(default_factory=list)
+    steps: list[Step] = dataclasses.field(default_factory=list)
+    capacity_scale: float | None = None  # highest passing level (None: not even the lowest level passed)
+    # Lowest failing level above it (None: no level failed up to the maximum), stored in the bracket.
+    bracket_high: Annotated[float | None, Field(validation_alias=AliasPath("bracket_scale", 1), exclude=True)] = None
+    base_rps: float = 0.0  # offered requests/s at k = 1
+    base_output_tps: float = 0.0
     gpus: int = 1
-    mean_prompt_tokens: float = 0.0  # of the requests measured, as the engine counted them
+    # Of the requests measured, as the engine counted them; stored as the input tokens/s at capacity.
+    mean_prompt_tokens: Annotated[float, Field(exclude=True)] = 0.0
     unstable: bool = False
     verdict: Verdict = Verdict.OK
     search_s: float = 0.0
     # $ per 1M output tokens at capacity: never stored by the search, set by a reader that knows the
     # study's --gpu-hour-cost (`dashboard.data.with_costs`), so cost reads like any other metric.
     usd_per_1m_output_tokens: float | None = None
+
+    unset_omitted = ("usd_per_1m_output_tokens",)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_rates(cls, stored: object) -> object:
+        """The fields stored as rates read back from them, the derived ones recomputed from these
+        to the same digits: a capacity of 0 as None, the base rate (an older tracetune stored the
+        capacity's alone) and the mean prompt (stored as the input rate)."""
+        if not isinstance(stored, Mapping):
+            return stored
+        scale = number(stored.get("capacity_scale"))
+        level = scale if math.isfinite(scale) and scale > 0 else None
+        base_rps = number(stored.get("base_rps"))
+        if not math.isfinite(base_rps):
+            base_rps = number(stored.get("capacity_rps")) / level if level else 0.0
+        input_tps = number(stored.get("capacity_input_tps"))
+        return {**stored, "capacity_scale": level, "base_rps": base_rps,
+                "mean_prompt_tokens": _ratio(input_tps, (level or 0.0) * base_rps)}
 
     @property
     def capacity_rps(self) -> float:
@@ -238,47 +283,20 @@ class CapacityResult:
     def replay_s(self) -> float:
         return sum(s.duration_s for s in self.steps)
 
-    def as_dict(self) -> dict[str, object]:
-        high = self.bracket_high
-        out: dict[str, object] = {
-            "capacity_scale": self.capacity_scale or 0.0, "capacity_rps": self.capacity_rps,
-            "capacity_output_tps": self.capacity_output_tps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
-            "bracket_scale": [self.capacity_scale or 0.0, high],
-            "bracket_rps": [self.capacity_rps, None if high is None else high * self.base_rps],
-            "gpus": self.gpus, "attainment_target": self.attainment_target, "precision": self.precision,
-            "slo": self.slos, "unstable": self.unstable, "verdict": self.verdict,
-            "base_rps": self.base_rps, "base_output_tps": self.base_output_tps,
-            "capacity_input_tps": self.capacity_rps * self.mean_prompt_tokens,
-            "search_s": self.search_s, "replay_s": self.replay_s,
-            "steps": [s.as_dict() for s in self.steps],
-        }
-        if self.usd_per_1m_output_tokens is not None:
-            out["usd_per_1m_output_tokens"] = self.usd_per_1m_output_tokens
-        return out
+    def derived(self) -> dict[str, object]:
+        """Its rates and bracket, and its levels each with what it derives (its fields' dump leaves
+        that out)."""
+        low = self.capacity_scale or 0.0
+        return {"capacity_scale": low, "capacity_rps": self.capacity_rps,
+                "capacity_output_tps": self.capacity_output_tps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
+                "bracket_scale": [low, self.bracket_high], "bracket_rps": list(self.bracket_rps()),
+                "capacity_input_tps": self.capacity_rps * self.mean_prompt_tokens, "replay_s": self.replay_s,
+                "steps": [s.as_dict() for s in self.steps]}
 
-    @classmethod
-    def from_dict(cls, stored: Stored) -> CapacityResult:
-        """A result as `as_dict` stored it (the derived rates recomputed from the stored ones); a field
-        an older tracetune did not store takes its default."""
-        scale = number(stored.get("capacity_scale"))
-        scale_or_none = scale if math.isfinite(scale) and scale > 0 else None
-        high = (listed(stored.get("bracket_scale")) + [None, None])[1]
-        base_rps = number(stored.get("base_rps"))
-        if not math.isfinite(base_rps):  # derived from the capacity it offered
-            base_rps = number(stored.get("capacity_rps")) / scale if scale_or_none else 0.0
-        rps = (scale_or_none or 0.0) * base_rps
-        input_tps = number(stored.get("capacity_input_tps"))
-        cost = stored.get("usd_per_1m_output_tokens")
-        return cls(
-            attainment_target=number(stored.get("attainment_target", 0.95)),
-            precision=number(stored.get("precision", 0.05)),
-            slos=[text(s) for s in listed(stored.get("slo"))],
-            steps=[Step.from_dict(mapping(s)) for s in listed(stored.get("steps"))],
-            capacity_scale=scale_or_none, bracket_high=None if high is None else number(high), base_rps=base_rps,
-            base_output_tps=number(stored.get("base_output_tps") or 0.0), gpus=max(whole(stored.get("gpus"), 1), 1),
-            mean_prompt_tokens=_ratio(input_tps, rps), unstable=bool(stored.get("unstable")),
-            verdict=Verdict(text(stored.get("verdict")) or Verdict.OK), search_s=number(stored.get("search_s") or 0.0),
-            usd_per_1m_output_tokens=None if cost is None else number(cost))
+    def as_dict(self) -> StoredCapacity:
+        """Its fields and what it derives, in `StoredCapacity`'s order (that of every result stored so far)."""
+        stored: Mapping[str, object] = super().as_dict()
+        return cast(StoredCapacity, {key: stored[key] for key in StoredCapacity.__annotations__ if key in stored})
 
     @property
     def bracket_high_rps(self) -> float | None:

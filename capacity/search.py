@@ -295,5 +295,5 @@ def _result(search: _Search, options: CapacityOptions, gpus: int, base_rates: tu
     return CapacityResult(
         attainment_target=options.attainment, precision=options.precision, slos=[str(s) for s in options.slos],
         steps=search.steps, capacity_scale=lo, bracket_high=hi, base_rps=base_rates[0],
-        base_output_tps=base_rates[1], gpus=gpus, unstable=search.unstable, verdict=Verdict(search.verdict),
+        base_output_tps=base_rates[1], gpus=gpus, unstable=search.unstable, verdict=search.verdict,
         search_s=search_s)

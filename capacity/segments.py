@@ -46,10 +46,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from typing_extensions import TypedDict  # pydantic reads typing's own only from Python 3.12
 
 from tracetune.capacity.sustain import LAST_PART
 from tracetune.replay.profile import arrival_period
 from tracetune.replay.types import PreparedRequest
+from tracetune.stored import Record
 
 MIN_WINDOWS = 4  # a trace of at most this many windows is replayed whole
 MAX_PARTS = 6  # windows a level replays at most
@@ -103,9 +105,21 @@ class Windows:
                     float(self.tokens[cell] / self.widths[cell] / self.mean_tps))
 
 
+class StoredPart(TypedDict, total=False):
+    """A `Part` as stored (`Part.as_dict`); a level stores it with its outcome (`capacity.result.StoredPartOutcome`)."""
+
+    kind: str
+    cell: int
+    start_s: float
+    end_s: float
+    requests: int
+    rate_ratio: float
+    tokens_ratio: float
+
+
 @dataclasses.dataclass(frozen=True)
-class Part:
-    """One window of the trace a level replays, in trace seconds (k = 1)."""
+class Part(Record[StoredPart]):
+    """One window of the trace a level replays, in trace seconds (k = 1); stored as `StoredPart`."""
 
     kind: str  # "busiest", "busiest by tokens" or "by load"
     cell: int  # its window's number
@@ -114,9 +128,6 @@ class Part:
     requests: int  # the trace's requests inside it
     rate_ratio: float  # its arrival rate over the whole trace's mean
     tokens_ratio: float  # its tokens per second over the whole trace's mean
-
-    def as_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
 
 
 def clock(seconds: float) -> str:

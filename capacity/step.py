@@ -39,6 +39,7 @@ from tracetune.capacity.result import (  # noqa: F401
     DecidedBy,
     Outcome,
     Step,
+    StoredPartOutcome,
     Verdict,
     bracket_rps,
     bracket_text,
@@ -252,8 +253,8 @@ def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence
 
 
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
-          duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0, abandoned_by: str = DecidedBy.MISSES,
-          passes: int = 1) -> Step:
+          duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0,
+          abandoned_by: DecidedBy = DecidedBy.MISSES, passes: int = 1) -> Step:
     """A measured level as a `Step`: attainment, pass or fail (sustained: `capacity.sustain.held`),
     the test that decided, and the client's own verdict. An abandoned level's attainment is the most
     it could still have reached (its certain misses counted, everything else assumed good)."""

@@ -46,6 +46,7 @@ Its attainment is then a lower bound, and the step says how many were cut.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Sequence
 
@@ -64,6 +65,23 @@ QUEUE_GROWTH = 0.05  # in-flight growth, as a share of the arrival rate, that co
 # (`capacity.levels.DecidedPass`), or when the trace's rate certainly missed the SLOs (`capacity.levels`).
 CUT_ERROR = f"{CUT_PREFIX}the level's attainment was certain"
 CUT_MISS_ERROR = f"{CUT_PREFIX}the level certainly missed the SLOs"
+
+
+class DecidedBy(enum.StrEnum):
+    """The test that decided a level: held (passed every test), or the one that failed it (a str:
+    stored as its value)."""
+
+    NOT_JUDGED = ""  # before the level was judged
+    HELD = "held"
+    ATTAINMENT = "attainment"
+    PERCENTILE_TARGET = "percentile target"
+    LAST_THIRD = "last third"
+    QUEUE_RISING = "queue rising"
+    TTFT_RISING = "TTFT rising"
+    MISSES = "misses"  # abandoned: more certain misses than the target allows
+    LAST_THIRD_MISSES = "last-third misses"  # abandoned: as many in the window's last third
+    SLO_MISSED = "SLO missed"  # ended: a TTFT or E2E target's statistic certainly past it (`step.MissedSLO`)
+    WINDOW_SHORT = "window short"  # passed in a window shorter than the lifetimes it measured: measured again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,12 +194,12 @@ class Trend:
 @dataclasses.dataclass(frozen=True)
 class Held:
     """The tests of a level that met its attainment over the whole window; `failed` names the first
-    that did not hold ("" when every one did)."""
+    that did not hold (None when every one did)."""
 
     last_third: float  # attainment of the requests scheduled in the window's last third
     in_flight: Trend | None  # requests in flight (per second)
     ttft: Trend | None  # median TTFT (seconds per second)
-    failed: str = ""
+    failed: DecidedBy | None = None
 
 
 def share_good(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], slos: Sequence[SLO],
@@ -228,14 +246,14 @@ def held(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], s
     span = planned[-1].scheduled_s if planned else 0.0
     last = share_good(records, planned, slos, span * (1 - LAST_PART))
     in_flight, ttft = block_trends(records, span)
-    failed = ""
+    failed = None
     ttft_threshold = threshold(slos, "ttft")
     if last < attainment:
-        failed = "last third"
+        failed = DecidedBy.LAST_THIRD
     elif in_flight is not None and in_flight.low > QUEUE_GROWTH * rate:
-        failed = "queue rising"
+        failed = DecidedBy.QUEUE_RISING
     elif ttft is not None and ttft.low > 0 and ttft.end + ttft.low * window_s >= ttft_threshold:
-        failed = "TTFT rising"
+        failed = DecidedBy.TTFT_RISING
     return Held(last, in_flight, ttft, failed)
 
 

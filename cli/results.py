@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.files import write_atomic
-from tracetune.replay.acceptance import Acceptance, stored_caveats
+from tracetune.replay.acceptance import stored_acceptance, stored_caveats
 from tracetune.replay.metrics import Summary
 from tracetune.stored import Stored, mapping
 from tracetune.tuner.objectives import OBJECTIVE_METRIC, OBJECTIVES
@@ -218,7 +218,7 @@ def spec_text(stored: Stored | None) -> str:
 def natural_text(summary: Stored | None) -> str:
     """The acceptance probe's natural-stop figure for the table (", nat 41%", "!" when the trial's
     acceptance carries a caveat: `replay.acceptance`); "" without a probe."""
-    acceptance = Acceptance.from_dict(mapping(summary).get("acceptance"))
+    acceptance = stored_acceptance(mapping(summary).get("acceptance"))
     if acceptance is None:
         return ""
     rate = acceptance.natural.rate

@@ -12,7 +12,7 @@ from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
 from tracetune.quality.gate import QualityGate
 from tracetune.quality.probe import QualityResult, StoredQuality
-from tracetune.replay.acceptance import Acceptance
+from tracetune.replay.acceptance import stored_acceptance
 from tracetune.replay.metrics import SLO, Estimate, Summary
 from tracetune.tuner.objectives import OBJECTIVE_METRICS, Direction, Metric, Run
 
@@ -31,7 +31,7 @@ def _cost(run: Run) -> float | None:  # added by `dashboard.data.with_costs`, fr
 
 def _natural_rate(run: Run) -> float | None:
     """Draft acceptance with natural stops on the trace's prompts (`replay.acceptance`; None: no probe)."""
-    acceptance = Acceptance.from_dict(run.summary.acceptance)
+    acceptance = stored_acceptance(run.summary.acceptance)
     return acceptance.natural.rate if acceptance is not None else None
 
 

@@ -15,7 +15,7 @@ from tracetune.dashboard.metrics import metric_interval, metric_value, run_of
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.quality.gate import GateDecision
 from tracetune.quality.probe import StoredQuality
-from tracetune.replay.acceptance import Acceptance
+from tracetune.replay.acceptance import Acceptance, stored_acceptance
 from tracetune.replay.metrics import Summary
 from tracetune.tuner.objectives import Run
 from tracetune.tuner.storage import REFERENCE_RUN
@@ -133,7 +133,7 @@ class TrialView:
     def acceptance(self) -> Acceptance | None:
         """Its speculation's acceptance probe, natural stops beside forced lengths (`replay.acceptance`;
         None: not speculative, not measured, or measured before the probe)."""
-        return Acceptance.from_dict(self.summary.acceptance) if self.summary is not None else None
+        return stored_acceptance(self.summary.acceptance) if self.summary is not None else None
 
     @property
     def speculation_caveats(self) -> list[str]:

@@ -38,10 +38,11 @@ import dataclasses
 import math
 import queue
 from collections.abc import Callable, Sequence
-from typing import TypedDict, TypeVar
+from typing import Annotated, TypedDict, TypeVar
 
 import httpx
 import numpy as np
+from pydantic import Field
 
 from tracetune.engine_adapter.base import Endpoint
 from tracetune.engine_adapter.registry import scorer
@@ -55,7 +56,7 @@ from tracetune.quality.identity import (  # noqa: F401 (their home before identi
 )
 from tracetune.replay.metrics import Estimate, StoredEstimate, bootstrap_ci
 from tracetune.replay.trace import Trace
-from tracetune.stored import Stored, mapping, number, text, whole
+from tracetune.stored import Record
 from tracetune.types import JsonDict
 
 _Item = TypeVar("_Item")
@@ -95,20 +96,18 @@ class ProbeItem:
 
 
 @dataclasses.dataclass
-class Reference:
+class Reference(Record[JsonDict]):
+    """The reference's probe texts and its noise floor, stored with the study (`as_dict`)."""
+
     items: list[ProbeItem]
     # The reference against itself in another batch composition: per-prompt values of each unit
     # ("nll", "kld", "top1"), aligned with `items`. None for studies stored before it existed.
     floor: dict[str, list[float]] | None = None
 
-    def to_json(self) -> dict[str, object]:
-        return {"items": [dataclasses.asdict(i) for i in self.items], "floor": self.floor}
-
     @classmethod
     def from_json(cls, data: JsonDict | list[JsonDict]) -> Reference:
-        if isinstance(data, list):  # stored before the noise floor: the items alone
-            return cls(items=[ProbeItem(**d) for d in data])
-        return cls(items=[ProbeItem(**d) for d in data["items"]], floor=data.get("floor"))
+        """As `as_dict` stored it; a study stored before the noise floor stored the items alone (a list)."""
+        return cls.from_dict({"items": data} if isinstance(data, list) else data)
 
 
 class StoredQuality(TypedDict, total=False):
@@ -134,12 +133,15 @@ class StoredQuality(TypedDict, total=False):
 
 
 @dataclasses.dataclass
-class QualityResult:
-    nll_delta_per_token: Estimate
-    greedy_agreement: Estimate | None  # probes stored before long texts: greedy continuations' agreement
-    exact_match: float | None  # the same probes: share of identical greedy continuations
-    accuracy: Estimate | None
-    n_prompts: int
+class QualityResult(Record[StoredQuality]):
+    """A candidate's quality against the reference; stored as `StoredQuality` (`probe_noisy` derived),
+    what an older study did not store read as its default."""
+
+    nll_delta_per_token: Estimate = dataclasses.field(default_factory=Estimate)
+    greedy_agreement: Estimate | None = None  # probes stored before long texts: greedy continuations' agreement
+    exact_match: float | None = None  # the same probes: share of identical greedy continuations
+    accuracy: Estimate | None = None
+    n_prompts: int = 0
     kld: Estimate | None = None  # nats per token, reference -> candidate, from the top-k
     top1_agreement: Estimate | None = None  # share of positions with the same most likely token
     ppl_change: Estimate | None = None  # perplexity ratio - 1 on the reference continuations
@@ -150,7 +152,12 @@ class QualityResult:
     reused_from: int | None = None  # the trial whose measurement this is (same quality key)
     key: str | None = None  # the quality key it was measured under (`quality_key`)
     lossless: bool | None = None  # lossless by construction (`lossless_by_construction`)
-    scorer: str | None = None  # the server's dialect (`engine_adapter.scoring`); None: stored before it was named
+    # The server's dialect (`engine_adapter.scoring`); None: stored before it was named. Written by
+    # `derived`, after `probe_noisy`, where stored results have it.
+    scorer: Annotated[str | None, Field(exclude=True)] = None
+
+    def __post_init__(self) -> None:
+        self.beyond_floor = self.beyond_floor or None  # no unit beyond the floor: stored as none
 
     @property
     def probe_noisy(self) -> bool:
@@ -158,45 +165,8 @@ class QualityResult:
         noisy on this platform to tell such differences apart, the configuration is not to blame."""
         return bool(self.lossless) and self.within_floor is False
 
-    @classmethod
-    def from_dict(cls, d: Stored) -> QualityResult:
-        """The inverse of `as_dict` (a stored result, reused by a configuration of the same quality key)."""
-        def est(e: object) -> Estimate | None:
-            return Estimate.from_dict(e) if e else None
-
-        def maybe(value: object) -> bool | None:
-            return None if value is None else bool(value)
-
-        exact, reused, key = d.get("exact_match"), d.get("reused_from"), d.get("key")
-        beyond = mapping(d.get("beyond_floor"))
-        return cls(nll_delta_per_token=Estimate.from_dict(d.get("nll_delta_per_token")),
-                   greedy_agreement=est(d.get("greedy_agreement")),
-                   exact_match=None if exact is None else number(exact), accuracy=est(d.get("accuracy")),
-                   n_prompts=whole(d.get("n_prompts")),
-                   kld=est(d.get("kld")), top1_agreement=est(d.get("top1_agreement")),
-                   ppl_change=est(d.get("ppl_change")),
-                   beyond_floor={k: Estimate.from_dict(v) for k, v in beyond.items()} if beyond else None,
-                   within_floor=maybe(d.get("within_floor")), top_k=whole(d.get("top_k")),
-                   n_tokens=whole(d.get("n_tokens")), reused_from=None if reused is None else whole(reused),
-                   key=None if key is None else text(key), lossless=maybe(d.get("lossless")),
-                   scorer=None if d.get("scorer") is None else text(d.get("scorer")))
-
-    def as_dict(self) -> StoredQuality:
-        def maybe(e: Estimate | None) -> StoredEstimate | None:
-            return e.as_dict() if e is not None else None
-
-        return {
-            "nll_delta_per_token": self.nll_delta_per_token.as_dict(),
-            "greedy_agreement": self.greedy_agreement.as_dict() if self.greedy_agreement else None,
-            "exact_match": self.exact_match,
-            "accuracy": self.accuracy.as_dict() if self.accuracy else None,
-            "n_prompts": self.n_prompts,
-            "kld": maybe(self.kld), "top1_agreement": maybe(self.top1_agreement), "ppl_change": maybe(self.ppl_change),
-            "beyond_floor": {k: v.as_dict() for k, v in self.beyond_floor.items()} if self.beyond_floor else None,
-            "within_floor": self.within_floor, "top_k": self.top_k, "n_tokens": self.n_tokens,
-            "reused_from": self.reused_from, "key": self.key,
-            "lossless": self.lossless, "probe_noisy": self.probe_noisy, "scorer": self.scorer,
-        }
+    def derived(self) -> dict[str, object]:
+        return {"probe_noisy": self.probe_noisy, "scorer": self.scorer}
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:

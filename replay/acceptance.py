@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.replay.metrics import with_reported_drafts
 from tracetune.replay.types import PreparedRequest
+from tracetune.stored import Record
 
 if TYPE_CHECKING:
     from tracetune.engine_adapter.base import Engine
@@ -44,10 +45,10 @@ MIN_DRAFTED = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class Pass:
+class Pass(Record[dict[str, object]]):
     """One pass over the probe's prompts: output tokens, draft tokens proposed and accepted, the
     drafts (verification steps that drafted; 0 where the engine does not count them) and each
-    request's time per output token."""
+    request's time per output token. A count stored as no number reads as 0, such a time is left out."""
 
     tokens: int = 0
     drafted: float = 0.0
@@ -77,35 +78,20 @@ class Pass:
                     self.accepted + counted.spec_decode_accepted_tokens, self.drafts + counted.spec_decode_drafts,
                     self.tpot_s + ((seen.tpot_s,) if seen.tpot_s is not None else ()))
 
-    def as_dict(self) -> dict[str, object]:
-        return {"tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted, "drafts": self.drafts,
-                "tpot_s": list(self.tpot_s)}
-
-    @classmethod
-    def from_dict(cls, stored: object) -> Pass:
-        data = stored if isinstance(stored, Mapping) else {}
-        tpots = data.get("tpot_s")
-        return cls(tokens=int(_number(data.get("tokens"))), drafted=_number(data.get("drafted")),
-                   accepted=_number(data.get("accepted")), drafts=_number(data.get("drafts")),
-                   tpot_s=tuple(_number(t) for t in tpots) if isinstance(tpots, list) else ())
-
-
-def _number(value: object) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
-
 
 @dataclasses.dataclass(frozen=True)
-class Acceptance:
+class Acceptance(Record[dict[str, object]]):
     """The acceptance probe of one speculative configuration: `prompts` measured (`recorded` of them
     the trace's own text, the rest synthesized to its lengths; `ended` stopped by the model before
-    their recorded length), each once forced and once with natural stops; `failed` dropped."""
+    their recorded length), each once forced and once with natural stops; `failed` dropped. Stored
+    with its rates and caveats (`derived`: read back, they are derived again)."""
 
-    prompts: int
-    recorded: int
-    ended: int
-    forced: Pass
-    natural: Pass
+    prompts: int = 0
+    recorded: int = 0
+    ended: int = 0
     failed: int = 0
+    forced: Pass = Pass()
+    natural: Pass = Pass()
     synthetic: Pass = Pass()  # the natural pass over the synthesized prompts alone
 
     @property
@@ -167,22 +153,15 @@ class Acceptance:
                 + (f" (accepted {_percent(self.recorded_rate)} there, {_percent(self.synthetic.rate)} on the "
                    f"synthesized)" if self.recorded and self.synthesized else ""))
 
-    def as_dict(self) -> dict[str, object]:
-        return {"prompts": self.prompts, "recorded": self.recorded, "ended": self.ended, "failed": self.failed,
-                "forced": self.forced.as_dict(), "natural": self.natural.as_dict(),
-                "synthetic": self.synthetic.as_dict(),
-                "natural_rate": _finite(self.natural.rate), "forced_rate": _finite(self.forced.rate),
+    def derived(self) -> dict[str, object]:
+        return {"natural_rate": _finite(self.natural.rate), "forced_rate": _finite(self.forced.rate),
                 "past_end_share": _finite(self.past_end_share), "caveats": self.caveats()}
 
-    @classmethod
-    def from_dict(cls, stored: object) -> Acceptance | None:
-        """As `as_dict` stored it (the rates and caveats are derived again); None for no probe."""
-        if not isinstance(stored, Mapping) or "forced" not in stored:
-            return None
-        return cls(prompts=int(_number(stored.get("prompts"))), recorded=int(_number(stored.get("recorded"))),
-                   ended=int(_number(stored.get("ended"))), failed=int(_number(stored.get("failed"))),
-                   forced=Pass.from_dict(stored.get("forced")), natural=Pass.from_dict(stored.get("natural")),
-                   synthetic=Pass.from_dict(stored.get("synthetic")))
+
+
+def stored_acceptance(raw: object) -> Acceptance | None:
+    """An acceptance probe as `as_dict` stored it; None for no probe (nothing stored, or no forced pass)."""
+    return Acceptance.from_dict(raw) if isinstance(raw, Mapping) and "forced" in raw else None
 
 
 def _finite(value: float) -> float | None:
@@ -254,7 +233,7 @@ def measure_acceptance(engine: Engine, requests: Sequence[PreparedRequest], *, t
     from tracetune.engine_adapter.openai_client import new_session
 
     async def run() -> Acceptance:
-        result = Acceptance(prompts=0, recorded=0, ended=0, forced=Pass(), natural=Pass())
+        result = Acceptance()
         async with new_session(timeout_s=timeout_s) as session:
             for done, request in enumerate(requests, 1):
                 natural = await _observe(engine, session, request, False, timeout_s)
@@ -287,4 +266,4 @@ def caveat_line(acceptance: Acceptance | None) -> str:
 def stored_caveats(summary: object) -> str:
     """A stored summary's acceptance caveats in one line (`caveat_line`)."""
     stored = summary.get("acceptance") if isinstance(summary, Mapping) else None
-    return caveat_line(Acceptance.from_dict(stored))
+    return caveat_line(stored_acceptance(stored))

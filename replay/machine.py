@@ -25,6 +25,10 @@ import dataclasses
 import os
 import time
 from pathlib import Path
+from typing import Annotated
+
+from tracetune.replay.types import rounded
+from tracetune.stored import Record
 
 PROC = Path("/proc")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
@@ -48,20 +52,20 @@ class Snapshot:
     client: float  # this process and its descendants outside the engine's group
 
 
+Thousandths = Annotated[float, rounded(3)]  # a number as a share stores it: to a thousandth
+
+
 @dataclasses.dataclass(frozen=True)
-class Share:
-    """Average cores used over a span of `seconds` on a machine of `cpus` CPUs."""
+class Share(Record[dict[str, float]]):
+    """Average cores used over a span of `seconds` on a machine of `cpus` CPUs (stored in `Step.machine`)."""
 
-    seconds: float
+    seconds: Thousandths
     cpus: int
-    engine: float
-    client: float
-    others: float  # other processes and steal
-    steal: float
-    idle: float
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: round(v, 3) for k, v in dataclasses.asdict(self).items()}
+    engine: Thousandths
+    client: Thousandths
+    others: Thousandths  # other processes and steal
+    steal: Thousandths
+    idle: Thousandths
 
     def text(self) -> str:
         """The span's cores in one phrase: "engine 1.6, client 0.2, others 1.1 (steal 0.1), idle 0.0 of 2"."""

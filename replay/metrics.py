@@ -31,13 +31,13 @@ from collections.abc import Iterable, Sequence
 from typing import Annotated, Protocol, TypedDict
 
 import numpy as np
-from pydantic import Field
+from pydantic import BeforeValidator, Field, GetPydanticSchema, JsonValue
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.engine_adapter.openai_client import stream_fault
 from tracetune.errors import InputError
 from tracetune.replay.types import ReplayResult, RequestRecord
-from tracetune.stored import Record, Stored, listed, mapping, number, text, whole
+from tracetune.stored import Record, Stored, number
 
 # Schedule lag beyond which a replay measures the client, not the engine: 10 ms, or 5% of the
 # tightest TTFT/E2E threshold when that is larger. A request sent late meets a lighter load than the
@@ -234,92 +234,48 @@ def meets_slos(record: RequestRecord, slos: Sequence[SLO]) -> bool:
     return True
 
 
+# A stored number kept under its key where it is missing or no number (NaN, as `stored.number` reads it).
+_Number = Annotated[float, BeforeValidator(number)]
+# A record stored inside the summary (a capacity search's, an acceptance probe's): kept as stored, NaN included.
+_AsStored = Annotated[Stored | None, GetPydanticSchema(lambda _, handler: handler(dict[str, JsonValue] | None))]
+
+
 @dataclasses.dataclass
-class Summary:
-    requests: int
-    succeeded: int
-    errors: int  # failed by the engine
-    error_rate: float
-    duration_s: float
-    request_throughput_rps: Estimate
-    output_throughput_tps: Estimate
-    latency: dict[str, dict[str, Estimate]]
-    schedule_lag: dict[str, float]
-    goodput_rps: Estimate | None = None
-    slo_attainment: float | None = None
-    slo_met: dict[str, bool] = dataclasses.field(default_factory=dict)
-    engine: dict[str, float] | None = None
-    error_examples: list[str] = dataclasses.field(default_factory=list)
-    capacity: Stored | None = None  # capacity.step.CapacityResult.as_dict(), when searched
-    acceptance: Stored | None = None  # replay.acceptance.Acceptance.as_dict(), for a speculative trial
+class Summary(Record[dict[str, object]]):
+    """A replay's statistics (see above). Stored in this order, `latency` as "latency_s" and
+    `schedule_lag` as "schedule_lag_s"; goodput, capacity, acceptance, cost and `ended` only while
+    set. A field an older tracetune did not store, or stored as something else, takes its default
+    (a statistic it did not measure is absent from `latency`)."""
+
+    requests: int = 0
+    succeeded: int = 0
+    errors: int = 0  # failed by the engine
     client_errors: int = 0  # failed by this machine (file descriptors, ports), not by the engine
     client_overloaded: bool = False
     lag_bound_s: float = LAG_BOUND_S
     connection_waits: int = 0  # requests that waited for one of `connection_limit` connections
     connection_limit: int = 0
+    error_rate: float = 0.0
+    duration_s: float = math.nan
     stream_faults: int = 0  # errors whose answer was not a well-formed OpenAI stream
     first_stream_fault: str = ""  # the reason of the first of them (in trace order)
-    cost: dict[str, float] | None = None  # wall seconds of the run that measured it, by part (`tuner.measure`)
+    request_throughput_rps: Estimate = dataclasses.field(default_factory=Estimate)
+    output_throughput_tps: Estimate = dataclasses.field(default_factory=Estimate)
+    latency: Annotated[dict[str, dict[str, Estimate]], Field(alias="latency_s")] = dataclasses.field(
+        default_factory=dict)
+    schedule_lag: Annotated[dict[str, _Number], Field(alias="schedule_lag_s")] = dataclasses.field(
+        default_factory=dict)
+    slo_met: dict[str, bool] = dataclasses.field(default_factory=dict)
+    engine: dict[str, _Number] | None = None
+    error_examples: list[str] = dataclasses.field(default_factory=list)
+    goodput_rps: Estimate | None = None
+    slo_attainment: float | None = None
+    capacity: _AsStored = None  # capacity.step.CapacityResult.as_dict(), when searched
+    acceptance: _AsStored = None  # replay.acceptance.Acceptance.as_dict(), for a speculative trial
+    cost: dict[str, _Number] | None = None  # wall seconds of the run that measured it, by part (`tuner.measure`)
     ended: str = ""  # how a replay cut short once its outcome was certain ended ("": it ran to its end)
 
-    def as_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "requests": self.requests, "succeeded": self.succeeded, "errors": self.errors,
-            "client_errors": self.client_errors, "client_overloaded": self.client_overloaded,
-            "lag_bound_s": self.lag_bound_s, "connection_waits": self.connection_waits,
-            "connection_limit": self.connection_limit, "error_rate": self.error_rate, "duration_s": self.duration_s,
-            "stream_faults": self.stream_faults, "first_stream_fault": self.first_stream_fault,
-            "request_throughput_rps": self.request_throughput_rps.as_dict(),
-            "output_throughput_tps": self.output_throughput_tps.as_dict(),
-            "latency_s": {m: {s: e.as_dict() for s, e in stats.items()} for m, stats in self.latency.items()},
-            "schedule_lag_s": self.schedule_lag,
-            "slo_met": self.slo_met, "engine": self.engine, "error_examples": self.error_examples,
-        }
-        if self.goodput_rps is not None:
-            out["goodput_rps"] = self.goodput_rps.as_dict()
-            out["slo_attainment"] = self.slo_attainment
-        if self.capacity is not None:
-            out["capacity"] = self.capacity
-        if self.acceptance is not None:
-            out["acceptance"] = self.acceptance
-        if self.cost is not None:
-            out["cost"] = self.cost
-        if self.ended:
-            out["ended"] = self.ended
-        return out
-
-    @classmethod
-    def from_dict(cls, stored: Stored) -> Summary:
-        """A summary as `as_dict` stored it; a field an older tracetune did not store takes its default
-        (a statistic it did not measure is absent from `latency`)."""
-        def count(key: str) -> int:
-            return whole(stored.get(key))
-
-        goodput = stored.get("goodput_rps")
-        attainment = stored.get("slo_attainment")
-        engine, capacity, acceptance = stored.get("engine"), stored.get("capacity"), stored.get("acceptance")
-        cost = stored.get("cost")
-        return cls(
-            requests=count("requests"), succeeded=count("succeeded"), errors=count("errors"),
-            error_rate=number(stored.get("error_rate") or 0.0), duration_s=number(stored.get("duration_s")),
-            request_throughput_rps=Estimate.from_dict(stored.get("request_throughput_rps")),
-            output_throughput_tps=Estimate.from_dict(stored.get("output_throughput_tps")),
-            latency={m: {s: Estimate.from_dict(e) for s, e in mapping(stats).items()}
-                     for m, stats in mapping(stored.get("latency_s")).items()},
-            schedule_lag={k: number(v) for k, v in mapping(stored.get("schedule_lag_s")).items()},
-            goodput_rps=None if goodput is None else Estimate.from_dict(goodput),
-            slo_attainment=None if attainment is None else number(attainment),
-            slo_met={k: bool(v) for k, v in mapping(stored.get("slo_met")).items()},
-            engine=None if engine is None else {k: number(v) for k, v in mapping(engine).items()},
-            error_examples=[text(e) for e in listed(stored.get("error_examples"))],
-            capacity=capacity if isinstance(capacity, dict) else None,
-            acceptance=acceptance if isinstance(acceptance, dict) else None,
-            client_errors=count("client_errors"), client_overloaded=bool(stored.get("client_overloaded")),
-            lag_bound_s=number(stored.get("lag_bound_s", LAG_BOUND_S)), connection_waits=count("connection_waits"),
-            connection_limit=count("connection_limit"), stream_faults=count("stream_faults"),
-            first_stream_fault=text(stored.get("first_stream_fault")),
-            cost={k: number(v) for k, v in mapping(cost).items()} if isinstance(cost, dict) else None,
-            ended=text(stored.get("ended")))
+    unset_omitted = ("goodput_rps", "slo_attainment", "capacity", "acceptance", "cost", "ended")
 
     def estimate(self, metric: str, stat: str) -> Estimate | None:
         """The latency estimate of `metric` at `stat` (None where the summary does not hold it)."""

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tracetune.replay.trace import Trace, TraceRecord
+from tracetune.stored import Record
 
 SCALES_S = (1.0, 10.0, 60.0, 600.0)  # time scales of the arrival rates
 QUANTILES = (0.5, 0.9, 0.99)
@@ -33,7 +34,7 @@ REUSE_BOUND = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
-class Rates:
+class Rates(Record[dict[str, float]]):
     """Arrival rates (requests/s) counted in consecutive bins of `scale_s` seconds."""
 
     scale_s: float
@@ -41,12 +42,11 @@ class Rates:
     p90: float
     p50: float
 
-    def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class Profile:
+class Profile(Record[dict[str, object]]):
+    """A trace's profile; stored with its study (`tuner.settings.trace_profile`), read there as a dict."""
+
     requests: int
     duration_s: float  # first to last arrival
     mean_rps: float  # requests over the trace's period (span plus one mean gap: `capacity.sustain.period`)
@@ -58,12 +58,6 @@ class Profile:
     input_estimated: bool  # some inputs counted from characters, not tokens
     over_time_s: float  # bin width of `over_time`
     over_time: tuple[float, ...]  # requests/s in consecutive bins from the first arrival
-
-    def as_dict(self) -> dict[str, object]:
-        out = dataclasses.asdict(self)
-        out["rates"] = [r.as_dict() for r in self.rates]
-        out["over_time"] = list(self.over_time)
-        return out
 
     def peak_ratio(self, scale_s: float) -> float:
         """The peak rate at `scale_s` over the mean rate (nan where the trace is shorter)."""

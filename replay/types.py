@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, PlainSerializer
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
+from tracetune.stored import Record
 from tracetune.types import JsonDict
 
 
@@ -58,30 +61,48 @@ class PreparedRequest:
 CUT_PREFIX = "cut: "
 
 
+def rounded(digits: int) -> PlainSerializer:
+    """A stored number's serializer: rounded to `digits` decimals (a whole number stays one, as
+    records wrote it before they had a schema)."""
+    return PlainSerializer(lambda value: round(value, digits), return_type=int | float)
+
+
+# A time as a request record stores it: to the microsecond (far below what a clock over HTTP resolves).
+Seconds = Annotated[float, rounded(6)]
+
+
 @dataclasses.dataclass
-class RequestRecord:
-    """What one measured request did. Times in seconds; `send_s` is relative to replay start."""
+class RequestRecord(Record[dict[str, object]]):
+    """What one measured request did. Times in seconds; `send_s` is relative to replay start.
+
+    Stored as one JSON line (`to_json`) with its TPOT (`derived`: not read back); the text and the
+    draft counts only where kept or reported. A field an older tracetune did not write takes its
+    default; read back, a record is judged by today's rules (`recounted`)."""
 
     index: int
-    id: str | None
-    scheduled_s: float
-    send_s: float
-    lag_s: float
-    success: bool
-    error: str
-    ttft_s: float | None
-    e2e_s: float
-    itl_s: list[float]
-    prompt_tokens: int | None
-    output_tokens: int | None
-    requested_tokens: int
-    finish_reason: str | None
-    text: str | None = None
+    id: str | None = None
+    scheduled_s: Seconds = 0.0
+    send_s: Seconds = 0.0
+    lag_s: Seconds = 0.0
+    success: bool = False
+    error: str = ""
+    ttft_s: Seconds | None = None
+    e2e_s: Seconds = 0.0
+    itl_s: list[Seconds] = dataclasses.field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    requested_tokens: int = 0
+    finish_reason: str | None = None
+    # Left out only where not kept: a kept empty text (a failed request's) is stored, which
+    # `unset_omitted` (it drops "" too) would not say.
+    text: Annotated[str | None, Field(exclude_if=lambda text: text is None)] = None
     client_error: bool = False  # failed by the client's machine (file descriptors, ports), not the engine
     # Speculative decoding's draft tokens proposed and accepted for this request, where the server
     # reported them in its answer (llama-server's `timings`; `StreamedCompletion`); None otherwise.
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
+
+    unset_omitted = ("draft_tokens", "accepted_tokens")
 
     @property
     def cut(self) -> bool:
@@ -104,32 +125,19 @@ class RequestRecord:
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
+    def derived(self) -> dict[str, object]:
+        tpot = self.tpot_s
+        return {"tpot_s": None if tpot is None else round(tpot, 6)}
+
     def to_json(self) -> str:
-        """One JSON line; times rounded to the microsecond (far below what a clock over HTTP resolves)."""
-        data = dataclasses.asdict(self)
-        data["tpot_s"] = self.tpot_s
-        for key in ("scheduled_s", "send_s", "lag_s", "ttft_s", "e2e_s", "tpot_s"):
-            if data[key] is not None:
-                data[key] = round(data[key], 6)
-        data["itl_s"] = [round(gap, 6) for gap in data["itl_s"]]
-        for key in ("text", "draft_tokens", "accepted_tokens"):  # absent unless kept or reported
-            if data[key] is None:
-                del data[key]
-        return json.dumps(data)
+        """One JSON line: `as_dict`'s."""
+        return json.dumps(self.as_dict())
 
     @classmethod
-    def from_dict(cls, stored: Mapping[str, object]) -> RequestRecord:
-        """A record as `to_json` wrote it (`tpot_s` is derived, not read), judged by today's rules
-        (`recounted`); a field an older tracetune did not write takes its default."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in stored.items() if k in known}
-        defaults: dict[str, object] = {"id": None, "scheduled_s": 0.0, "send_s": 0.0, "lag_s": 0.0, "success": False,
-                                       "error": "", "ttft_s": None, "e2e_s": 0.0, "itl_s": [], "prompt_tokens": None,
-                                       "output_tokens": None, "requested_tokens": 0, "finish_reason": None}
-        record = cls(**{**defaults, **values})  # type: ignore[arg-type]  # JSON values, of the types to_json wrote
-        return record.recounted()
+    def from_dict(cls, raw: object) -> Self:
+        return super().from_dict(raw).recounted()
 
-    def recounted(self) -> RequestRecord:
+    def recounted(self) -> Self:
         """This record with its output tokens counted as the streaming client counts them
         (`openai_client.counted_tokens`: the usage, checked against the output events received,
         and those events where the usage is missing). A tracetune before that rule stored some

@@ -69,7 +69,7 @@ class ReferenceRun:
             assert self.reference is not None or not self.settings.measures_quality, \
                 "the reference's run measures its continuations"
             self.store.save_reference(name, config=config_json,
-                                      probe=None if self.reference is None else self.reference.to_json(),
+                                      probe=None if self.reference is None else self.reference.as_dict(),
                                       summary=measured.summary.as_dict())
             self.store.save_trial(name, REFERENCE_RUN, Status.MEASURED, config=config_json, **measured.stored())
             self.store.save_levels(name, REFERENCE_RUN, measured.levels)

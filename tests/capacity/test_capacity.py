@@ -409,13 +409,13 @@ def test_a_prune_failure_the_repeat_overturns_does_not_prune():
 def test_a_capacity_result_reads_back_what_it_stored():
     """`CapacityResult.from_dict` and `Step.from_dict` invert `as_dict`: the stored JSON is the same after a
     round trip (the derived rates recomputed to the same digits), verdicts and outcomes as their enums."""
-    from tracetune.capacity.step import CapacityResult, Outcome, Step, Verdict
+    from tracetune.capacity.step import CapacityResult, DecidedBy, Outcome, Step, Verdict
 
     steps = [Step(scale=1.0, rps=3.1, output_tps=310.0, attainment=1.0, passed=True, abandoned=False, requests=50,
-                  planned=50, good=50, duration_s=20.0, decided_by="held", last_third=1.0, quarters=[1.0] * 4,
+                  planned=50, good=50, duration_s=20.0, decided_by=DecidedBy.HELD, last_third=1.0, quarters=[1.0] * 4,
                   ttft_trend=[0.001, -0.002, 0.004, 0.2]),
              Step(scale=2.0, rps=6.2, output_tps=620.0, attainment=0.4, passed=False, abandoned=True, requests=20,
-                  planned=50, good=18, duration_s=4.0, decided_by="misses",
+                  planned=50, good=18, duration_s=4.0, decided_by=DecidedBy.MISSES,
                   parts=[{"kind": "peak", "start_s": 0.0, "end_s": 30.0, "rate_ratio": 1.4, "attainment": 0.4}],
                   trace_windows=6, attainment_bounds=[0.3, 0.5])]
     for scale, high, verdict in ((1.0, 2.0, "ok"), (None, 1.0, "load_independent"), (1.0, None, "above_max")):
@@ -429,6 +429,32 @@ def test_a_capacity_result_reads_back_what_it_stored():
         assert back.bracket_rps() == (result.capacity_rps, None if high is None else high * 3.1)
     assert [s.outcome for s in back.steps] == [Outcome.PASS, Outcome.ABANDONED]
     assert stored["steps"][1]["outcome"] == "abandoned" and stored["verdict"] == "above_max"
+
+
+def test_a_capacity_result_is_stored_in_the_order_and_types_it_always_was():
+    """An export is byte for byte what an earlier tracetune wrote: the result's keys in their order (its
+    rates before its levels), a level's fields then its outcome, a machine's count of cpus whole."""
+    from tracetune.capacity.step import CapacityResult, Outcome, Step
+
+    part = {"kind": "busiest", "cell": 2, "start_s": 60.0, "end_s": 90.0, "requests": 40, "rate_ratio": 2.0,
+            "tokens_ratio": 2.1, "attainment": 0.9, "good": 36, "planned": 40, "sent": 40, "outcome": Outcome.FAIL}
+    step = Step(scale=1.0, rps=2.0, output_tps=20.0, attainment=0.9, passed=False, abandoned=False, requests=40,
+                planned=40, good=36, duration_s=30.0, parts=[part],
+                machine={"seconds": 30.0, "cpus": 2, "engine": 1.5, "client": 0.2, "others": 0.3, "steal": 0.0,
+                         "idle": 0.0})
+    result = CapacityResult(slos=["ttft:p99<2000ms"], steps=[step], capacity_scale=None, bracket_high=1.0,
+                            base_rps=2.0, base_output_tps=20.0, usd_per_1m_output_tokens=1.5)
+    text = json.dumps(result.as_dict())
+    assert list(json.loads(text)) == [
+        "capacity_scale", "capacity_rps", "capacity_output_tps", "capacity_rps_per_gpu", "bracket_scale",
+        "bracket_rps", "gpus", "attainment_target", "precision", "slo", "unstable", "verdict", "base_rps",
+        "base_output_tps", "capacity_input_tps", "search_s", "replay_s", "steps", "usd_per_1m_output_tokens"]
+    stored = json.loads(text)["steps"][0]
+    assert list(stored)[:3] == ["scale", "rps", "output_tps"] and list(stored)[-1] == "outcome"
+    assert '"cpus": 2,' in text and '"capacity_scale": 0.0,' in text and '"bracket_scale": [0.0, 1.0]' in text
+    back = CapacityResult.from_dict(json.loads(text))
+    assert json.dumps(back.as_dict()) == text
+    assert back.steps[0].parts is not None and back.steps[0].parts[0]["outcome"] is Outcome.FAIL
 
 
 def test_a_capacity_result_of_an_older_tracetune_reads_with_defaults():

@@ -11,7 +11,7 @@ import pytest
 
 from tracetune.capacity.response import Prediction, Ratio, place, predict, repeat_rule, slo_ratio
 from tracetune.capacity.search import search_capacity
-from tracetune.capacity.step import CapacityOptions, Step
+from tracetune.capacity.step import CapacityOptions, DecidedBy, Step
 from tracetune.replay.metrics import parse_slos
 from tracetune.replay.types import RequestRecord
 
@@ -42,11 +42,11 @@ def test_ratio_is_stored_without_infinities():
 
 
 def step(scale: float, passed: bool, ratio: float | None, *, abandoned: bool = False, attainment: float = 1.0,
-         planned: int = 100, decided_by: str = "") -> Step:
+         planned: int = 100, decided_by: DecidedBy = DecidedBy.NOT_JUDGED) -> Step:
     r = None if ratio is None else Ratio(ratio * 0.95, ratio, ratio * 1.05).as_list()
     return Step(scale=scale, rps=scale, output_tps=scale, attainment=attainment, passed=passed, abandoned=abandoned,
                 requests=planned, planned=planned, good=int(attainment * planned), duration_s=1.0, slo_ratio=r,
-                decided_by=decided_by or ("held" if passed else "attainment"))
+                decided_by=decided_by or (DecidedBy.HELD if passed else DecidedBy.ATTAINMENT))
 
 
 def test_predict_reads_the_crossing_off_a_falling_headroom():
@@ -82,8 +82,8 @@ def test_repeat_rule_repeats_only_marginal_levels():
     assert repeat_rule(step(2.0, False, None, abandoned=True, attainment=0.5), 0.95)[0] is False
     needed, why = repeat_rule(step(2.0, False, None, abandoned=True, attainment=0.94), 0.95)
     assert needed and "abandoned" in why
-    assert repeat_rule(step(2.0, False, 0.5, decided_by="queue rising"), 0.95)[0] is False  # decided on an interval
-    assert repeat_rule(step(2.0, False, 0.5, decided_by="last third"), 0.95)[0] is True
+    assert repeat_rule(step(2.0, False, 0.5, decided_by=DecidedBy.QUEUE_RISING), 0.95)[0] is False  # decided on an interval
+    assert repeat_rule(step(2.0, False, 0.5, decided_by=DecidedBy.LAST_THIRD), 0.95)[0] is True
 
 
 def knee(true: float, noise: float = 0.0, seed: int = 0):

@@ -95,7 +95,7 @@ def test_a_reference_stored_before_the_floor_still_reads_and_reports_no_floor():
     assert stats == [{"nll": pytest.approx(0.2)}]
     result = summarize_quality(reference, {"nll": [0.2]}, [1.0], [1.0], [])
     assert result.kld is None and result.within_floor is None and result.beyond_floor is None
-    assert Reference.from_json(Reference(items=reference.items, floor={"nll": [0.0]}).to_json()).floor == {"nll": [0.0]}
+    assert Reference.from_json(Reference(items=reference.items, floor={"nll": [0.0]}).as_dict()).floor == {"nll": [0.0]}
 
 
 @pytest.mark.parametrize("text,unit,limit,shown", [
@@ -237,10 +237,10 @@ def test_the_floor_reads_from_a_stored_reference_probe_with_its_size():
     reference = Reference(items=[item(rng) for _ in range(6)])
     floor = [r for it in reference.items for r in item_stats(it, *perturbed(it, 0.05, rng))]
     reference.floor = {k: [r[k] for r in floor] for k in ("nll", "kld", "top1")}
-    est = floor_estimates(reference.to_json())
+    est = floor_estimates(reference.as_dict())
     assert est["kld"].value == pytest.approx(np.mean(reference.floor["kld"])) and est["kld"].low <= est["kld"].high
     assert est["ppl"].value == pytest.approx(math.expm1(est["nll"].value))
-    text = floor_text(reference.to_json())
+    text = floor_text(reference.as_dict())
     assert text.startswith("noise floor (the reference against itself, 6 texts, 96 tokens): KLD ")
     old = [{"prompt_ids": [1], "reference_ids": [2], "reference_logprobs": [-0.5], "expected": None}]
     assert floor_estimates(old) == {} and floor_text(old) == "" and floor_text(None) == ""

@@ -52,3 +52,20 @@ def test_stored_summary_breach_and_economics():
     assert costs["usd_per_1m_output_tokens"] == 3.6 * 2 / (100.0 * 3600) * 1e6
     assert costs["replicas"] == 3 and costs["gpus_total"] == 6
     assert math.isinf(costs["usd_per_1m_input_tokens"])  # no input rate stored
+
+
+def test_a_stored_quality_keeps_its_keys_in_order_and_a_reference_reads_both_its_shapes():
+    from tracetune.quality.probe import ProbeItem, Reference
+
+    stored = QualityResult(Estimate(0.01, 0.0, 0.02), None, None, None, 8, beyond_floor={}, lossless=True,
+                           within_floor=False, scorer="forced_tokens").as_dict()
+    assert list(stored) == ["nll_delta_per_token", "greedy_agreement", "exact_match", "accuracy", "n_prompts", "kld",
+                            "top1_agreement", "ppl_change", "beyond_floor", "within_floor", "top_k", "n_tokens",
+                            "reused_from", "key", "lossless", "probe_noisy", "scorer"]
+    assert stored["beyond_floor"] is None and stored["probe_noisy"] is True and stored["scorer"] == "forced_tokens"
+    assert QualityResult.from_dict({**stored, "n_prompts": "many"}).n_prompts == 0  # stored as no number
+    item = ProbeItem(prompt_ids=[1], reference_ids=[2], reference_logprobs=[-0.5], scored_from=1)
+    written = Reference(items=[item], floor={"nll": [0.0]}).as_dict()
+    assert list(written) == ["items", "floor"] and list(written["items"][0]) == [
+        "prompt_ids", "reference_ids", "reference_logprobs", "expected", "reference_top", "scored_from"]
+    assert Reference.from_json(written).items == [item] and Reference.from_json(written["items"]).floor is None

@@ -9,7 +9,13 @@ import math
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.engine_adapter.openai_client import StreamedCompletion
-from tracetune.replay.acceptance import Acceptance, measure_acceptance, probe_requests, stored_caveats
+from tracetune.replay.acceptance import (
+    Acceptance,
+    measure_acceptance,
+    probe_requests,
+    stored_acceptance,
+    stored_caveats,
+)
 from tracetune.replay.types import PreparedRequest
 from tracetune.tuner.front import Candidate, decide
 
@@ -112,7 +118,20 @@ def test_the_stored_form_reads_back_with_its_caveats():
     assert Acceptance.from_dict(stored) == acceptance
     assert stored["caveats"] == acceptance.caveats()
     assert stored_caveats({"acceptance": stored}) == acceptance.caveats()[0]
-    assert stored_caveats({}) == "" and stored_caveats(None) == "" and Acceptance.from_dict({"x": 1}) is None
+    assert stored_caveats({}) == "" and stored_caveats(None) == "" and stored_acceptance({"x": 1}) is None
+    assert list(stored) == ["prompts", "recorded", "ended", "failed", "forced", "natural", "synthetic",
+                            "natural_rate", "forced_rate", "past_end_share", "caveats"]
+    assert list(stored["forced"]) == ["tokens", "drafted", "accepted", "drafts", "tpot_s"]
+
+
+def test_an_older_stored_probe_reads_with_what_it_lacks_as_zero():
+    from tracetune.replay.acceptance import Pass
+
+    older = {"prompts": 2, "recorded": 2, "ended": 1, "forced": {"tokens": 40, "drafted": 32, "accepted": "many",
+                                                                 "tpot_s": [0.01, None]},
+             "natural": {"tokens": 20, "drafted": 16.0, "accepted": 8.0}, "natural_rate": 0.5}
+    assert Acceptance.from_dict(older) == Acceptance(prompts=2, recorded=2, ended=1, forced=Pass(40, 32.0, 0.0, 0.0, (0.01,)),
+                                                     natural=Pass(20, 16.0, 8.0))
 
 
 def test_probe_requests_are_distinct_spread_over_the_trace_and_capped():

@@ -191,7 +191,7 @@ def test_result_store_round_trip_on_sqlite(tmp_path):
     store.save_trial("s", 1, "measured", summary={"requests": 5})  # a retried trial replaces its row
     assert ResultStore(url).trials("s")[1]["status"] == "measured"
     ref = Reference(items=[ProbeItem(prompt_ids=[1, 2], reference_ids=[3], reference_logprobs=[-0.5])])
-    store.save_reference("s", config={"model": "/m"}, probe=ref.to_json(), summary=None)
+    store.save_reference("s", config={"model": "/m"}, probe=ref.as_dict(), summary=None)
     assert Reference.from_json(ResultStore(url).reference("s")["probe"]).items[0].reference_nll == 0.5
 
 
