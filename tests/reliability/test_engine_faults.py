@@ -198,3 +198,8 @@ def test_no_api_key_or_token_is_stored(faults):
     assert "TRACETUNE_TEST_TAG" in dump  # the engine environment is stored ...
     assert API_KEY not in dump and HF_TOKEN not in dump  # ... but never a secret
     assert "***" in dump
+
+
+def test_an_engine_that_failed_to_start_is_stored_with_its_logs_tail(vllm_faults):
+    row = vllm_faults["rows"][vllm_faults["by_seqs"][4].number]  # the out-of-memory start
+    assert row["status"] == "engine_failed" and "cache" in row["log_tail"]
