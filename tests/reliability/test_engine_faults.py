@@ -202,4 +202,5 @@ def test_no_api_key_or_token_is_stored(faults):
 
 def test_an_engine_that_failed_to_start_is_stored_with_its_logs_tail(vllm_faults):
     row = vllm_faults["rows"][vllm_faults["by_seqs"][4].number]  # the out-of-memory start
-    assert row["status"] == "engine_failed" and "cache" in row["log_tail"]
+    # The tail is the log's last lines (vLLM's traceback); the reason names the error found in it.
+    assert row["status"] == "engine_failed" and row["log_tail"].strip() and "cache" in row["failure_reason"]
