@@ -34,8 +34,9 @@ class Outer(Record[dict[str, object]]):
     inner: Inner = Inner()
     ratio: list[float | None] | None = None
     note: str = ""
+    counts: dict[str, int | float] | None = None
 
-    unset_omitted = ("note", "ratio")
+    unset_omitted = ("note", "ratio", "counts")
 
     def derived(self) -> dict[str, object]:
         return {"twice": self.inner.n * 2}
@@ -55,9 +56,9 @@ def test_fields_stored_only_while_set_are_left_out_unset():
 
 def test_what_an_older_tracetune_stored_differently_takes_its_default():
     old = {"name": "x", "ci_low": "0.25", "kind": "gone", "inner": {"n": "many", "xs": [0.1, "?", 0.3]},
-           "ratio": [0.5, None, 2.0], "unknown": 1, "twice": 99}
+           "ratio": [0.5, None, 2.0], "counts": {"cpus": 2, "busy": "lots"}, "unknown": 1, "twice": 99}
     back = Outer.from_dict(old)
-    assert back == Outer("x", 0.25, Kind.A, Inner(0, (0.1, 0.3)), [0.5, None, 2.0])
+    assert back == Outer("x", 0.25, Kind.A, Inner(0, (0.1, 0.3)), [0.5, None, 2.0], counts={"cpus": 2})
     assert old["inner"] == {"n": "many", "xs": [0.1, "?", 0.3]}  # the stored value itself is untouched
 
 

@@ -128,26 +128,38 @@ class Record(Generic[S]):
 
 
 def _without(data: object, locations: list[tuple[int | str, ...]]) -> object:
-    """`data` (a copy) without the values at `locations` (pydantic's error locations)."""
+    """`data` (a copy) without the values at `locations` (pydantic's error locations): each the
+    deepest stored value its location reaches (a location may go on past it, into the type a union
+    tried)."""
     out = copy.deepcopy(data)
     for location in locations:
-        *path, last = location
-        parent = out
-        for key in path:
-            parent = _child(parent, key)
-        if isinstance(parent, dict) and last in parent:
-            del parent[last]
-        elif isinstance(parent, list) and isinstance(last, int) and 0 <= last < len(parent):
-            parent[last] = _DROPPED  # kept in place: the other locations' indices still hold
+        parent, key = _reached(out, location)
+        if isinstance(parent, dict):
+            del parent[key]
+        elif isinstance(parent, list) and isinstance(key, int):
+            parent[key] = _DROPPED  # kept in place: the other locations' indices still hold
     return _pruned(out)
 
 
-def _child(parent: object, key: int | str) -> object:
-    if isinstance(parent, dict):
-        return parent.get(key)
-    if isinstance(parent, list) and isinstance(key, int) and 0 <= key < len(parent):
-        return parent[key]
-    return None
+def _reached(data: object, location: tuple[int | str, ...]) -> tuple[object, int | str]:
+    """The container and key of the deepest stored value `location` reaches, where the rest of it
+    names the types a union tried; (None, "") where the value is not stored (a field missing, or
+    dropped already for another location)."""
+    parent: object = None
+    key: int | str = ""
+    value = data
+    for step in location:
+        if isinstance(value, dict):
+            if step not in value:
+                return None, ""
+            parent, key, value = value, step, value[step]
+        elif isinstance(value, list):
+            if not (isinstance(step, int) and 0 <= step < len(value)) or value[step] is _DROPPED:
+                return None, ""
+            parent, key, value = value, step, value[step]
+        else:
+            break
+    return parent, key
 
 
 def _pruned(value: object) -> object:
