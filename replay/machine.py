@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-from tracetune.replay.types import rounded
-from tracetune.stored import Record
+from tracetune.stored import Record, rounded
 
 PROC = Path("/proc")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01

@@ -9,11 +9,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, PlainSerializer
+from pydantic import Field
 
 from tracetune.engine_adapter.metrics import EngineMetrics
 from tracetune.errors import InputError
-from tracetune.stored import Record
+from tracetune.stored import Record, rounded
 from tracetune.types import JsonDict
 
 
@@ -59,12 +59,6 @@ class PreparedRequest:
 # The error of a request cut off, unfinished, once its level's outcome was certain (`capacity.levels`):
 # not a failure of the engine. Its TTFT (when it had no first token) and E2E are then its life so far.
 CUT_PREFIX = "cut: "
-
-
-def rounded(digits: int) -> PlainSerializer:
-    """A stored number's serializer: rounded to `digits` decimals (a whole number stays one, as
-    records wrote it before they had a schema)."""
-    return PlainSerializer(lambda value: round(value, digits), return_type=int | float)
 
 
 # A time as a request record stores it: to the microsecond (far below what a clock over HTTP resolves).

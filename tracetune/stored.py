@@ -12,7 +12,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, Self, SupportsFloat, SupportsIndex, TypeVar, cast
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import PlainSerializer, TypeAdapter, ValidationError
 
 Stored = Mapping[str, object]
 """A JSON object read back from storage (or a record's `as_dict()`), before it is parsed."""
@@ -95,6 +95,12 @@ class Codec(Generic[R]):
                     raise
                 data = repaired
         return self.adapter.validate_python(data)
+
+
+def rounded(digits: int) -> PlainSerializer:
+    """A stored number's serializer: rounded to `digits` decimals (a whole number stays one, as
+    records wrote it before they had a schema)."""
+    return PlainSerializer(lambda value: round(value, digits), return_type=int | float)
 
 
 class Record(Generic[S]):
