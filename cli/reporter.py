@@ -67,8 +67,11 @@ class ConsoleReporter(NullReporter):
         self.console.print("reference: reusing the study's stored reference continuations")
 
     def on_reference_done(self, *, summary: Summary, quality: QualityResult | None) -> None:
-        self.console.print(f"reference: TTFT p99 {fmt_objective('ttft_p99', summary.latency['ttft']['p99'].value)} · "
-                           f"{summary.output_throughput_tps.value:.1f} tok/s at the trace's rate")
+        least = "at least " if summary.ended else ""  # its trace-rate level ended once the SLO was certainly missed
+        self.console.print(f"reference: TTFT p99 {least}"
+                           f"{fmt_objective('ttft_p99', summary.latency['ttft']['p99'].value)} · "
+                           f"{summary.output_throughput_tps.value:.1f} tok/s at the trace's rate"
+                           + (" (ended once the SLO was certainly missed)" if least else ""))
         from tracetune.tuner.trial_cost import cost_text
 
         steps = (summary.capacity or {}).get("steps")

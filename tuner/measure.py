@@ -172,7 +172,7 @@ class EngineRunner:
         self._probe_if_it_counts(server, config, run, counted=not seed.not_counted)
         run.phase = "capacity search"
         assert run.summary is not None
-        prune_at = prune(run.summary, run.quality, config.gpus(), runner.base_rates[0]) if prune else None
+        prune_at = self._prune_at(run, prune, config.gpus(), runner.base_rates[0])
         capacity = runner.search(seed_steps=[seed], gpus=config.gpus(), prune_at=prune_at,
                                  seeds_only=bool(self._outside_gate(run)))
         if runner.results[1.0] is not run.result:  # the trace's rate was measured again (client lag)
@@ -181,6 +181,20 @@ class EngineRunner:
         run.summary.capacity = capacity.as_dict()
         run.levels = tuple((step.scale, step.repeat, res.records) for step, res in runner.measured)
         self.reporter.on_capacity_done(label=run.label, capacity=capacity)
+
+    def _prune_at(self, run: _Run, prune: PruneAt | None, gpus: int, base_rps: float) -> float | None:
+        """Where the capacity search stops early (`capacity.search`'s prune): a trial's from `prune`
+        (`tuner.incumbents.prune_rival`). The reference, where it missed the study's SLOs at the
+        trace's rate, is infeasible as any trial that did, so it is measured the same way: its search
+        stops at 1x (a marginal fail is repeated first), its capacity the bracket [0, 1x]; `tune
+        capacity`, and a study under --no-prune, search below it."""
+        assert run.summary is not None
+        if prune is not None:
+            return prune(run.summary, run.quality, gpus, base_rps)
+        if self.settings.prune and not run.summary.client_overloaded and not keeps_slos(run.summary,
+                                                                                       self.settings.slos):
+            return 1.0
+        return None
 
     def _probe_if_it_counts(self, server: Engine, config: EngineConfig, run: _Run, *, counted: bool = True) -> None:
         """The quality probe (once), unless its result cannot change the trial's standing: a trial
@@ -314,13 +328,14 @@ class EngineRunner:
 
     def _trace_rate_level(self, runner: LevelRunner, server: Engine, run: _Run) -> Step:
         """The trace at its own rate, replayed in full (never abandoned): the latency objectives
-        come from it, and it is the capacity search's first level (its step is returned). A trial's
-        ends once it certainly misses a TTFT or E2E target of the SLO (`capacity.step.MissedSLO`): it
-        is then infeasible whatever the rest would measure, and its search stops there
-        (`tuner.incumbents.prune_rival`); its latencies are lower bounds. The reference's, every one
-        under --no-prune, and every one under the classic search rules run in full."""
+        come from it, and it is the capacity search's first level (its step is returned). It ends
+        once it certainly misses a TTFT or E2E target of the SLO (`capacity.step.MissedSLO`): the
+        configuration is then infeasible whatever the rest would measure, and its search stops there
+        (`tuner.incumbents.prune_rival`; the reference's, `_prune_at`); its latencies are lower
+        bounds. Every one under --no-prune, and every one under the classic search rules, runs in
+        full."""
         assert self.settings.capacity is not None, "a capacity search has its options"
-        end_early = self.settings.prune and run.label != REFERENCE and self.settings.capacity.ends_decided
+        end_early = self.settings.prune and self.settings.capacity.ends_decided
         step = runner.level(1.0, abandon=False, end_on_slo_miss=end_early)
         run.result = runner.results[1.0]
         run.summary = summarize(run.result, self.settings.slos)

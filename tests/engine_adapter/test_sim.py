@@ -307,3 +307,25 @@ def test_a_trial_that_certainly_misses_the_slo_at_the_traces_rate_ends_there_unp
     assert first["decided_by"] == "SLO missed" and first["abandoned"] and first["requests"] < first["planned"]
     assert summary["cost"]["probe_s"] == 0.0
     assert "quality not probed: it missed the study's SLOs" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_reference_that_misses_the_slo_at_the_traces_rate_is_measured_as_a_trial_would_be(tmp_path):
+    """The reference (8 slots) at 200 ms a token against a request every 0.1 s misses TTFT p95 < 500 ms at
+    the trace's rate: like a trial, its trace-rate level ends once that is certain, and its capacity search
+    stops there (pruned, the bracket [0, 1x]) instead of searching the loads below, where no configuration
+    that misses the trace's rate could be on the front. Its quality is still probed: the trials' texts are
+    scored against it."""
+    from tracetune.tuner.storage import REFERENCE_RUN, ResultStore
+
+    out = sim_study(tmp_path, tpot_ms=200, tried='{"max_num_seqs": 2, "precision": "fp8"}')
+    row = ResultStore(f"sqlite:///{tmp_path / 'run' / 'study.db'}").trials("s", REFERENCE_RUN)[0]
+    summary = row["summary"]
+    capacity = summary["capacity"]
+    assert summary["ended"] and capacity["verdict"] == "pruned", capacity["verdict"]
+    assert not capacity["capacity_scale"] and capacity["bracket_scale"][1] == 1.0
+    assert {s["scale"] for s in capacity["steps"]} == {1.0}, [s["scale"] for s in capacity["steps"]]
+    assert capacity["steps"][0]["decided_by"] == "SLO missed"
+    assert row["quality"] is not None
+    assert "where the configuration cannot be on the front" in out.stdout
+    assert "reference: TTFT p99 at least" in out.stdout
