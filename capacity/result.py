@@ -361,8 +361,9 @@ class CapacityResult(Record[StoredCapacity]):
             low = f"{self.capacity_rps:.3g}" if self.capacity_scale else "0"
             high = self.bracket_high * self.base_rps
             return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({high:.3g} "
-                    f"req/s, {self.confirmation()}), where the configuration cannot be on the front (an incumbent as good "
-                    f"on every other objective passes, or it missed the SLOs at the trace's rate): capacity "
+                    f"req/s, {self.confirmation()}), where the configuration cannot be on the front (an "
+                    f"incumbent as good on every other objective passes, or it missed the SLOs at the trace's rate): "
+                    f"capacity "
                     f"[{low}, {high:.3g}] req/s, not searched further")
         if self.verdict == Verdict.PRUNED and self.capacity_scale is not None:  # no level failed: a lower bound
             return (f"capacity at least {self.capacity_rps:.3g} req/s = {self.capacity_scale:.3g}x the trace's rate "
