@@ -12,10 +12,11 @@ in [1 - N, 1 + N] (a machine whose speed wanders from level to level), so repeat
 
 A study here is the reference's capacity search from the trace's rate, then every configuration of
 the zoo in an order shuffled by the seed (as a sampler would visit them), each with the trace's rate
-measured first, as `tune` does (in full, but under the guided rules a trial's ends once it certainly
-misses the SLO), and its search pruned where a configuration already measured with no more quality
+measured first, as `tune` does (in full, but under the guided rules it ends once it certainly
+misses the SLO, the reference's too), and its search pruned where a configuration already measured with no more quality
 loss passes a level it fails (`capacity.search`'s prune rule, as the tuner's early stop uses it), or
-stopped at 1x where it missed the SLO at the trace's rate (`tuner.incumbents`). The classic rules
+stopped at 1x where it missed the SLO at the trace's rate (`tuner.incumbents`; the reference too,
+`tuner.measure`). The classic rules
 start each trial at the reference's capacity; the guided ones where the study's measured trials
 predict (`tuner.capacity_prior`). Reported per rule set: levels
 and replay seconds (the time an engine is busy) per configuration, the worst capacity error against
@@ -150,7 +151,7 @@ def study(requests: list[PreparedRequest], configs: list[dict[str, Any]], space:
     order = configs[:]
     rng.shuffle(order)
     reference = SimConfig(**BASE)
-    ref = search(requests, Noisy(model_of(reference), noise, rng), rules, 1.0, None, trial=False)
+    ref = search(requests, Noisy(model_of(reference), noise, rng), rules, 1.0, None)
     ref.update(label="reference", loss=loss_nats(reference))
     prior = CapacityPrior(space, fallback=ref["k"] or 1.0)
     measured: list[dict[str, Any]] = []
