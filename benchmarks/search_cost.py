@@ -1,7 +1,7 @@
 """What a capacity search costs under the classic rules and the guided ones, side by side in one run,
 against servers whose true capacity is known.
 
-    .venv/bin/python benchmarks/search_cost.py [--noise 0.03] [--seeds 3] [--quick] [--json OUT]
+    .venv/bin/python benchmarks/search_cost.py [--noise 0.03] [--seeds 3] [--quick] [--oracle] [--json OUT]
 
 Servers: the queueing model of `benchmarks/queue_model.py` (`slots` requests at once, first come
 first served, `ttft` to the first token, then `tpot` a token), simulated in virtual time, in a zoo of
@@ -36,6 +36,7 @@ from queue_model import QueueModel  # beside this script, on the path when it ru
 from representative import bursty
 from study_cost import Noisy, chat_trace
 
+from tracetune.capacity import response
 from tracetune.capacity.levels import LevelRunner
 from tracetune.capacity.step import CapacityOptions
 from tracetune.replay.metrics import parse_slos
@@ -88,6 +89,17 @@ def search(case: Case, model: QueueModel, rules: str, noise: float, seed: int) -
             "placed": [s.placed_by for s in result.steps]}
 
 
+def oracle_search(case: Case, model: QueueModel, true_k: float, noise: float, seed: int) -> dict[str, Any]:
+    """A guided search whose model knows the truth: every prediction is the true capacity (none where
+    it is 0). What placement alone could save; the rest is the seed level, the ends and their repeats."""
+    predict = response.predict
+    response.predict = lambda steps: response.Prediction(true_k, true_k, true_k) if true_k > 0 else None
+    try:
+        return search(case, model, "guided", noise, seed)
+    finally:
+        response.predict = predict
+
+
 def judged(row: dict[str, Any], true_k: float, precision: float) -> dict[str, Any]:
     """The search's answer against the truth: its error, and whether its bracket holds the truth
     (within the precision either side, for the noise)."""
@@ -104,6 +116,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="searches per configuration and rule (default 3)")
     ap.add_argument("--quick", action="store_true", help="the chat trace only")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--oracle", action="store_true",
+                    help="also run the guided rules with a model that knows each server's truth (a bound)")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     print(f"noise +-{args.noise:.0%} per replay, {args.seeds} seeds; per configuration: levels and replay "
@@ -122,6 +136,10 @@ def main() -> int:
                 worst = max(abs(x["error"]) for x in runs)
                 line += (f"{statistics.mean(x['levels'] for x in runs):>12.1f}"
                          f"{statistics.mean(x['replay_s'] for x in runs):>7.0f}{worst:>7.0%}")
+            if args.oracle:
+                rows += [{"case": case.name, "server": dataclasses.asdict(model), "truth": true_k, "rules": "oracle",
+                          **judged(oracle_search(case, model, true_k, args.noise, seed), true_k, case.precision)}
+                         for seed in range(args.seeds)]
             print(line)
     summarize(rows)
     if args.json:
@@ -131,7 +149,7 @@ def main() -> int:
 
 def summarize(rows: list[dict[str, Any]]) -> None:
     print("\nover every case, configuration and seed:")
-    base = {r: [x for x in rows if x["rules"] == r] for r in RULES}
+    base = {r: [x for x in rows if x["rules"] == r] for r in (*RULES, "oracle") if any(x["rules"] == r for x in rows)}
     for rules, mine in base.items():
         levels, seconds = sum(x["levels"] for x in mine), sum(x["replay_s"] for x in mine)
         holds = sum(x["holds"] for x in mine)
@@ -141,6 +159,11 @@ def summarize(rows: list[dict[str, Any]]) -> None:
     lv = sum(x["levels"] for x in guided) / max(sum(x["levels"] for x in classic), 1)
     s = sum(x["replay_s"] for x in guided) / max(sum(x["replay_s"] for x in classic), 1)
     print(f"  guided / classic: levels {lv:.2f}x, replay seconds {s:.2f}x")
+    if "oracle" in base:
+        oracle = base["oracle"]
+        lv = sum(x["levels"] for x in oracle) / max(sum(x["levels"] for x in classic), 1)
+        s = sum(x["replay_s"] for x in oracle) / max(sum(x["replay_s"] for x in classic), 1)
+        print(f"  oracle / classic (a model that knows the truth): levels {lv:.2f}x, replay seconds {s:.2f}x")
 
 
 if __name__ == "__main__":
