@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Mapping
-from typing import Annotated, NotRequired, cast
+from typing import Annotated, NotRequired
 
 from pydantic import AliasPath, Field, model_validator
 from typing_extensions import TypedDict  # pydantic reads typing's own only from Python 3.12
@@ -249,6 +249,7 @@ class CapacityResult(Record[StoredCapacity]):
     usd_per_1m_output_tokens: float | None = None
 
     unset_omitted = ("usd_per_1m_output_tokens",)
+    stored_order = tuple(StoredCapacity.__annotations__)  # that of every result stored so far
 
     @model_validator(mode="before")
     @classmethod
@@ -284,19 +285,12 @@ class CapacityResult(Record[StoredCapacity]):
         return sum(s.duration_s for s in self.steps)
 
     def derived(self) -> dict[str, object]:
-        """Its rates and bracket, and its levels each with what it derives (its fields' dump leaves
-        that out)."""
+        """Its rates and bracket."""
         low = self.capacity_scale or 0.0
         return {"capacity_scale": low, "capacity_rps": self.capacity_rps,
                 "capacity_output_tps": self.capacity_output_tps, "capacity_rps_per_gpu": self.capacity_rps_per_gpu,
                 "bracket_scale": [low, self.bracket_high], "bracket_rps": list(self.bracket_rps()),
-                "capacity_input_tps": self.capacity_rps * self.mean_prompt_tokens, "replay_s": self.replay_s,
-                "steps": [s.as_dict() for s in self.steps]}
-
-    def as_dict(self) -> StoredCapacity:
-        """Its fields and what it derives, in `StoredCapacity`'s order (that of every result stored so far)."""
-        stored: Mapping[str, object] = super().as_dict()
-        return cast(StoredCapacity, {key: stored[key] for key in StoredCapacity.__annotations__ if key in stored})
+                "capacity_input_tps": self.capacity_rps * self.mean_prompt_tokens, "replay_s": self.replay_s}
 
     @property
     def bracket_high_rps(self) -> float | None:

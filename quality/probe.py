@@ -38,11 +38,10 @@ import dataclasses
 import math
 import queue
 from collections.abc import Callable, Sequence
-from typing import Annotated, TypedDict, TypeVar
+from typing import TypedDict, TypeVar
 
 import httpx
 import numpy as np
-from pydantic import Field
 
 from tracetune.engine_adapter.base import Endpoint
 from tracetune.engine_adapter.registry import scorer
@@ -152,9 +151,9 @@ class QualityResult(Record[StoredQuality]):
     reused_from: int | None = None  # the trial whose measurement this is (same quality key)
     key: str | None = None  # the quality key it was measured under (`quality_key`)
     lossless: bool | None = None  # lossless by construction (`lossless_by_construction`)
-    # The server's dialect (`engine_adapter.scoring`); None: stored before it was named. Written by
-    # `derived`, after `probe_noisy`, where stored results have it.
-    scorer: Annotated[str | None, Field(exclude=True)] = None
+    scorer: str | None = None  # the server's dialect (`engine_adapter.scoring`); None: stored before it was named
+
+    stored_order = tuple(StoredQuality.__annotations__)  # `probe_noisy` before `scorer`, as results were stored
 
     def __post_init__(self) -> None:
         self.beyond_floor = self.beyond_floor or None  # no unit beyond the floor: stored as none
@@ -166,7 +165,7 @@ class QualityResult(Record[StoredQuality]):
         return bool(self.lossless) and self.within_floor is False
 
     def derived(self) -> dict[str, object]:
-        return {"probe_noisy": self.probe_noisy, "scorer": self.scorer}
+        return {"probe_noisy": self.probe_noisy}
 
 
 def probe_prompts(trace: Trace, n: int) -> list[tuple[str, str | None]]:

@@ -66,3 +66,31 @@ def test_a_missing_field_takes_its_default_and_a_missing_required_one_is_an_erro
     assert Inner.from_dict(None) == Inner() and Inner.from_dict({}) == Inner()
     with pytest.raises(ValidationError, match="name"):
         Outer.from_dict({"ci_low": 1.0})
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf(Record[dict[str, object]]):
+    n: int = 0
+
+    def derived(self) -> dict[str, object]:
+        return {"odd": self.n % 2 == 1}
+
+
+@dataclasses.dataclass
+class Tree(Record[dict[str, object]]):
+    leaves: list[Leaf] = dataclasses.field(default_factory=list)
+    top: Leaf = Leaf()
+    name: str = ""
+
+    stored_order = ("name", "size", "top")
+
+    def derived(self) -> dict[str, object]:
+        return {"size": len(self.leaves)}
+
+
+def test_nested_records_write_what_they_derive_and_keys_come_in_the_stored_order():
+    stored = Tree([Leaf(1), Leaf(2)], Leaf(3), "t").as_dict()
+    assert list(stored) == ["name", "size", "top", "leaves"]  # the order named, then the rest
+    assert stored["leaves"] == [{"n": 1, "odd": True}, {"n": 2, "odd": False}]
+    assert stored["top"] == {"n": 3, "odd": True}
+    assert Tree.from_dict(json.loads(json.dumps(stored))) == Tree([Leaf(1), Leaf(2)], Leaf(3), "t")

@@ -9,10 +9,13 @@ readers of JSON that is no record of tracetune's (an engine's answer, a user's f
 from __future__ import annotations
 
 import copy
+import dataclasses
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, Self, SupportsFloat, SupportsIndex, TypeVar, cast
 
 from pydantic import PlainSerializer, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 Stored = Mapping[str, object]
 """A JSON object read back from storage (or a record's `as_dict()`), before it is parsed."""
@@ -64,16 +67,17 @@ class Codec(Generic[R]):
 
     `dump` writes the record as JSON-ready data (stored names; enums by value; tuples as lists),
     then what `derived` adds for readers outside Python (rates, outcomes), and leaves out the
-    fields in `unset_omitted` while they are None or empty. `load` reads it back: keys it does not
-    know (the derived ones among them) are ignored, numbers come from numeric strings, and a field
-    stored as something its type refuses takes its default; a required field missing is a
-    ValidationError."""
+    fields in `unset_omitted` while they are None or empty; with `order`, its keys come in that
+    order (any other after them). `load` reads it back: keys it does not know (the derived ones
+    among them) are ignored, numbers come from numeric strings, and a field stored as something
+    its type refuses takes its default; a required field missing is a ValidationError."""
 
     def __init__(self, record: type[R], *, derived: Callable[[R], Mapping[str, object]] | None = None,
-                 unset_omitted: tuple[str, ...] = ()) -> None:
+                 unset_omitted: tuple[str, ...] = (), order: tuple[str, ...] = ()) -> None:
         self.adapter: TypeAdapter[R] = TypeAdapter(record)
         self.derived = derived
         self.unset_omitted = unset_omitted
+        self.order = order
 
     def dump(self, record: R) -> dict[str, object]:
         out: dict[str, object] = self.adapter.dump_python(record, mode="json", by_alias=True)
@@ -82,6 +86,8 @@ class Codec(Generic[R]):
                 out.pop(key, None)
         if self.derived is not None:
             out.update(self.derived(record))
+        if self.order:
+            out = {**{key: out[key] for key in self.order if key in out}, **out}
         return out
 
     def load(self, raw: object) -> R:
@@ -106,23 +112,37 @@ def rounded(digits: int) -> PlainSerializer:
 class Record(Generic[S]):
     """A stored record (a dataclass) with its `Codec`: `as_dict()` writes it (typed as `S`, the
     stored shape), `from_dict(raw)` reads it back. A record adds what readers outside Python need
-    beside its fields by overriding `derived`, and names the fields stored only while set in
-    `unset_omitted`."""
+    beside its fields by overriding `derived`, names the fields stored only while set in
+    `unset_omitted`, and the order of its stored keys in `stored_order` (where it is not its
+    fields' then its derived keys'). A field holding records (one, or a list of them) is stored as
+    each one's `as_dict()`, what they derive included."""
 
     unset_omitted: ClassVar[tuple[str, ...]] = ()
+    stored_order: ClassVar[tuple[str, ...]] = ()
     _codecs: ClassVar[dict[type, Codec[Any]]] = {}
 
     def derived(self) -> Mapping[str, object]:
         """What `as_dict` adds beside the fields (derived again when read back, never read)."""
         return {}
 
+    def _with_nested(self) -> dict[str, object]:
+        """`derived()`, and every field holding records written as their own `as_dict()`."""
+        out = dict(self.derived())
+        for name, key in _stored_names(type(self)).items():
+            value = getattr(self, name)
+            if isinstance(value, Record):
+                out[key] = value.as_dict()
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Record) for v in value):
+                out[key] = [v.as_dict() for v in value]
+        return out
+
     @classmethod
     def codec(cls) -> Codec[Self]:
         """The record's codec, made once its class is complete (its annotations resolvable)."""
         found = Record._codecs.get(cls)
         if found is None:
-            found = Record._codecs[cls] = Codec(cls, derived=lambda record: record.derived(),
-                                                unset_omitted=cls.unset_omitted)
+            found = Record._codecs[cls] = Codec(cls, derived=lambda record: record._with_nested(),
+                                                unset_omitted=cls.unset_omitted, order=cls.stored_order)
         return cast("Codec[Self]", found)
 
     def as_dict(self) -> S:
@@ -131,6 +151,24 @@ class Record(Generic[S]):
     @classmethod
     def from_dict(cls, raw: object) -> Self:
         return cls.codec().load(raw)
+
+
+_STORED_NAMES: dict[type, dict[str, str]] = {}
+
+
+def _stored_names(record: type) -> dict[str, str]:
+    """Each field of a record's dataclass and the key it is stored under (its alias, or its name)."""
+    found = _STORED_NAMES.get(record)
+    if found is None:
+        hints = typing.get_type_hints(record, include_extras=True)
+        found = {}
+        for field in dataclasses.fields(record):
+            infos = [m for m in getattr(hints.get(field.name), "__metadata__", ()) if isinstance(m, FieldInfo)]
+            if any(info.exclude for info in infos):
+                continue
+            found[field.name] = next((info.alias for info in infos if info.alias), field.name)
+        _STORED_NAMES[record] = found
+    return found
 
 
 def _without(data: object, locations: list[tuple[int | str, ...]]) -> object:
