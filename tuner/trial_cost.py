@@ -72,16 +72,16 @@ def cost_text(cost: Mapping[str, float] | None, levels: int | None = None) -> st
 def time_left(walls: Sequence[float], remaining: int, *, full_s: float | None = None) -> str:
     """The time the `remaining` trials may take at the pace of the trials ended so far (`walls`): "about
     12m left for 3 more trials" where they took about the same, else a range, e.g. "36s to 19m left for
-    2 more trials (a trial so far: 18s to 9m30s, the reference's search to the end included)": a trial
-    stopped early takes seconds, one searched to the end many minutes, and which comes next is not
-    known. `full_s`: the reference's wall time (a search never stopped early). "" when none is left or
-    no trial ended yet."""
+    2 more trials (a trial so far: 18s to 9m30s, the reference's included)": a trial stopped early
+    takes seconds, one searched to the end many minutes, and which comes next is not known. `full_s`:
+    the reference's wall time (searched to the end, unless it missed the SLO at the trace's rate).
+    "" when none is left or no trial ended yet."""
     if remaining <= 0 or not walls:
         return ""
     trials = "trial" if remaining == 1 else "trials"
     low, high = min(walls), max([*walls, full_s or 0.0])
     if high <= SAME_PACE * low:
         return f"about {duration(sum(walls) / len(walls) * remaining)} left for {remaining} more {trials}"
-    note = ", the reference's search to the end included" if full_s is not None and full_s > max(walls) else ""
+    note = ", the reference's included" if full_s is not None and full_s > max(walls) else ""
     return (f"{duration(low * remaining)} to {duration(high * remaining)} left for {remaining} more {trials} "
             f"(a trial so far: {duration(low)} to {duration(high)}{note})")

@@ -32,7 +32,7 @@ def test_words_and_the_time_left():
     # A trial stopped early and one searched to the end: which comes next is not known, so a range.
     assert time_left([18.0, 282.0], 1) == "18s to 4m42s left for 1 more trial (a trial so far: 18s to 4m42s)"
     assert time_left([18.0], 2, full_s=570.0) == ("36s to 19m00s left for 2 more trials (a trial so far: 18s to "
-                                                  "9m30s, the reference's search to the end included)")
+                                                  "9m30s, the reference's included)")
 
 
 def test_a_summary_keeps_its_cost_and_an_older_one_reads_without():
