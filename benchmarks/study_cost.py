@@ -110,14 +110,15 @@ def truth(requests: list[PreparedRequest], model: SimModel) -> float:
 
 
 def search(requests: list[PreparedRequest], send: Any, rules: str, start: float,
-           prune_at: float | None, trial: bool = True) -> dict[str, Any]:
-    """One configuration's search as a study runs it (`tuner.measure`): the trace's rate in full (the
-    latency objectives come from it; a trial's ends once it certainly misses the SLO under the guided
-    rules), then the search, stopped at 1x where a trial missed the SLO there (`tuner.incumbents`)."""
+           prune_at: float | None) -> dict[str, Any]:
+    """One configuration's search as a study runs it (`tuner.measure`), the reference's too: the
+    trace's rate in full (the latency objectives come from it; it ends once it certainly misses the
+    SLO under the guided rules), then the search, stopped at 1x where it missed the SLO there
+    (`tuner.incumbents`; the reference's, `tuner.measure`)."""
     opts = options(rules, start)
     r = LevelRunner("http://simulated", "sim", requests, ReplayOptions(), opts, send=send)
-    seed = r.level(1.0, abandon=False, end_on_slo_miss=trial and opts.ends_decided)
-    if trial and not keeps_slos(summarize(r.results[1.0], opts.slos), list(opts.slos)):
+    seed = r.level(1.0, abandon=False, end_on_slo_miss=opts.ends_decided)
+    if not keeps_slos(summarize(r.results[1.0], opts.slos), list(opts.slos)):
         prune_at = max(prune_at or 1.0, 1.0)
     result = r.search(seed_steps=[seed], prune_at=prune_at)
     return {"k": result.capacity_scale or 0.0, "high": result.bracket_high, "levels": len(r.measured),

@@ -193,7 +193,8 @@ VERDICT_NOTES = {
     Verdict.CLIENT_OVERLOADED: "client-limited (a lower bound)",
     Verdict.MAX_STEPS: "step budget spent",
     Verdict.PRUNED: "pruned: it cannot be on the front (below a configuration at least as good on the "
-                    "other objectives, or outside the quality gate): a bracket, not searched further",
+                    "other objectives, outside the quality gate, or it missed the SLOs at the trace's rate): "
+                    "a bracket, not searched further",
     Verdict.MACHINE_BUSY: "machine busy: other work took the engine's cores (a lower bound)",
 }
 
@@ -357,8 +358,7 @@ class CapacityResult(Record[StoredCapacity]):
             return (f"pruned: fails {self.bracket_high:.3g}x the trace's rate ({high:.3g} "
                     f"req/s, {self.confirmation()}), where the configuration cannot be on the front (an "
                     f"incumbent as good on every other objective passes, or it missed the SLOs at the trace's rate): "
-                    f"capacity "
-                    f"[{low}, {high:.3g}] req/s, not searched further")
+                    f"capacity [{low}, {high:.3g}] req/s, not searched further")
         if self.verdict == Verdict.PRUNED and self.capacity_scale is not None:  # no level failed: a lower bound
             return (f"capacity at least {self.capacity_rps:.3g} req/s = {self.capacity_scale:.3g}x the trace's rate "
                     f"(pruned: the trial cannot be on the front whatever its capacity, so it was searched no "

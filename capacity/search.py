@@ -191,7 +191,10 @@ class _Search:
 
     def prune(self, level: float) -> bool:
         """True when the configuration fails `level` (or a lower level already failed), confirmed
-        by a repeat: it is below a configuration that passes there, and the search stops."""
+        by a repeat: it is below a configuration that passes there, and the search stops. False,
+        measuring nothing, once the seeds measured the client or a busy machine (the search ends)."""
+        if self.stopped:
+            return False
         failed = [k for k, ok in self.outcome.items() if not ok and k <= level]
         if any(ok and k >= level for k, ok in self.outcome.items()):
             return False

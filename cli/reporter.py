@@ -33,7 +33,7 @@ class ConsoleReporter(NullReporter):
         self.window_said = False
         self.remaining = 0  # trials still to run, for the estimate of the time left
         self.walls: list[float] = []  # wall seconds of the trials ended in this run
-        self.reference_s: float | None = None  # the reference's (its search is never stopped early)
+        self.reference_s: float | None = None  # the reference's (stopped early only where it missed the SLO at 1x)
 
     def print(self, text: str) -> None:
         self.console.print(text, highlight=False)
@@ -67,11 +67,14 @@ class ConsoleReporter(NullReporter):
         self.console.print("reference: reusing the study's stored reference continuations")
 
     def on_reference_done(self, *, summary: Summary, quality: QualityResult | None) -> None:
-        least = "at least " if summary.ended else ""  # its trace-rate level ended once the SLO was certainly missed
-        self.console.print(f"reference: TTFT p99 {least}"
-                           f"{fmt_objective('ttft_p99', summary.latency['ttft']['p99'].value)} · "
-                           f"{summary.output_throughput_tps.value:.1f} tok/s at the trace's rate"
-                           + (" (ended once the SLO was certainly missed)" if least else ""))
+        ttft = summary.latency["ttft"]["p99"].value
+        if summary.ended:  # its trace-rate level ended once its outcome was certain: a lower bound, no rate
+            least = "at least " if math.isfinite(ttft) else ""
+            self.console.print(f"reference: TTFT p99 {least}{fmt_objective('ttft_p99', ttft)} at the trace's rate "
+                               f"(its level ended once its outcome was certain)")
+        else:
+            self.console.print(f"reference: TTFT p99 {fmt_objective('ttft_p99', ttft)} · "
+                               f"{summary.output_throughput_tps.value:.1f} tok/s at the trace's rate")
         from tracetune.tuner.trial_cost import cost_text
 
         steps = (summary.capacity or {}).get("steps")

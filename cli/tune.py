@@ -68,9 +68,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help=f"stop early once N measured trials in a row leave the front ({engine_kind().defaults_label} "
                         "included) unchanged; --trials stays the cap")
     p.add_argument("--no-prune", dest="prune", action="store_false",
-                   help="search every trial to the end, probe every one (default: stop a search at a load a config "
-                        "as good on the other objectives passes, or at the trace's rate for a trial outside the "
-                        "quality gate, stored as pruned; no probe of a trial missing the SLOs at the trace's rate)")
+                   help="search every trial and the reference to the end, probe every one (default: stop a search "
+                        "at a load a config as good on the other objectives passes, or at the trace's rate for one "
+                        "missing the SLOs or outside the quality gate there, stored as pruned; no probe of a trial "
+                        "missing the SLOs at the trace's rate)")
     p.add_argument("--gpus", metavar="LIST",
                    help="run the study with one worker per GPU of this host, e.g. 0,1 (0+1: one worker on two GPUs, "
                         "for tensor parallel); each pinned with CUDA_VISIBLE_DEVICES, logs in RUN_DIR/worker-N.log")

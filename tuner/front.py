@@ -410,5 +410,6 @@ def slo_breach(stored: Stored | None, slos: Sequence[SLO]) -> str:
     parts = slo_misses(stored, slos)
     steps = listed(mapping(summary.get("capacity")).get("steps"))
     if steps and not any(mapping(step).get("passed") for step in steps):
-        parts.append("every load failed" if len(steps) > 1 else "its one load failed")
+        loads = {mapping(step).get("scale", i) for i, step in enumerate(steps)}  # a repeat is the same load
+        parts.append("every load failed" if len(loads) > 1 else "its one load failed")
     return ", ".join(parts)

@@ -172,7 +172,7 @@ class EngineRunner:
         self._probe_if_it_counts(server, config, run, counted=not seed.not_counted)
         run.phase = "capacity search"
         assert run.summary is not None
-        prune_at = self._prune_at(run, prune, config.gpus(), runner.base_rates[0])
+        prune_at = self._prune_at(run, seed, prune, config.gpus(), runner.base_rates[0])
         capacity = runner.search(seed_steps=[seed], gpus=config.gpus(), prune_at=prune_at,
                                  seeds_only=bool(self._outside_gate(run)))
         if runner.results[1.0] is not run.result:  # the trace's rate was measured again (client lag)
@@ -182,19 +182,24 @@ class EngineRunner:
         run.levels = tuple((step.scale, step.repeat, res.records) for step, res in runner.measured)
         self.reporter.on_capacity_done(label=run.label, capacity=capacity)
 
-    def _prune_at(self, run: _Run, prune: PruneAt | None, gpus: int, base_rps: float) -> float | None:
+    def _prune_at(self, run: _Run, seed: Step, prune: PruneAt | None, gpus: int, base_rps: float) -> float | None:
         """Where the capacity search stops early (`capacity.search`'s prune): a trial's from `prune`
         (`tuner.incumbents.prune_rival`). The reference, where it missed the study's SLOs at the
-        trace's rate, is infeasible as any trial that did, so it is measured the same way: its search
-        stops at 1x (a marginal fail is repeated first), its capacity the bracket [0, 1x]; `tune
-        capacity`, and a study under --no-prune, search below it."""
+        trace's rate, is infeasible as any trial that did, so it is measured the same way: where it
+        also fails 1x (a marginal fail repeated first), its search stops there, its capacity the
+        bracket [0, 1x]. Not where that level measured the client or a busy machine: it is measured
+        again first. `tune capacity`, and a study under --no-prune, search below 1x."""
         assert run.summary is not None
-        if prune is not None:
-            return prune(run.summary, run.quality, gpus, base_rps)
-        if self.settings.prune and not run.summary.client_overloaded and not keeps_slos(run.summary,
-                                                                                       self.settings.slos):
+        if run.label != REFERENCE:
+            return prune(run.summary, run.quality, gpus, base_rps) if prune is not None else None
+        if self.settings.prune and not (seed.not_counted or seed.machine_busy) and self._missed_slos(run.summary):
             return 1.0
         return None
+
+    def _missed_slos(self, summary: Summary) -> bool:
+        """The run missed the study's SLOs (or failed requests) at the trace's rate, and measured the
+        engine, not the client: infeasible whatever else it measures."""
+        return not summary.client_overloaded and not keeps_slos(summary, self.settings.slos)
 
     def _probe_if_it_counts(self, server: Engine, config: EngineConfig, run: _Run, *, counted: bool = True) -> None:
         """The quality probe (once), unless its result cannot change the trial's standing: a trial
@@ -207,8 +212,7 @@ class EngineRunner:
         if run.probe is None or run.quality is not None or run.quality_skipped:
             return
         assert run.summary is not None
-        if (counted and self.settings.prune and run.probe.reference is not None
-                and not run.summary.client_overloaded and not keeps_slos(run.summary, self.settings.slos)
+        if (counted and self.settings.prune and run.probe.reference is not None and self._missed_slos(run.summary)
                 and run.probe.known(quality_key(json.loads(config.model_dump_json()))) is None):
             run.quality_skipped = QUALITY_SKIPPED
             self.reporter.on_skipped(label=run.label, reason=QUALITY_SKIPPED)
@@ -219,7 +223,7 @@ class EngineRunner:
         """Why a trial's capacity is not searched beyond the trace's rate, or "": its quality lies
         outside the study's gate on its whole interval (`tuner.objectives.outside_gate`), so it is
         infeasible whatever its capacity, never on the front (`tuner.incumbents`). The reference and
-        every trial under `--no-prune` are searched to the end."""
+        every trial under `--no-prune` are never stopped by the gate."""
         if not self.settings.prune or run.label == REFERENCE:
             return ""
         outside = outside_gate(run.quality, self.settings.max_quality_loss)
@@ -327,7 +331,7 @@ class EngineRunner:
         return runner
 
     def _trace_rate_level(self, runner: LevelRunner, server: Engine, run: _Run) -> Step:
-        """The trace at its own rate, replayed in full (never abandoned): the latency objectives
+        """The trace at its own rate, never abandoned by the attainment rule: the latency objectives
         come from it, and it is the capacity search's first level (its step is returned). It ends
         once it certainly misses a TTFT or E2E target of the SLO (`capacity.step.MissedSLO`): the
         configuration is then infeasible whatever the rest would measure, and its search stops there

@@ -327,5 +327,5 @@ def test_a_reference_that_misses_the_slo_at_the_traces_rate_is_measured_as_a_tri
     assert {s["scale"] for s in capacity["steps"]} == {1.0}, [s["scale"] for s in capacity["steps"]]
     assert capacity["steps"][0]["decided_by"] == "SLO missed"
     assert row["quality"] is not None
-    assert "where the configuration cannot be on the front" in out.stdout
+    assert "  reference: pruned: fails 1x" in out.stdout
     assert "reference: TTFT p99 at least" in out.stdout

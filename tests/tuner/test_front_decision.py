@@ -40,6 +40,8 @@ def test_slo_breach_names_each_statistic_failures_and_failed_loads():
                "error_rate": 0.0,
                "capacity": {"steps": [{"passed": False}, {"passed": False}, {"passed": False}]}}
     assert slo_breach(summary, slos) == "TTFT p95 17.8 s against 2 s, every load failed"
+    summary["capacity"] = {"steps": [{"scale": 1.0, "passed": False}, {"scale": 1.0, "passed": False}]}
+    assert slo_breach(summary, slos) == "TTFT p95 17.8 s against 2 s, its one load failed"  # and its repeat
     summary["latency_s"]["itl"]["p99"]["value"] = 0.45
     summary.update(error_rate=0.25, errors=3, requests=12, capacity={"steps": [{"passed": True}, {"passed": False}]})
     assert slo_breach(summary, slos) == "TTFT p95 17.8 s against 2 s, ITL p99 450 ms against 200 ms, 3 of 12 " \
