@@ -210,6 +210,7 @@ class LevelRunner:
         decided = Ended(DecidedPass(self.options, len(requests), budget, last_budget, misses))
         slo_rule = MissedSLO(self.options.slos, len(requests))
         missed = Ended(slo_rule)
+        rising = Ended(sustain.QueueRising(len(requests), requests[-1].scheduled_s, offered_rates(requests)[0]))
 
         def certain(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
             if misses(finished, in_flight, now) > budget:
@@ -217,7 +218,7 @@ class LevelRunner:
             if misses.last > last_budget:
                 why[0] = DecidedBy.LAST_THIRD_MISSES
                 return True
-            return self.options.ends_decided and decided(finished, in_flight, now)
+            return self.options.ends_decided and (rising(finished, in_flight, now) or decided(finished, in_flight, now))
 
         def slo_missed(finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
             # Certain, and a clear fail (`capacity.response.repeat_rule`), so that no repeat is needed.
@@ -227,20 +228,23 @@ class LevelRunner:
 
         stop = certain if use_abandon else slo_missed if end_on_slo_miss else None
         result, duration, procs = self._send(scale, requests, repeat, stop)
-        cut = 0
-        if result.abandoned and (decided.at is not None or missed.at is not None):
-            ended = decided if decided.at is not None else missed
-            result, cut = with_cut(result, requests, ended.in_flight, ended.at,
-                                   CUT_ERROR if ended is decided else CUT_MISS_ERROR)
+        cut, errors = 0, {decided: CUT_ERROR, missed: CUT_MISS_ERROR, rising: sustain.CUT_QUEUE_ERROR}
+        ended = next((e for e in errors if e.at is not None), None) if result.abandoned else None
+        if ended is not None:
+            result, cut = with_cut(result, requests, ended.in_flight, ended.at, errors[ended])
             if self.on_record is not None:  # the requests cut are recorded as the others were
                 for record in result.records[-cut:] if cut else []:
                     self.on_record(scale, record)
-            result.abandoned = ended is missed  # a decided pass is judged as a level that ran to its end
+            # A decided pass, or a queue certainly rising, is judged as a level that ran to its end.
+            result.abandoned = ended is missed
         step = judge(result, scale, requests, self.options, duration, repeat=repeat,
-                     misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes)
+                     misses_at_stop=misses.count, abandoned_by=why[0], passes=window.passes,
+                     ended_by=DecidedBy.QUEUE_RISING if ended is rising else None)
         step.client_procs, step.cut = procs, cut
-        if missed.at is not None:
+        if ended is missed:
             step.ended = slo_rule.said
+        elif ended is rising:
+            step.ended = "its queue certainly rising"
         return step, result
 
     def _send(self, scale: float, requests: Sequence[PreparedRequest], repeat: bool,
@@ -401,10 +405,10 @@ class DecidedPass:
 
 
 class Ended:
-    """A stop rule (`StopWhen`: `DecidedPass`, `MissedSLO`) that keeps the clock reading it stopped at
+    """A stop rule (`StopWhen`: `DecidedPass`, `MissedSLO`, `QueueRising`) that keeps the clock reading it stopped at
     and what was in flight then (cut: `with_cut`)."""
 
-    def __init__(self, check: DecidedPass | MissedSLO) -> None:
+    def __init__(self, check: DecidedPass | MissedSLO | sustain.QueueRising) -> None:
         self.check = check
         self.at: float | None = None
         self.in_flight: list[InFlight] = []

@@ -8,9 +8,10 @@ attainment target and each percentile target's value over its threshold. m < 1 i
 quantile's conventions, the level meeting its attainment and percentile targets; unlike the
 attainment, which sits at 100% below the knee, m keeps moving with the load on both sides of it.
 An abandoned level's m is over the requests that finished before it was cut off (a lower bound:
-the cut-off ones were the slowest). Each level stores m with a 95% interval: the quantile's
-distribution-free interval (the order statistics around it, as a binomial count of the requests
-at or under it gives).
+the cut-off ones were the slowest); so is that of a level ended on a rising queue
+(`sustain.QueueRising`), each request cut in flight scored at the least it can be. Each level
+stores m with a 95% interval: the quantile's distribution-free interval (the order statistics
+around it, as a binomial count of the requests at or under it gives).
 
 **The model.** The headroom 1/m falls roughly linearly with the offered rate near the knee: a
 queue's waiting time grows as 1/(1 - utilisation), which makes 1/m linear in the load in a
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tracetune.capacity.result import DecidedBy, Step
+from tracetune.capacity.sustain import CUT_QUEUE_ERROR
 from tracetune.replay.metrics import SLO, slo_value
 from tracetune.replay.types import RequestRecord
 
@@ -81,7 +83,7 @@ def _scores(records: Sequence[RequestRecord], planned: int, slos: Sequence[SLO],
     inf for a failed, unmeasured or never-finished request."""
     def score(r: RequestRecord) -> float:
         if not r.success:
-            return math.inf
+            return _least_score(r, (metric,) if metric is not None else slos)
         worst = 0.0
         for slo in (metric,) if metric is not None else slos:
             value = slo_value(r, slo)
@@ -89,6 +91,17 @@ def _scores(records: Sequence[RequestRecord], planned: int, slos: Sequence[SLO],
         return worst
 
     return [score(r) for r in records] + [math.inf] * max(planned - len(records), 0)
+
+
+def _least_score(r: RequestRecord, slos: Sequence[SLO]) -> float:
+    """A request that did not succeed: inf, but for one cut while its level's queue was certainly
+    rising (`sustain.QueueRising`), whose score is the least it can be: its TTFT and its E2E so far
+    (`RequestRecord.least`), nothing for what it had not streamed yet."""
+    if r.error != CUT_QUEUE_ERROR:
+        return math.inf
+    least = [value / slo.threshold_s for slo in slos if slo.metric in ("ttft", "e2e")
+             and (value := r.least(slo.metric)) is not None]
+    return max(least, default=0.0)
 
 
 def _quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -160,7 +173,8 @@ def _points(steps: Sequence[Step]) -> list[tuple[float, float, float, float]]:
         if s.slo_ratio is None or (s.client_overloaded and not s.passed):
             continue
         ratio = Ratio.from_list(s.slo_ratio)
-        usable = ratio.value > 1 if s.abandoned else ratio.value > 0  # abandoned: a lower bound, over 1
+        bound = s.abandoned or bool(s.ended)  # cut short: a lower bound, used over 1
+        usable = ratio.value > 1 if bound else ratio.value > 0
         if math.isfinite(ratio.value) and usable:
             by_scale.setdefault(s.scale, []).append(ratio)
     out = []

@@ -104,7 +104,9 @@ class Step(Record[dict[str, object]]):
     placed_by: str = ""  # the rule that chose this level's load (`capacity.response.place`), "" for a seed
     repeat_rule: str = ""  # for a bracket end: why it was (or was not) measured again
     cut: int = 0  # requests still in flight when the level's outcome was certain, cut and counted as misses
-    ended: str = ""  # the SLO target it certainly missed when it ended early (`step.MissedSLO`); "" otherwise
+    # Why it ended early with requests in flight and its outcome a fail: the SLO target it certainly
+    # missed (`step.MissedSLO`), or its queue certainly rising (`sustain.QueueRising`); "" otherwise.
+    ended: str = ""
     cause: str = ""  # a failed level: why, in words with its numbers (`capacity.causes`); "" unexplained
     # Who used the machine's cores while the level ran (`replay.machine.Share.as_dict`, its count of cpus
     # kept whole; None: not accounted), and why it measured the machine rather than the engine ("" when it
@@ -139,6 +141,8 @@ class Step(Record[dict[str, object]]):
             attained = f"attainment <= {self.attainment:.0%} ({self.requests} of {self.planned} sent)"
         elif self.parts is not None:  # the whole trace's estimate, from the windows' requests
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good in the windows)"
+        elif self.cut:  # the requests cut in flight count as misses: a lower bound
+            attained = f"attainment >= {self.attainment:.0%} ({self.good}/{self.planned} good, {self.cut} cut)"
         else:
             attained = f"attainment {self.attainment:.0%} ({self.good}/{self.planned} good)"
         procs = f" · {self.client_procs} client processes" if self.client_procs > 1 else ""

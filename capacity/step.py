@@ -254,10 +254,12 @@ def level_verdict(records: Sequence[RequestRecord], planned: int, slos: Sequence
 
 def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest], options: CapacityOptions,
           duration_s: float, *, repeat: bool = False, misses_at_stop: int = 0,
-          abandoned_by: DecidedBy = DecidedBy.MISSES, passes: int = 1) -> Step:
+          abandoned_by: DecidedBy = DecidedBy.MISSES, passes: int = 1, ended_by: DecidedBy | None = None) -> Step:
     """A measured level as a `Step`: attainment, pass or fail (sustained: `capacity.sustain.held`),
     the test that decided, and the client's own verdict. An abandoned level's attainment is the most
-    it could still have reached (its certain misses counted, everything else assumed good)."""
+    it could still have reached (its certain misses counted, everything else assumed good).
+    `ended_by`: the held test that failed it before its drain (`capacity.sustain.QueueRising`); its
+    attainment is then a lower bound (the requests cut counted as misses)."""
     planned = len(requests)
     good, passed = level_verdict(result.records, planned, options.slos, options.attainment)
     attainment = good / planned if planned else 0.0
@@ -276,13 +278,14 @@ def judge(result: ReplayResult, scale: float, requests: Sequence[PreparedRequest
     step.slo_ratio = ratio.as_list() if ratio is not None else None
     if result.abandoned and planned:
         step.attainment, step.passed, step.decided_by = (planned - misses_at_stop) / planned, False, abandoned_by
-    elif not passed:
+    elif not passed and ended_by is None:
         step.decided_by = DecidedBy.ATTAINMENT if attainment < options.attainment else DecidedBy.PERCENTILE_TARGET
     else:
         held = sustain.held(result.records, requests, options.slos, options.attainment, window_s, rps)
         step.last_third = held.last_third
         step.in_flight_trend = held.in_flight.as_list() if held.in_flight else None
         step.ttft_trend = held.ttft.as_list() if held.ttft else None
-        step.passed, step.decided_by = not held.failed, held.failed or DecidedBy.HELD
+        failed = ended_by or held.failed
+        step.passed, step.decided_by = not failed, failed or DecidedBy.HELD
     return step
 

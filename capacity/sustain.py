@@ -54,7 +54,7 @@ import numpy as np
 
 from tracetune.replay.metrics import SLO, meets_slos, threshold
 from tracetune.replay.profile import arrival_period
-from tracetune.replay.types import CUT_PREFIX, PreparedRequest, RequestRecord
+from tracetune.replay.types import CUT_PREFIX, InFlight, PreparedRequest, RequestRecord
 from tracetune.types import JsonDict
 
 LAST_PART = 1.0 / 3  # the share of the window whose attainment must meet the target on its own
@@ -65,6 +65,7 @@ QUEUE_GROWTH = 0.05  # in-flight growth, as a share of the arrival rate, that co
 # (`capacity.levels.DecidedPass`), or when the trace's rate certainly missed the SLOs (`capacity.levels`).
 CUT_ERROR = f"{CUT_PREFIX}the level's attainment was certain"
 CUT_MISS_ERROR = f"{CUT_PREFIX}the level certainly missed the SLOs"
+CUT_QUEUE_ERROR = f"{CUT_PREFIX}the level's queue was certainly rising"
 
 
 class DecidedBy(enum.StrEnum):
@@ -227,17 +228,50 @@ def block_trends(records: Sequence[RequestRecord], window_s: float) -> tuple[Tre
         return None, None
     send = np.asarray([r.send_s for r in records], dtype=float)
     end = send + np.asarray([r.e2e_s for r in records], dtype=float)
-    edges = np.linspace(window_s * (1 - TREND_PART), window_s, TREND_BLOCKS + 1)
-    mids, flight, ttft_mids, ttft = [], [], [], []
+    edges = _trend_edges(window_s)
+    ttft_mids, ttft = [], []
     for a, b in zip(edges[:-1], edges[1:]):
-        mids.append((a + b) / 2)
-        flight.append(float(np.clip(np.minimum(end, b) - np.maximum(send, a), 0, None).sum()) / (b - a))
         first = [r.ttft_s for r in records if a <= r.send_s < b and r.ttft_s is not None
                  and (r.success or r.cut)]
         if first:
             ttft_mids.append((a + b) / 2)
             ttft.append(float(np.median(first)))
-    return Trend.fit(mids, flight), Trend.fit(ttft_mids, ttft)
+    return in_flight_trend(send, end, window_s), Trend.fit(ttft_mids, ttft)
+
+
+def _trend_edges(window_s: float) -> np.ndarray:
+    return np.linspace(window_s * (1 - TREND_PART), window_s, TREND_BLOCKS + 1)
+
+
+def in_flight_trend(send: np.ndarray, end: np.ndarray, window_s: float) -> Trend | None:
+    """The trend of requests in flight (the time-average of requests between their send and their
+    end) over TREND_BLOCKS blocks of the window's last TREND_PART."""
+    edges = _trend_edges(window_s)
+    mids = (edges[:-1] + edges[1:]) / 2
+    flight = [float(np.clip(np.minimum(end, b) - np.maximum(send, a), 0, None).sum()) / (b - a)
+              for a, b in zip(edges[:-1], edges[1:])]
+    return Trend.fit(mids, flight)
+
+
+class QueueRising:
+    """A level's fail on a rising queue, decided once every request was sent (`StopWhen`). The
+    queue test reads the requests in flight up to the window's last arrival: once that one is sent,
+    each request still in flight stays in flight to the window's end, so the test reads then what
+    it would read after the level's drain. Checked once, when the last request is seen sent."""
+
+    def __init__(self, planned: int, span_s: float, rate: float) -> None:
+        self.planned, self.span_s, self.rate = planned, span_s, rate
+        self.checked = False
+
+    def __call__(self, finished: Sequence[RequestRecord], in_flight: Sequence[InFlight], now: float) -> bool:
+        if self.checked or len(finished) + len(in_flight) < self.planned or self.span_s <= 0:
+            return False
+        self.checked = True
+        # As `capacity.levels.with_cut` records them: sent on schedule, in flight until now.
+        send = [r.send_s for r in finished] + [f.scheduled_s for f in in_flight]
+        end = [r.send_s + r.e2e_s for r in finished] + [f.scheduled_s + now - f.send for f in in_flight]
+        trend = in_flight_trend(np.asarray(send, dtype=float), np.asarray(end, dtype=float), self.span_s)
+        return trend is not None and trend.low > QUEUE_GROWTH * self.rate
 
 
 def held(records: Sequence[RequestRecord], planned: Sequence[PreparedRequest], slos: Sequence[SLO],

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tracetune.capacity.levels import LevelRunner
+from tracetune.capacity.response import repeat_rule
 from tracetune.capacity.step import CUT_ERROR, CapacityOptions
+from tracetune.capacity.sustain import CUT_QUEUE_ERROR
 from tracetune.capacity.virtual import VirtualSend
 from tracetune.engine_adapter.sim.model import SimModel
 from tracetune.replay.metrics import parse_slos
@@ -46,9 +50,35 @@ def test_a_decided_pass_cuts_the_tail_and_keeps_the_verdict_and_its_tests():
     # The held tests read the same queue: every cut request counted for its time in flight.
     assert guided.in_flight_trend == classic.in_flight_trend
     assert "ended with 1 in flight, its attainment certain" in guided.line()
+    assert f"attainment >= {guided.attainment:.0%} (" in guided.line()
 
 
 def test_a_failing_level_is_never_decided_as_a_pass():
     classic, _ = level("classic", 16.0)
     guided, _ = level("guided", 16.0)
     assert not classic.passed and not guided.passed and guided.cut == 0
+
+
+def test_a_level_whose_queue_is_certainly_rising_ends_at_its_last_arrival_with_the_same_verdict():
+    """Many slots whose streams slow as the batch grows: at 7x the queue rises while every request
+    meets the SLO. The guided rules end the level once its last request is sent, since the requests
+    in flight up to then are fixed: the same trend, the same verdict, without the drain."""
+    def run(rules: str):
+        options = CapacityOptions(slos=SLOS, rules=rules, level_lifetimes=1, level_requests=60)
+        runner = LevelRunner("http://simulated", "sim", trace(), ReplayOptions(), options,
+                             send=VirtualSend(SimModel(slots=256, ttft_s=0.3, tpot_s=0.05, alpha=0.05)))
+        return runner.level(7.0), runner.results[7.0]
+
+    (classic, classic_run), (guided, guided_run) = run("classic"), run("guided")
+    assert not classic.passed and not guided.passed and classic.decided_by == guided.decided_by == "queue rising"
+    assert classic.cut == 0 and guided.cut > 0 and guided.ended == "its queue certainly rising"
+    assert guided.in_flight_trend == pytest.approx(classic.in_flight_trend)
+    assert guided_run.duration_s < classic_run.duration_s - 15 and not guided_run.abandoned
+    cut = [r for r in guided_run.records if r.error == CUT_QUEUE_ERROR]
+    assert len(cut) == guided.cut and len(guided_run.records) == len(classic_run.records)
+    # Its attainment and SLO ratio are lower bounds: the requests cut count at the least they can be.
+    assert guided.attainment < classic.attainment == 1.0
+    assert guided.slo_ratio[1] <= classic.slo_ratio[1] and guided.slo_ratio[1] > 0
+    assert repeat_rule(guided, 0.95)[0] is False  # a trend test decided it: no repeat
+    line = guided.line()
+    assert f"attainment >= {guided.attainment:.0%}" in line and "its queue certainly rising" in line
