@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -192,6 +188,17 @@ def test_record_then_replay(shared_server, tmp_path):
     assert [r.output_tokens for r in result.records] == [r.output_length for r in trace.records]
 
 
+def test_replay_of_a_converted_trace_hits_the_prefix_cache(shared_server, tmp_path, default_model):
+    """`tune trace convert` + `tune replay --endpoint` on this server (prefix caching on): hits, as
+    the engine counts them. (Off, on a server started for it: tests/integration/test_replay_vllm.py.)"""
+    from tests.integration.test_replay_vllm import REPLAY, check_replay, mooncake_slice, tune
+
+    trace = mooncake_slice(tmp_path / "mooncake.jsonl")
+    res = tune("replay", "--trace", str(trace), "--endpoint", shared_server.endpoint.base_url, *REPLAY,
+               "--out", str(tmp_path / "run"))
+    check_replay(res, tmp_path / "run", trace, default_model, hits=True)
+
+
 def test_no_process_survives_stop(shared_server):
     """Runs last in this module: stops the shared server and checks its whole tree is gone."""
     guard = shared_server.process.pid
@@ -216,30 +223,3 @@ def test_invalid_config_fails_fast_with_the_servers_own_error(default_model, tmp
     assert "max_model_len" in info.value.log_tail and "1000000" in info.value.log_tail
     assert elapsed < 120, f"took {elapsed:.0f}s to fail"
     assert not group_alive(server.process.pid)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGKILL])
-def test_no_server_survives_a_killed_parent(default_model, tmp_path, sig):
-    parent_code = textwrap.dedent(f"""
-        import os, sys, time
-        from tracetune.engine_adapter.vllm.server import VLLMConfig, VLLMServer
-        from pathlib import Path
-        s = VLLMServer(Path({str(tmp_path)!r}))
-        s.launch(VLLMConfig(model=Path({str(default_model)!r}), enforce_eager=True), timeout_s=600)
-        print(s.process.pid, flush=True)
-        time.sleep(600)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
-    try:
-        guard = int(parent.stdout.readline())
-        tree = descendants(guard) | {guard}
-        assert len(tree) >= 3
-        parent.send_signal(sig)
-        parent.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while any(alive(p) for p in tree) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in tree if alive(p)], "vLLM processes outlived the killed tuner"
-    finally:
-        if parent.poll() is None:
-            parent.kill()
