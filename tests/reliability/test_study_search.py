@@ -431,3 +431,40 @@ def test_the_search_stops_at_the_traces_rate_only_for_a_trial_clearly_outside_th
     assert not stops("no-prune", 0.02)
     runner.settings = dataclasses.replace(runner.settings, prune=True, max_quality_loss=None)
     assert not stops("no gate", 0.02)
+
+
+def test_the_reference_stops_at_1x_only_where_a_counted_level_missed_the_slo(tmp_path):
+    """`EngineRunner._prune_at` for the reference: 1x (its search stops there, as a trial's would)
+    only where its trace-rate level missed the study's SLOs, measured the engine (not the client, not
+    a busy machine) and pruning is on; a trial's comes from the study's rule."""
+    from tracetune.capacity.result import Step
+    from tracetune.replay.metrics import parse_slos
+    from tracetune.tuner.front import REFERENCE as REFERENCE_LABEL
+    from tracetune.tuner.measure import _Run
+
+    (tmp_path / "trace.jsonl").write_text(TRACE)
+
+    def prune_at(summary, seed, *, prune=True, label=REFERENCE_LABEL, rule=None):
+        study = StudySettings(study_name="s", storage_url=f"sqlite:///{tmp_path / 'study.db'}", trials=1,
+                              objectives=["ttft_p99", "output_tps"], slos=list(parse_slos("ttft:p99<1s")),
+                              max_quality_loss=None, sampler="random", seed=0, replay=ReplayOptions(), prune=prune)
+        runner = EngineRunner(study, trace=load_trace(tmp_path / "trace.jsonl"), engine=engine_kind("vllm"),
+                              platform=Platform.CPU, run_dir=tmp_path / "run")
+        run = _Run(label=label, probe=None, summary=summary)
+        return runner._prune_at(run, seed, rule, 1, 1.0)
+
+    missed, kept = fake_summary(2.0, 10.0), fake_summary(0.5, 10.0)
+    failed = Step(scale=1.0, passed=False)
+    assert prune_at(missed, failed) == 1.0
+    assert prune_at(kept, failed) is None  # it kept the SLO: its search goes on
+    assert prune_at(missed, failed, prune=False) is None  # --no-prune searches below 1x
+    assert prune_at(missed, Step(scale=1.0, passed=False, client_overloaded=True)) is None
+    assert prune_at(missed, Step(scale=1.0, passed=False, machine_busy="busy")) is None
+    # A level measured on a busy machine is measured again first, whatever it read.
+    assert prune_at(missed, Step(scale=1.0, passed=True, machine_busy="busy")) is None
+    overloaded = fake_summary(2.0, 10.0)
+    overloaded.client_overloaded = True  # the summary measured the client, not the engine
+    assert prune_at(overloaded, failed) is None
+    # A trial's stop is the study's rule (`tuner.incumbents.prune_rival`), whatever its SLOs.
+    assert prune_at(missed, failed, label="trial-0001", rule=lambda *a: 2.5) == 2.5
+    assert prune_at(missed, failed, label="trial-0001") is None
