@@ -8,7 +8,8 @@
 # engines (search_spaces/cpu.yaml): vLLM's defaults are the reference, llama.cpp's defaults are
 # measured as trial 0, then one informed configuration of each engine (8-bit weights). vLLM runs in
 # eager mode so that each server starts in well under a minute.
-# Measured 8m25s-9m20s on a 2-core AVX-512 + AMX machine, 6m21s on a 2-core AVX2 one, where
+# Measured 8m25s-9m20s on a 2-core AVX-512 + AMX machine, 9m26s-10m41s on a 2-core AVX-512 EPYC
+# without AMX, 6m21s on a 2-core AVX2 one, where
 # even 200 ms per token is beyond vLLM-CPU's defaults, measured at the trace's rate only, as a
 # trial would be (README, docs/results/cpu.md). Each choice is
 # said there: capacities to 20%, a load level lasts 2 request lifetimes within the SLO (~52 s here)
