@@ -442,10 +442,11 @@ def with_cut(result: ReplayResult, requests: Sequence[PreparedRequest], in_fligh
 
 def _cut_record(live: InFlight, request: PreparedRequest | None, now: float, error: str) -> RequestRecord:
     """A request in flight when its level's outcome was certain: a miss that says why it was cut, with
-    its first token and its life so far (sent on schedule: its send time is its place in the schedule)."""
+    its first token and its life so far, sent when it was (`InFlight.sent_s`)."""
     first = None if live.first_output is None else live.first_output - live.send
     return RequestRecord(index=request.index if request else -1, id=request.id if request else None,
-                         scheduled_s=live.scheduled_s, send_s=live.scheduled_s, lag_s=0.0, success=False,
+                         scheduled_s=live.scheduled_s, send_s=live.sent_s, lag_s=live.sent_s - live.scheduled_s,
+                         success=False,
                          error=error, ttft_s=first, e2e_s=now - live.send, itl_s=[], prompt_tokens=None,
                          output_tokens=None, requested_tokens=request.max_tokens if request else 0,
                          finish_reason=None)

@@ -267,9 +267,9 @@ class QueueRising:
         if self.checked or len(finished) + len(in_flight) < self.planned or self.span_s <= 0:
             return False
         self.checked = True
-        # As `capacity.levels.with_cut` records them: sent on schedule, in flight until now.
-        send = [r.send_s for r in finished] + [f.scheduled_s for f in in_flight]
-        end = [r.send_s + r.e2e_s for r in finished] + [f.scheduled_s + now - f.send for f in in_flight]
+        # As `capacity.levels.with_cut` records them: in flight from their send until now.
+        send = [r.send_s for r in finished] + [f.sent_s for f in in_flight]
+        end = [r.send_s + r.e2e_s for r in finished] + [f.sent_s + now - f.send for f in in_flight]
         trend = in_flight_trend(np.asarray(send, dtype=float), np.asarray(end, dtype=float), self.span_s)
         return trend is not None and trend.low > QUEUE_GROWTH * self.rate
 

@@ -64,7 +64,7 @@ class Replayer:
     async def _measured(self, session: Session, request: PreparedRequest, body: bytes, start: float, total: int,
                         scheduled_s: float) -> RequestRecord:
         send = self.clock()
-        live = self.live[request.index] = InFlight(send, scheduled_s=scheduled_s)
+        live = self.live[request.index] = InFlight(send, scheduled_s=scheduled_s, send_s=send - start)
 
         def first_output() -> None:
             live.first_output = self.clock()

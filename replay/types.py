@@ -173,6 +173,12 @@ class InFlight:
     send: float
     first_output: float | None = None
     scheduled_s: float = 0.0  # its place in the schedule, as in its record
+    send_s: float | None = None  # its send, relative to the replay's start as in its record (None: on schedule)
+
+    @property
+    def sent_s(self) -> float:
+        """Its send relative to the replay's start: `send_s`, or its place in the schedule."""
+        return self.scheduled_s if self.send_s is None else self.send_s
 
 
 # Called while a replay runs with (finished records, requests in flight, clock now); True stops it.
