@@ -22,11 +22,11 @@ from tracetune.tuner.settings import StudySettings
 from tracetune.tuner.storage import ResultStore
 
 
-def engine_runner(tmp_path, **settings) -> EngineRunner:
+def engine_runner(tmp_path, slos=(), **settings) -> EngineRunner:
     """The engine-backed runner of a study on the scripted trace (no engine is started)."""
     (tmp_path / "trace.jsonl").write_text(TRACE)
     study = StudySettings(study_name="s", storage_url=f"sqlite:///{tmp_path / 'study.db'}", trials=1,
-                          objectives=["ttft_p99", "output_tps", "quality_loss"], slos=[], max_quality_loss=None,
+                          objectives=["ttft_p99", "output_tps", "quality_loss"], slos=list(slos), max_quality_loss=None,
                           sampler="random", seed=0, replay=ReplayOptions(), **settings)
     return EngineRunner(study, trace=load_trace(tmp_path / "trace.jsonl"), engine=engine_kind("vllm"),
                         platform=Platform.CPU, run_dir=tmp_path / "run")
@@ -442,14 +442,8 @@ def test_the_reference_stops_at_1x_only_where_a_counted_level_missed_the_slo(tmp
     from tracetune.tuner.front import REFERENCE as REFERENCE_LABEL
     from tracetune.tuner.measure import _Run
 
-    (tmp_path / "trace.jsonl").write_text(TRACE)
-
     def prune_at(summary, seed, *, prune=True, label=REFERENCE_LABEL, rule=None):
-        study = StudySettings(study_name="s", storage_url=f"sqlite:///{tmp_path / 'study.db'}", trials=1,
-                              objectives=["ttft_p99", "output_tps"], slos=list(parse_slos("ttft:p99<1s")),
-                              max_quality_loss=None, sampler="random", seed=0, replay=ReplayOptions(), prune=prune)
-        runner = EngineRunner(study, trace=load_trace(tmp_path / "trace.jsonl"), engine=engine_kind("vllm"),
-                              platform=Platform.CPU, run_dir=tmp_path / "run")
+        runner = engine_runner(tmp_path, slos=parse_slos("ttft:p99<1s"), prune=prune)
         run = _Run(label=label, probe=None, summary=summary)
         return runner._prune_at(run, seed, rule, 1, 1.0)
 
